@@ -1,0 +1,1 @@
+"""Speculative generation and acceptance benchmarks."""

@@ -1,0 +1,1 @@
+"""Modules: the frozen target wrapper and the draft heads."""

@@ -1,0 +1,194 @@
+"""The frozen target: any HF causal LM, returning the multi-layer hidden states a draft head reads.
+
+Aux layer id ``k`` is the residual stream entering decoder layer ``k``, i.e. HF
+``outputs.hidden_states[k]`` (index 0 = the embeddings) -- vLLM's convention; see
+docs/FORMATS.md. It is captured with forward pre-hooks on the decoder layers, so the other L+1
+hidden states are never kept. The forward runs the base model only: the next-token distribution
+is computed on demand from ``last_hidden_state`` (``logits``/``argmax``), restricted to a vocab
+subset or chunked, so no ``[B, T, V]`` float32 tensor is ever built.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    """Which target to load and which of its layers feed the draft head."""
+
+    path: str = ""
+    """Local directory of an HF causal LM checkpoint (config.json + weights)."""
+    aux_layer_ids: tuple[int, ...] | None = None
+    """vLLM-convention layer ids (HF hidden_states index); None = (2, L//2, L-3)."""
+    dtype: str = "bfloat16"
+    """Weights dtype: bfloat16, float16 or float32."""
+    device: str = "cpu"
+    attn_implementation: str | None = "sdpa"
+    trust_remote_code: bool = False
+
+
+@dataclass
+class TargetOutput:
+    aux_hidden_states: torch.Tensor  # [B, T, n*H], layers in ascending order
+    last_hidden_state: torch.Tensor  # [B, T, H], after the final norm
+
+
+def default_aux_layer_ids(num_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's low / middle / high layers, in vLLM ids."""
+    return (2, num_layers // 2, num_layers - 3)
+
+
+def check_aux_layer_ids(layer_ids: tuple[int, ...], num_layers: int) -> tuple[int, ...]:
+    ids = tuple(int(i) for i in layer_ids)
+    if not ids:
+        raise ValueError("aux_layer_ids is empty")
+    bad = [i for i in ids if not 0 <= i < num_layers]
+    if bad:
+        raise ValueError(
+            f"aux layer ids {list(bad)} are out of range for a target with {num_layers} layers; "
+            f"valid ids are 0..{num_layers - 1} (HF hidden_states index, 0 = embeddings)"
+        )
+    if list(ids) != sorted(set(ids)):
+        raise ValueError(f"aux layer ids must be strictly increasing, got {list(ids)}")
+    return ids
+
+
+def _decoder_layers(model: PreTrainedModel) -> nn.ModuleList:
+    base = getattr(model, model.base_model_prefix, None)
+    layers = getattr(base, "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise ValueError(
+            f"{type(model).__name__}: cannot find its decoder layers at "
+            f"'{model.base_model_prefix}.layers'; only decoder-only causal LMs are supported"
+        )
+    return layers
+
+
+class Target(nn.Module):
+    """A frozen causal LM that returns aux hidden states and its final hidden state."""
+
+    def __init__(self, model: PreTrainedModel, aux_layer_ids: tuple[int, ...] | None = None) -> None:
+        super().__init__()
+        self.model = model
+        self.model.eval().requires_grad_(False)
+        self.layers = _decoder_layers(model)
+        self.base = getattr(model, model.base_model_prefix)
+        n = len(self.layers)
+        self.aux_layer_ids = check_aux_layer_ids(default_aux_layer_ids(n) if aux_layer_ids is None else aux_layer_ids, n)
+        self._captured: dict[int, torch.Tensor] = {}
+        for k in self.aux_layer_ids:
+            self.layers[k].register_forward_pre_hook(self._capture_hook(k), with_kwargs=True)
+
+    def _capture_hook(self, k: int):
+        def hook(module, args, kwargs):
+            self._captured[k] = args[0] if args else kwargs["hidden_states"]
+
+        return hook
+
+    @classmethod
+    def from_pretrained(cls, config: TargetConfig) -> "Target":
+        model = load_causal_lm(config)
+        return cls(model, config.aux_layer_ids)
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.model.config.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.lm_head.weight.shape[0]
+
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self.model.get_input_embeddings()
+
+    @property
+    def lm_head(self) -> nn.Linear:
+        return self.model.get_output_embeddings()
+
+    @torch.no_grad()
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [B, T]
+        attention_mask: torch.Tensor | None = None,  # [B, T], 1 = real token
+        position_ids: torch.Tensor | None = None,
+    ) -> TargetOutput:
+        self._captured.clear()
+        out = self.base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        aux = torch.cat([self._captured[k] for k in self.aux_layer_ids], dim=-1)  # [B, T, n*H]
+        self._captured.clear()
+        return TargetOutput(aux_hidden_states=aux, last_hidden_state=out.last_hidden_state)
+
+    def _softcap(self, logits: torch.Tensor) -> torch.Tensor:
+        cap = getattr(self.model.config, "final_logit_softcapping", None)  # Gemma 2/3
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    def logits(self, last_hidden: torch.Tensor, vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The target's logits for ``last_hidden`` [..., H], over ``vocab_ids`` [V'] or the whole vocab."""
+        weight = self.lm_head.weight if vocab_ids is None else self.lm_head.weight[vocab_ids]
+        bias = self.lm_head.bias
+        if bias is not None and vocab_ids is not None:
+            bias = bias[vocab_ids]
+        return self._softcap(F.linear(last_hidden, weight, bias))
+
+    @torch.no_grad()
+    def argmax(self, last_hidden: torch.Tensor, chunk_tokens: int = 4096) -> torch.Tensor:
+        """Greedy next token [...] over the full vocab, ``chunk_tokens`` positions at a time."""
+        flat = last_hidden.reshape(-1, last_hidden.shape[-1])  # [N, H]
+        ids = torch.cat([self.logits(c).argmax(-1) for c in flat.split(chunk_tokens)])
+        return ids.view(last_hidden.shape[:-1])
+
+
+def _dtype(name: str) -> torch.dtype:
+    table = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+             "float32": torch.float32, "fp32": torch.float32}
+    if name not in table:
+        raise ValueError(f"unknown dtype {name!r}; use one of bfloat16, float16, float32")
+    return table[name]
+
+
+def load_causal_lm(config: TargetConfig) -> PreTrainedModel:
+    """Load a local HF causal LM, frozen and in eval mode; never reaches a model hub."""
+    path = Path(config.path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"no HF checkpoint at {config.path!r}: config.json not found (only local paths are loaded)")
+    hf_config = AutoConfig.from_pretrained(path, trust_remote_code=config.trust_remote_code, local_files_only=True)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path,
+            dtype=_dtype(config.dtype),
+            attn_implementation=config.attn_implementation,
+            trust_remote_code=config.trust_remote_code,
+            local_files_only=True,
+        )
+    except ValueError as err:
+        if "Unrecognized configuration class" in str(err):
+            archs = json.loads((path / "config.json").read_text()).get("architectures")
+            raise ValueError(
+                f"{config.path!r} holds a {hf_config.model_type!r} model ({archs}), not a causal LM "
+                "that AutoModelForCausalLM can load"
+            ) from err
+        raise
+    return model.to(config.device).eval().requires_grad_(False)
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    if not Path(path).is_dir():
+        raise FileNotFoundError(f"tokenizer directory not found: {path!r} (only local paths are loaded)")
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, local_files_only=True)

@@ -1,0 +1,35 @@
+"""Tiny random-init HF causal LMs of several families, built from configs: nothing is downloaded."""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+
+COMMON = dict(
+    vocab_size=128,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=6,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
+FAMILY_EXTRAS = {
+    "llama": {},
+    "qwen2": {},
+    "qwen3": {"head_dim": 8},
+    "mistral": {"sliding_window": None},
+    "gemma2": {"head_dim": 8, "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0, "sliding_window": 16},
+    "gemma3_text": {"head_dim": 8, "final_logit_softcapping": 30.0, "sliding_window": 16},
+    "phi3": {"pad_token_id": 0},
+    "qwen3_moe": {"head_dim": 8, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                  "decoder_sparse_step": 1, "mlp_only_layers": []},
+    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
+}
+FAMILIES = sorted(FAMILY_EXTRAS)
+
+
+def tiny_causal_lm(family: str, **overrides) -> PreTrainedModel:
+    config = AutoConfig.for_model(family, **{**COMMON, **FAMILY_EXTRAS[family], **overrides})
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()

@@ -1,0 +1,1 @@
+"""Data, features and the training loop."""

@@ -1,0 +1,218 @@
+"""Conversation files -> a tokenized ``datasets.Dataset`` of ``input_ids`` and ``loss_mask``.
+
+Reads local JSON / JSONL / parquet through ``datasets``, normalises each row (``conversations``),
+renders it with the tokenizer's chat template and masks everything but assistant turns (``chat``).
+Tokenization runs in ``num_proc`` processes and the result is cached on disk under a key made of
+the files' contents, the tokenizer and the options, so a second run starts in seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import datasets
+from transformers import PreTrainedTokenizerBase
+
+from headstart.trainer.chat import marker_spans, require_chat_template, tokenize_conversation, tokenize_with_mask
+from headstart.trainer.conversations import FORMATS, RowError, detect_format, to_messages
+
+# Bump when the tokenization logic changes, so stale caches are not reused.
+_CACHE_VERSION = 1
+_READERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """How conversation files become training sequences."""
+
+    files: tuple[str, ...] = ()
+    """Local .json/.jsonl/.parquet files."""
+    format: str | None = None
+    """Row format for every file (sharegpt|messages|instruction|gsm8k|text); None detects it per file."""
+    max_length: int = 2048
+    """Sequences are truncated to this many tokens."""
+    last_turn_only: bool = False
+    """Train only on the last assistant turn of each conversation."""
+    skip_bad_rows: bool = False
+    """Skip (and count) malformed rows instead of stopping at the first one."""
+    text_markers: tuple[str, str] | None = None
+    """For 'text' rows: train only between these (start, end) markers; None trains on all tokens."""
+    num_proc: int = 1
+    """Processes used for tokenization."""
+    cache_dir: str | None = None
+    """Where tokenized datasets are cached; default $HEADSTART_CACHE or ~/.cache/headstart."""
+
+
+@dataclass
+class DataSummary:
+    rows_read: int = 0
+    rows_kept: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    truncated: int = 0
+    tokens: int = 0
+    trainable_tokens: int = 0
+
+    def format(self) -> str:
+        lines = [
+            f"rows read        {self.rows_read:>12,}",
+            f"rows kept        {self.rows_kept:>12,}",
+            f"rows skipped     {sum(self.skipped.values()):>12,}",
+        ]
+        lines += [f"  {count:>8,} x {reason}" for reason, count in sorted(self.skipped.items(), key=lambda kv: -kv[1])]
+        lines += [
+            f"rows truncated   {self.truncated:>12,}",
+            f"tokens           {self.tokens:>12,}",
+            f"trainable tokens {self.trainable_tokens:>12,}"
+            + (f"  ({self.trainable_tokens / self.tokens:.1%})" if self.tokens else ""),
+        ]
+        return "\n".join(lines)
+
+
+def read_rows(path: str) -> datasets.Dataset:
+    """Load one local file as a Dataset, with a clear error for a missing or unreadable file."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"data file not found: {path}")
+    reader = _READERS.get(p.suffix.lower())
+    if reader is None:
+        raise ValueError(f"{path}: unsupported file type {p.suffix!r}; use .json, .jsonl or .parquet")
+    try:
+        return datasets.load_dataset(reader, data_files=str(p), split="train")
+    except Exception as err:
+        raise ValueError(f"{path}: could not be read as {reader} rows: {err}") from err
+
+
+def _row_to_tokens(row: dict[str, Any], *, fmt: str, tokenizer, config: DataConfig) -> dict[str, Any]:
+    try:
+        if fmt == "text":
+            text = row.get("text")
+            if not isinstance(text, str):
+                raise RowError(f"'text' must be a string, got {type(text).__name__}")
+            spans = marker_spans(text, *config.text_markers) if config.text_markers else None
+            tok = tokenize_with_mask(tokenizer, text, spans, None)
+        else:
+            tok = tokenize_conversation(tokenizer, to_messages(row, fmt), None, config.last_turn_only)
+    except RowError as err:
+        return {"input_ids": [], "loss_mask": [], "error": str(err), "truncated": False}
+    truncated = len(tok.input_ids) > config.max_length
+    ids, mask = tok.input_ids[: config.max_length], tok.loss_mask[: config.max_length]
+    error = "" if any(mask) else "no trainable tokens" + (" after truncation" if truncated else "")
+    return {"input_ids": ids, "loss_mask": mask, "error": error, "truncated": truncated}
+
+
+def _tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    payload = (backend.to_str() if backend is not None else repr(tokenizer.get_vocab())) + str(tokenizer.chat_template)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def _file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def cache_key(config: DataConfig, tokenizer: PreTrainedTokenizerBase) -> str:
+    options = {k: v for k, v in asdict(config).items() if k not in ("files", "num_proc", "cache_dir")}
+    payload = json.dumps(
+        {
+            "version": _CACHE_VERSION,
+            "files": [_file_sha256(f) for f in config.files],
+            "tokenizer": _tokenizer_fingerprint(tokenizer),
+            "options": options,
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:24]
+
+
+def _reason_kind(reason: str) -> str:
+    # "turn 3 has unknown role 'bot'" and "turn 5 ..." count as one reason in the summary.
+    return re.sub(r"\bturn \d+", "turn N", reason)
+
+
+def _tokenize_file(path: str, config: DataConfig, tokenizer, summary: DataSummary) -> datasets.Dataset:
+    rows = read_rows(path)
+    summary.rows_read += len(rows)
+    if len(rows) == 0:
+        return rows
+    fmt = config.format
+    if fmt is None:
+        try:
+            fmt = detect_format(rows[0])
+        except RowError as err:
+            raise ValueError(f"{path}: {err}") from err
+    elif fmt not in FORMATS:
+        raise ValueError(f"unknown row format {fmt!r}; choose one of {FORMATS}")
+    if fmt != "text":
+        require_chat_template(tokenizer)
+    out = rows.map(
+        _row_to_tokens,
+        fn_kwargs={"fmt": fmt, "tokenizer": tokenizer, "config": config},
+        remove_columns=rows.column_names,
+        num_proc=config.num_proc if config.num_proc > 1 and len(rows) >= 2 * config.num_proc else None,
+        load_from_cache_file=False,  # our own cache (keyed on contents) sits above this
+        desc=f"tokenizing {Path(path).name}",
+    )
+    errors = out["error"]
+    bad = [(i, e) for i, e in enumerate(errors) if e and not e.startswith("no trainable tokens")]
+    if bad and not config.skip_bad_rows:
+        shown = "\n".join(f"  {path} row {i}: {e}" for i, e in bad[:5])
+        more = f"\n  ... and {len(bad) - 5} more" if len(bad) > 5 else ""
+        raise ValueError(
+            f"{len(bad)} bad row(s) in {path} (rows counted from 0):\n{shown}{more}\n"
+            "Fix them, or pass skip_bad_rows (--skip-bad-rows) to skip and count them."
+        )
+    for reason, count in Counter(_reason_kind(e) for e in errors if e).items():
+        summary.skipped[reason] = summary.skipped.get(reason, 0) + count
+    summary.truncated += sum(out["truncated"])
+    keep = [i for i, e in enumerate(errors) if not e]
+    return out.select(keep).remove_columns(["error", "truncated"])
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("HEADSTART_CACHE", Path.home() / ".cache" / "headstart"))
+
+
+def build_dataset(config: DataConfig, tokenizer: PreTrainedTokenizerBase) -> tuple[datasets.Dataset, DataSummary]:
+    """Tokenize ``config.files`` (or load them from the cache) and return the dataset and its summary."""
+    if not config.files:
+        raise ValueError("no data files given")
+    for f in config.files:
+        if not Path(f).is_file():
+            raise FileNotFoundError(f"data file not found: {f}")
+    cache = Path(config.cache_dir) if config.cache_dir else default_cache_dir() / "tokenized"
+    entry = cache / cache_key(config, tokenizer)
+    if (entry / "summary.json").is_file():
+        return datasets.load_from_disk(str(entry / "dataset")), DataSummary(**json.loads((entry / "summary.json").read_text()))
+
+    summary = DataSummary()
+    parts = [_tokenize_file(f, config, tokenizer, summary) for f in config.files]
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        raise ValueError("no usable rows in " + ", ".join(config.files))
+    dataset = datasets.concatenate_datasets(parts)
+    summary.rows_kept = len(dataset)
+    lengths = [len(x) for x in dataset["input_ids"]]
+    summary.tokens = sum(lengths)
+    summary.trainable_tokens = sum(sum(m) for m in dataset["loss_mask"])
+    # Written to a temp dir and renamed, so an interrupted run never leaves a half cache entry.
+    tmp = entry.with_name(entry.name + f".tmp{os.getpid()}")
+    dataset.save_to_disk(str(tmp / "dataset"))
+    (tmp / "summary.json").write_text(json.dumps(asdict(summary)))
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    if entry.exists():  # another process finished first; theirs is identical
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        tmp.rename(entry)
+    return datasets.load_from_disk(str(entry / "dataset")), summary
