@@ -1,0 +1,365 @@
+"""EAGLE-3 draft head, in exactly the layout vLLM and SGLang load (docs/FORMATS.md section A).
+
+    h_0      = fc(cat(aux hidden states))                      # [B, T, H] from [B, T, 3*H_t]
+    step k:  x = cat(input_layernorm(embed(token_{t+1+k})), hidden_norm(h_k))    # [B, T, 2H]
+             a = h_k + o_proj(attn(q/k/v_proj(x)))             # residual = the un-normed hidden
+             h_{k+1} = a + mlp(post_attention_layernorm(a))
+             logits_k = lm_head(norm(h_{k+1}))                 # over the draft vocab, predicts token t+2+k
+
+Training-time test (TTT) unrolls K steps. A query at position t in step k attends to the step-0 keys
+at positions <= t (causal) plus, in each step 1..k, only the key at its own position t; rotary
+position of step k is t + k, which is what the drafter sees at inference (one more per draft step).
+The diagonal keys are computed as per-position dot products, so the score matrix stays [T, T + k]
+instead of the [T, (k+1)T] block mask.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+from headstart.models.draft_vocab import check_draft_vocab
+from headstart.models.head import Features
+from headstart.models.target import check_aux_layer_ids, default_aux_layer_ids
+
+
+@dataclass(frozen=True)
+class Eagle3Config:
+    """The draft's architecture; serialised as the servers' flat-layout config.json."""
+
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int  # the target vocab V
+    draft_vocab_size: int
+    target_hidden_size: int
+    aux_layer_ids: tuple[int, ...]  # vLLM ids (HF hidden_states index)
+    target_num_layers: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 4096
+    hidden_act: str = "silu"
+
+    @classmethod
+    def from_target(cls, target_config, draft_vocab_size: int = 32000, aux_layer_ids=None) -> "Eagle3Config":
+        """Derive a draft config from any HF decoder config (hidden size, heads, rope, vocab)."""
+        tc = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+        n_layers = tc.num_hidden_layers
+        ids = check_aux_layer_ids(default_aux_layer_ids(n_layers) if aux_layer_ids is None else aux_layer_ids, n_layers)
+        rope_theta, rope_scaling = _rope_of(tc)
+        heads = tc.num_attention_heads
+        return cls(
+            hidden_size=tc.hidden_size,
+            num_attention_heads=heads,
+            num_key_value_heads=getattr(tc, "num_key_value_heads", None) or heads,
+            head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // heads,
+            intermediate_size=tc.intermediate_size,
+            vocab_size=tc.vocab_size,
+            draft_vocab_size=min(draft_vocab_size, tc.vocab_size),
+            target_hidden_size=tc.hidden_size,
+            aux_layer_ids=ids,
+            target_num_layers=n_layers,
+            rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-6),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            max_position_embeddings=tc.max_position_embeddings,
+        )
+
+    def to_hf_dict(self) -> dict:
+        """config.json of the flat EAGLE-3 layout (SGLang; vLLM with method 'eagle3')."""
+        return {
+            "architectures": ["LlamaForCausalLMEagle3"],
+            "model_type": "llama",
+            "num_hidden_layers": 1,
+            "hidden_size": self.hidden_size,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate_size,
+            "hidden_act": self.hidden_act,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": self.rope_scaling,
+            "max_position_embeddings": self.max_position_embeddings,
+            "vocab_size": self.vocab_size,
+            "draft_vocab_size": self.draft_vocab_size,
+            "tie_word_embeddings": False,
+            "target_hidden_size": self.target_hidden_size,
+            "norm_before_residual": False,
+            "eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids),
+            # SGLang reads only this nested copy and captures id + 1 (docs/FORMATS.md).
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in self.aux_layer_ids],
+                             "use_aux_hidden_state": True},
+            "headstart": {"target_num_layers": self.target_num_layers},
+            "torch_dtype": "bfloat16",
+        }
+
+    @classmethod
+    def from_hf_dict(cls, d: dict) -> "Eagle3Config":
+        if d.get("architectures") != ["LlamaForCausalLMEagle3"]:
+            raise ValueError(f"not a flat-layout EAGLE-3 config: architectures={d.get('architectures')}")
+        missing = [k for k in ("hidden_size", "vocab_size", "draft_vocab_size", "eagle_aux_hidden_state_layer_ids") if d.get(k) is None]
+        if missing:
+            raise ValueError(f"EAGLE-3 config.json lacks {missing}")
+        heads = d["num_attention_heads"]
+        return cls(
+            hidden_size=d["hidden_size"],
+            num_attention_heads=heads,
+            num_key_value_heads=d.get("num_key_value_heads") or heads,
+            head_dim=d.get("head_dim") or d["hidden_size"] // heads,
+            intermediate_size=d["intermediate_size"],
+            vocab_size=d["vocab_size"],
+            draft_vocab_size=d["draft_vocab_size"],
+            target_hidden_size=d.get("target_hidden_size") or d["hidden_size"],
+            aux_layer_ids=tuple(d["eagle_aux_hidden_state_layer_ids"]),
+            target_num_layers=d.get("headstart", {}).get("target_num_layers", max(d["eagle_aux_hidden_state_layer_ids"]) + 1),
+            rms_norm_eps=d.get("rms_norm_eps", 1e-6),
+            rope_theta=d.get("rope_theta", 10000.0),
+            rope_scaling=d.get("rope_scaling"),
+            max_position_embeddings=d.get("max_position_embeddings", 4096),
+            hidden_act=d.get("hidden_act", "silu"),
+        )
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "Eagle3Config":
+        return cls.from_hf_dict(json.loads(Path(path).read_text()))
+
+    def check_target(self, target_config) -> None:
+        """Refuse, before any training, a draft config that does not fit the target."""
+        tc = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+        problems = []
+        if self.target_hidden_size != tc.hidden_size:
+            problems.append(f"target_hidden_size {self.target_hidden_size} != target hidden_size {tc.hidden_size}")
+        if self.vocab_size != tc.vocab_size:
+            problems.append(f"vocab_size {self.vocab_size} != target vocab_size {tc.vocab_size}")
+        if self.hidden_size != tc.hidden_size:
+            problems.append(f"hidden_size {self.hidden_size} != target hidden_size {tc.hidden_size} "
+                            "(servers replace the draft's embedding with the target's, so they must match)")
+        try:
+            check_aux_layer_ids(self.aux_layer_ids, tc.num_hidden_layers)
+        except ValueError as err:
+            problems.append(str(err))
+        if problems:
+            raise ValueError("the EAGLE-3 draft config does not fit the target:\n  " + "\n  ".join(problems))
+
+    def llama_config(self) -> LlamaConfig:
+        """A LlamaConfig for the HF building blocks (RMSNorm, MLP, rotary embedding)."""
+        return LlamaConfig(
+            hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+            num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim, rms_norm_eps=self.rms_norm_eps, hidden_act=self.hidden_act,
+            rope_theta=self.rope_theta, rope_scaling=self.rope_scaling,
+            max_position_embeddings=max(self.max_position_embeddings, _rope_original_max(self.rope_scaling)),
+            vocab_size=self.vocab_size,
+        )
+
+
+def _rope_of(tc) -> tuple[float, dict | None]:
+    params = getattr(tc, "rope_parameters", None)  # transformers >= 5
+    if isinstance(params, dict) and "rope_theta" in params:
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+        return float(params["rope_theta"]), (scaling if scaling.get("rope_type", "default") != "default" else None)
+    return float(getattr(tc, "rope_theta", 10000.0)), getattr(tc, "rope_scaling", None)
+
+
+def _rope_original_max(scaling: dict | None) -> int:
+    return int((scaling or {}).get("original_max_position_embeddings", 0)) + 1
+
+
+class Eagle3Attention(nn.Module):
+    """Attention whose q/k/v read the 2H input cat(embeds, hidden)."""
+
+    def __init__(self, config: Eagle3Config) -> None:
+        super().__init__()
+        h, nh, nkv, hd = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = nh, nkv, hd
+        self.q_proj = nn.Linear(2 * h, nh * hd, bias=False)
+        self.k_proj = nn.Linear(2 * h, nkv * hd, bias=False)
+        self.v_proj = nn.Linear(2 * h, nkv * hd, bias=False)
+        self.o_proj = nn.Linear(nh * hd, h, bias=False)
+
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x [B, T, 2H] -> q [B, nh, T, hd], k and v [B, nh, T, hd] (kv heads repeated for GQA)."""
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        rep = self.num_heads // self.num_kv_heads
+        return q, k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+
+    def ttt(self, q, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
+        """Step-k attention: causal over keys[0], plus the own-position key of keys[1..k]. -> [B, T, nh*hd]"""
+        B, nh, T, hd = q.shape
+        scale = 1.0 / math.sqrt(hd)
+        causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+        s0 = (q @ keys[0].transpose(-1, -2)) * scale  # [B, nh, T, T]
+        s0 = s0.masked_fill(~causal, torch.finfo(s0.dtype).min)
+        diag = [(q * k).sum(-1, keepdim=True) * scale for k in keys[1:]]  # each [B, nh, T, 1]
+        probs = torch.softmax(torch.cat([s0, *diag], dim=-1).float(), dim=-1).to(q.dtype)  # [B, nh, T, T+k]
+        out = probs[..., :T] @ values[0]
+        for j, v in enumerate(values[1:]):
+            out = out + probs[..., T + j : T + j + 1] * v
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, nh * hd))
+
+
+class Eagle3DecoderLayer(nn.Module):
+    """``midlayer``: one Llama decoder layer whose attention reads cat(embeds, hidden)."""
+
+    def __init__(self, config: Eagle3Config) -> None:
+        super().__init__()
+        lc = config.llama_config()
+        self.self_attn = Eagle3Attention(config)
+        self.mlp = LlamaMLP(lc)
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.hidden_norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def attn_input(self, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # [B, T, 2H], embeds first
+
+    def finish(self, hidden: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        h = hidden + attn_out  # residual = the un-normed hidden (norm_before_residual = false)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Eagle3Draft(nn.Module):
+    """The EAGLE-3 head. ``embed_tokens`` is the target's, frozen, and not saved when H == H_t."""
+
+    def __init__(self, config: Eagle3Config, ttt_steps: int = 7, step_weight: float = 0.8) -> None:
+        super().__init__()
+        self.config = config
+        self.ttt_steps = ttt_steps
+        self.step_weight = step_weight
+        n_aux = len(config.aux_layer_ids)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.fc = nn.Linear(n_aux * config.target_hidden_size, config.hidden_size, bias=False)
+        self.midlayer = Eagle3DecoderLayer(config)
+        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
+        self.rotary_emb = LlamaRotaryEmbedding(config.llama_config())
+        self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.int64))
+        self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
+
+    # -- draft vocab ---------------------------------------------------------------------------
+    def set_draft_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+        if d2t.numel() != self.config.draft_vocab_size or t2d.numel() != self.config.vocab_size:
+            raise ValueError(f"draft vocab of {d2t.numel()} / {t2d.numel()} does not match the config "
+                             f"({self.config.draft_vocab_size} / {self.config.vocab_size})")
+        check_draft_vocab(d2t, t2d)
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
+
+    def target_vocab_ids(self) -> torch.Tensor:
+        return torch.arange(self.d2t.numel(), device=self.d2t.device) + self.d2t  # [V_d]
+
+    def load_target_embeddings(self, weight: torch.Tensor) -> None:
+        with torch.no_grad():
+            self.embed_tokens.weight.copy_(weight.to(self.embed_tokens.weight.dtype))
+
+    # -- training -------------------------------------------------------------------------------
+    def loss(self, f: Features) -> tuple[torch.Tensor, dict[str, float]]:
+        """Unrolled TTT loss: forward KL to the target on the draft vocab, step weights w^k."""
+        B, T = f.input_ids.shape
+        hidden = self.fc(f.aux_hidden_states.to(self.fc.weight.dtype))  # [B, T, H]
+        # The target's distribution at position j predicts token j+1; it is trained where that
+        # token is an assistant token and the target's argmax lies in the draft vocab.
+        valid = torch.zeros_like(f.loss_mask, dtype=torch.bool)
+        valid[:, :-1] = f.loss_mask[:, 1:].bool() & f.target_in_draft[:, :-1]
+        base_pos = torch.arange(T, device=hidden.device).unsqueeze(0).expand(B, T)
+        keys, values = [], []
+        total = hidden.new_zeros((), dtype=torch.float32)
+        step_stats = []  # per step: [loss, acc, accept]; moved to the host once, after the loop
+        for k in range(self.ttt_steps):
+            ids_k = _shift_left(f.input_ids, 1 + k, 0)  # token_{t+1+k}
+            tgt_k = _shift_left(f.target_logits, 1 + k, 0.0)  # target logits at t+1+k: predicts t+2+k
+            valid_k = _shift_left(valid, 1 + k, False)
+            embeds = self.embed_tokens(ids_k).to(hidden.dtype)
+            cos, sin = self.rotary_emb(hidden, base_pos + k)
+            x = self.midlayer.attn_input(embeds, hidden)
+            q, key, value = self.midlayer.self_attn.qkv(x, cos, sin)
+            keys.append(key)
+            values.append(value)
+            hidden = self.midlayer.finish(hidden, self.midlayer.self_attn.ttt(q, keys, values))
+            logits = self.lm_head(self.norm(hidden)).float()  # [B, T, V_d]
+            logq = torch.log_softmax(logits, dim=-1)
+            p = torch.softmax(tgt_k.float(), dim=-1)  # target restricted to the draft vocab, renormalised
+            n_valid = valid_k.sum().clamp(min=1)
+            step_loss = -((p * logq).sum(-1) * valid_k).sum() / n_valid
+            total = total + (self.step_weight**k) * step_loss
+            with torch.no_grad():
+                acc = ((logits.argmax(-1) == tgt_k.argmax(-1)) & valid_k).sum() / n_valid
+                accept = (torch.minimum(p, logq.exp()).sum(-1) * valid_k).sum() / n_valid
+                step_stats.append(torch.stack([step_loss.detach(), acc, accept]))
+        stats = torch.stack(step_stats).tolist()
+        metrics: dict[str, float] = {"valid_tokens": float(valid.sum())}
+        chain, sim_len = 1.0, 1.0
+        for k, (step_loss, acc, accept) in enumerate(stats):
+            chain *= acc
+            sim_len += chain
+            metrics.update({f"loss_{k}": step_loss, f"acc_{k}": acc, f"accept_{k}": accept})
+        metrics["sim_accept_len"] = sim_len  # 1 + sum_k prod_{i<=k} acc_i: comparable to tau (bonus included)
+        return total, metrics
+
+    # -- checkpoint -----------------------------------------------------------------------------
+    def export_state_dict(self) -> dict[str, torch.Tensor]:
+        """Tensors under the names servers load (flat layout); embed_tokens only when H != H_t."""
+        skip = {"embed_tokens.weight"} if self.config.hidden_size == self.config.target_hidden_size else set()
+        out = {}
+        for name, tensor in self.state_dict().items():
+            if name in skip or name.startswith("rotary_emb."):
+                continue
+            out[name] = tensor.detach().to("cpu").contiguous()
+        return out
+
+    def save_pretrained(self, directory: str | Path, dtype: torch.dtype = torch.bfloat16,
+                        state_dict: dict[str, torch.Tensor] | None = None) -> None:
+        """Write config.json + model.safetensors in the flat server layout."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        tensors = state_dict if state_dict is not None else self.export_state_dict()
+        tensors = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in tensors.items()}
+        save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+        (directory / "config.json").write_text(json.dumps(self.config.to_hf_dict(), indent=2))
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, target_embeddings: torch.Tensor | None = None, **kwargs) -> "Eagle3Draft":
+        directory = Path(directory)
+        if not (directory / "config.json").is_file() or not (directory / "model.safetensors").is_file():
+            raise FileNotFoundError(f"{directory}: expected config.json and model.safetensors of an EAGLE-3 draft")
+        config = Eagle3Config.from_json(directory / "config.json")
+        model = cls(config, **kwargs)
+        tensors = load_file(str(directory / "model.safetensors"))
+        if "embed_tokens.weight" not in tensors:
+            if target_embeddings is None:
+                raise ValueError(f"{directory} has no embed_tokens (H == H_t): pass the target's embeddings")
+            tensors["embed_tokens.weight"] = target_embeddings
+        missing, unexpected = model.load_state_dict(
+            {k: v.to(model.fc.weight.dtype) if v.is_floating_point() else v for k, v in tensors.items()}, strict=False
+        )
+        missing = [m for m in missing if not m.startswith("rotary_emb.")]
+        if missing or unexpected:
+            raise ValueError(f"{directory}: tensors do not match the EAGLE-3 layout: missing {missing}, unexpected {unexpected}")
+        check_draft_vocab(model.d2t, model.t2d)
+        return model
+
+
+def _shift_left(x: torch.Tensor, n: int, fill) -> torch.Tensor:
+    """x[:, t] <- x[:, t + n], filling the last n positions (dim 1) with ``fill``."""
+    out = torch.full_like(x, fill)
+    if n < x.shape[1]:
+        out[:, : x.shape[1] - n] = x[:, n:]
+    return out

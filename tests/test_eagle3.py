@@ -1,0 +1,183 @@
+"""EAGLE-3 head: TTT against a naive inference-style reference, draft vocab, server layout."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from tiny_models import tiny_causal_lm
+
+from headstart.models.draft_vocab import build_draft_vocab, check_draft_vocab, count_tokens
+from headstart.models.eagle3 import Eagle3Config, Eagle3Draft
+from headstart.models.head import DraftHead, Features
+
+V, H = 128, 32
+
+
+def tiny_draft(ttt_steps=4, draft_vocab=48, seed=0) -> Eagle3Draft:
+    target = tiny_causal_lm("llama", num_hidden_layers=8)
+    config = Eagle3Config.from_target(target.config, draft_vocab_size=draft_vocab)
+    torch.manual_seed(seed)
+    draft = Eagle3Draft(config, ttt_steps=ttt_steps)
+    for p in draft.parameters():  # random weights everywhere, norms included, so nothing cancels
+        torch.nn.init.normal_(p, std=0.2)
+    counts = torch.randint(0, 50, (V,))
+    draft.set_draft_vocab(*build_draft_vocab(counts, draft_vocab))
+    return draft
+
+
+def random_features(draft: Eagle3Draft, B=2, T=10, seed=1) -> Features:
+    g = torch.Generator().manual_seed(seed)
+    vd = draft.config.draft_vocab_size
+    loss_mask = (torch.rand(B, T, generator=g) > 0.3).long()
+    loss_mask[1, -3:] = 0  # padding at the end of row 1
+    return Features(
+        input_ids=torch.randint(0, V, (B, T), generator=g),
+        loss_mask=loss_mask,
+        aux_hidden_states=torch.randn(B, T, 3 * H, generator=g),
+        target_logits=torch.randn(B, T, vd, generator=g) * 3,
+        target_in_draft=torch.rand(B, T, generator=g) > 0.2,
+    )
+
+
+def naive_ttt_loss(draft: Eagle3Draft, f: Features) -> list[float]:
+    """Per-step losses computed position by position, as the drafter runs at inference:
+    a KV cache holding the step-0 keys of positions <= t, then one key per draft step at t."""
+    attn = draft.midlayer.self_attn
+    B, T = f.input_ids.shape
+    hidden0 = draft.fc(f.aux_hidden_states)
+    pos0 = torch.arange(T).unsqueeze(0).expand(B, T)
+    cos, sin = draft.rotary_emb(hidden0, pos0)
+    emb0 = draft.embed_tokens(torch.cat([f.input_ids[:, 1:], torch.zeros(B, 1, dtype=torch.long)], 1))
+    _, k0, v0 = attn.qkv(draft.midlayer.attn_input(emb0, hidden0), cos, sin)  # step-0 keys of every position
+    valid = torch.zeros(B, T, dtype=torch.bool)
+    valid[:, :-1] = f.loss_mask[:, 1:].bool() & f.target_in_draft[:, :-1]
+    losses = [[0.0, 0] for _ in range(draft.ttt_steps)]
+    for b in range(B):
+        for t in range(T):
+            h = hidden0[b : b + 1, t : t + 1]  # [1, 1, H]
+            keys, vals = k0[b : b + 1, :, : t + 1], v0[b : b + 1, :, : t + 1]
+            for k in range(draft.ttt_steps):
+                j = t + 1 + k  # the token fed at this step, and the target position predicting t+2+k
+                tok = f.input_ids[b, j] if j < T else torch.tensor(0)
+                emb = draft.embed_tokens(tok.view(1, 1))
+                c, s = draft.rotary_emb(h, torch.tensor([[t + k]]))
+                q, key, val = attn.qkv(draft.midlayer.attn_input(emb, h), c, s)
+                if k > 0:
+                    keys, vals = torch.cat([keys, key], 2), torch.cat([vals, val], 2)
+                w = torch.softmax((q @ keys.transpose(-1, -2)) / math.sqrt(attn.head_dim), -1)
+                out = attn.o_proj((w @ vals).transpose(1, 2).reshape(1, 1, -1))
+                h = draft.midlayer.finish(h, out)
+                if j < T and valid[b, j]:
+                    logq = torch.log_softmax(draft.lm_head(draft.norm(h))[0, 0].float(), -1)
+                    p = torch.softmax(f.target_logits[b, j].float(), -1)
+                    losses[k][0] += -(p * logq).sum().item()
+                    losses[k][1] += 1
+    return [s / max(n, 1) for s, n in losses]
+
+
+def test_ttt_matches_naive_inference_reference():
+    draft = tiny_draft(ttt_steps=4)
+    f = random_features(draft)
+    total, metrics = draft.loss(f)
+    reference = naive_ttt_loss(draft, f)
+    for k, ref in enumerate(reference):
+        assert metrics[f"loss_{k}"] == pytest.approx(ref, abs=1e-5), f"step {k}"
+    assert total.item() == pytest.approx(sum(0.8**k * r for k, r in enumerate(reference)), abs=1e-5)
+
+
+def test_loss_gradients_and_metrics():
+    draft = tiny_draft(ttt_steps=3)
+    assert isinstance(draft, DraftHead)
+    f = random_features(draft)
+    total, metrics = draft.loss(f)
+    total.backward()
+    assert draft.embed_tokens.weight.grad is None  # frozen target embedding
+    assert draft.fc.weight.grad is not None and draft.fc.weight.grad.abs().sum() > 0
+    for k in range(3):
+        assert 0.0 <= metrics[f"acc_{k}"] <= 1.0 and 0.0 < metrics[f"accept_{k}"] <= 1.0
+    expected_len = 1 + metrics["acc_0"] + metrics["acc_0"] * metrics["acc_1"] + metrics["acc_0"] * metrics["acc_1"] * metrics["acc_2"]
+    assert metrics["sim_accept_len"] == pytest.approx(expected_len)
+
+
+def test_draft_equal_to_target_has_full_accuracy_and_acceptance():
+    draft = tiny_draft(ttt_steps=2)
+    f = random_features(draft)
+    with torch.no_grad():
+        _, random_metrics = draft.loss(f)
+    assert random_metrics["acc_0"] < 1.0
+    # Uniform target and uniform draft: the same distribution, so both argmaxes are entry 0.
+    f.target_logits = torch.zeros_like(f.target_logits)
+    draft.lm_head.weight.data.zero_()
+    _, m = draft.loss(f)
+    assert m["acc_0"] == 1.0 and m["accept_0"] == pytest.approx(1.0) and m["sim_accept_len"] == pytest.approx(3.0)
+
+
+def test_draft_vocab_ordering_padding_and_counts():
+    counts = torch.tensor([0, 5, 5, 0, 9, 1, 0, 0])
+    d2t, t2d = build_draft_vocab(counts, 4)
+    used = torch.arange(4) + d2t
+    assert used.tolist() == [1, 2, 4, 5]
+    assert t2d.tolist() == [False, True, True, False, True, True, False, False]
+    check_draft_vocab(d2t, t2d)
+    # Fewer distinct tokens than V_d: padded with the smallest unused ids.
+    d2t, t2d = build_draft_vocab(torch.tensor([0, 0, 3, 0, 0, 0]), 3)
+    assert (torch.arange(3) + d2t).tolist() == [0, 1, 2]
+    counts = count_tokens([([1, 2, 2, 3], [0, 1, 1, 0]), ([3, 3], [1, 1])], vocab_size=5)
+    assert counts.tolist() == [0, 0, 2, 2, 0]
+    with pytest.raises(ValueError, match="outside the target vocab"):
+        count_tokens([([9], [1])], vocab_size=5)
+
+
+def test_export_is_the_flat_server_layout(tmp_path):
+    draft = tiny_draft()
+    draft.save_pretrained(tmp_path / "d")
+    cfg = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["num_hidden_layers"] == 1
+    assert cfg["draft_vocab_size"] == 48 and cfg["vocab_size"] == V and cfg["tie_word_embeddings"] is False
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
+    assert cfg["norm_before_residual"] is False
+    tensors = load_file(str(tmp_path / "d" / "model.safetensors"))
+    hd = cfg["head_dim"]
+    expected = {
+        "fc.weight": (H, 3 * H),
+        "midlayer.self_attn.q_proj.weight": (cfg["num_attention_heads"] * hd, 2 * H),
+        "midlayer.self_attn.k_proj.weight": (cfg["num_key_value_heads"] * hd, 2 * H),
+        "midlayer.self_attn.v_proj.weight": (cfg["num_key_value_heads"] * hd, 2 * H),
+        "midlayer.self_attn.o_proj.weight": (H, cfg["num_attention_heads"] * hd),
+        "midlayer.input_layernorm.weight": (H,),
+        "midlayer.hidden_norm.weight": (H,),
+        "midlayer.post_attention_layernorm.weight": (H,),
+        "midlayer.mlp.gate_proj.weight": (64, H),
+        "midlayer.mlp.up_proj.weight": (64, H),
+        "midlayer.mlp.down_proj.weight": (H, 64),
+        "norm.weight": (H,),
+        "lm_head.weight": (48, H),
+        "d2t": (48,),
+        "t2d": (V,),
+    }
+    assert {k: tuple(v.shape) for k, v in tensors.items()} == expected
+    assert tensors["d2t"].dtype == torch.int64 and tensors["t2d"].dtype == torch.bool
+    # Round trip: the reloaded head computes the same loss.
+    reloaded = Eagle3Draft.from_pretrained(tmp_path / "d", target_embeddings=draft.embed_tokens.weight, ttt_steps=4)
+    f = random_features(draft)
+    draft_bf16 = Eagle3Draft.from_pretrained(tmp_path / "d", target_embeddings=draft.embed_tokens.weight, ttt_steps=4)
+    assert torch.equal(reloaded.d2t, draft.d2t)
+    assert reloaded.loss(f)[0].item() == pytest.approx(draft_bf16.loss(f)[0].item())
+
+
+def test_config_that_does_not_fit_the_target():
+    target = tiny_causal_lm("llama", num_hidden_layers=8)
+    other = tiny_causal_lm("llama", num_hidden_layers=4, hidden_size=48, vocab_size=100)
+    config = Eagle3Config.from_target(target.config, draft_vocab_size=48)
+    config.check_target(target.config)
+    with pytest.raises(ValueError) as err:
+        config.check_target(other.config)
+    text = str(err.value)
+    assert "target_hidden_size 32 != target hidden_size 48" in text
+    assert "vocab_size 128 != target vocab_size 100" in text
+    assert "out of range" in text
