@@ -271,6 +271,10 @@ class Eagle3Draft(nn.Module):
             self.embed_tokens.weight.copy_(weight.to(self.embed_tokens.weight.dtype))
 
     # -- training -------------------------------------------------------------------------------
+    def forward(self, features: Features) -> tuple[torch.Tensor, dict[str, float]]:
+        # Training goes through forward so FSDP2 / ZeRO-3 hooks gather the parameters.
+        return self.loss(features)
+
     def loss(self, f: Features) -> tuple[torch.Tensor, dict[str, float]]:
         """Unrolled TTT loss: forward KL to the target on the draft vocab, step weights w^k."""
         B, T = f.input_ids.shape
@@ -315,11 +319,13 @@ class Eagle3Draft(nn.Module):
         return total, metrics
 
     # -- checkpoint -----------------------------------------------------------------------------
-    def export_state_dict(self) -> dict[str, torch.Tensor]:
-        """Tensors under the names servers load (flat layout); embed_tokens only when H != H_t."""
+    def export_state_dict(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """Tensors under the names servers load (flat layout); embed_tokens only when H != H_t.
+
+        ``state`` is a full (gathered) state dict when the head is sharded; default: this module's."""
         skip = {"embed_tokens.weight"} if self.config.hidden_size == self.config.target_hidden_size else set()
         out = {}
-        for name, tensor in self.state_dict().items():
+        for name, tensor in (self.state_dict() if state is None else state).items():
             if name in skip or name.startswith("rotary_emb."):
                 continue
             out[name] = tensor.detach().to("cpu").contiguous()

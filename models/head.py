@@ -34,7 +34,9 @@ class DraftHead(Protocol):
         """[V_d] target token id of each draft-vocab entry: which target logits ``Features`` carries."""
 
     def loss(self, features: Features) -> tuple[torch.Tensor, dict[str, float]]:
-        """Scalar training loss and metrics (floats, already reduced over this batch)."""
+        """Scalar training loss and metrics (floats, already reduced over this batch).
+
+        ``forward`` must return the same, so that sharding wrappers see the call."""
 
     def save_pretrained(self, directory: str) -> None:
         """Write the head in the server format it is loaded from (config.json + model.safetensors)."""

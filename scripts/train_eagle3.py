@@ -1,0 +1,39 @@
+"""Train an EAGLE-3 head online against a frozen HF target.
+
+    torchrun --nproc_per_node 2 scripts/train_eagle3.py --config configs/demo/eagle3.yaml
+    python scripts/train_eagle3.py --config my.yaml --train.lr=3e-4 --parallel.backend=deepspeed --resume
+
+Any config key can be overridden as --section.key=value; an unknown key is an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch.distributed as dist
+
+from headstart.trainer.config import load_config
+from headstart.trainer.run import build_trainer
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="recipe YAML")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in output_dir")
+    args, overrides = p.parse_known_args(argv)
+    try:
+        config = load_config(args.config, overrides)
+        trainer = build_trainer(config)
+        trainer.train(resume=args.resume)
+    except (ValueError, FileNotFoundError, ImportError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

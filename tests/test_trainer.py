@@ -1,0 +1,154 @@
+"""The training loop on one process: exact resume, atomic checkpoints, exports, logging, config errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from trainer_fixtures import make_setup, train_losses
+
+from headstart.models.eagle3 import Eagle3Draft
+from headstart.trainer.checkpoint import latest_checkpoint
+from headstart.trainer.config import load_config
+from headstart.trainer.loop import Trainer
+from headstart.trainer.run import build_trainer
+
+
+def run(overrides: list[str], resume: bool = False) -> Trainer:
+    trainer = build_trainer(load_config(None, overrides))
+    trainer.train(resume=resume)
+    return trainer
+
+
+def test_resume_after_a_crash_matches_an_uninterrupted_run(tmp_path, monkeypatch):
+    base = make_setup(tmp_path)
+    reference = run(base + [f"--output_dir={tmp_path / 'a'}"])
+    losses_a = train_losses(tmp_path / "a" / "metrics.jsonl")
+    assert len(losses_a) == 6 and losses_a[-1] < losses_a[0]
+
+    # Crash in step 5, after the step-3 checkpoint was written.
+    original = Trainer.train_step
+
+    def crashing(self):
+        if self.step == 4:
+            raise KeyboardInterrupt("killed")
+        return original(self)
+
+    monkeypatch.setattr(Trainer, "train_step", crashing)
+    with pytest.raises(KeyboardInterrupt):
+        run(base + [f"--output_dir={tmp_path / 'b'}"])
+    assert latest_checkpoint(tmp_path / "b").name == "step_000003"
+    monkeypatch.setattr(Trainer, "train_step", original)
+    resumed = run(base + [f"--output_dir={tmp_path / 'b'}"], resume=True)
+    losses_b = train_losses(tmp_path / "b" / "metrics.jsonl")
+    assert len(losses_b) == 6  # the crashed run's step 4 was dropped from the log
+    assert losses_b == pytest.approx(losses_a, abs=1e-6)
+    for (name, a), b in zip(reference.backend.module.state_dict().items(), resumed.backend.module.state_dict().values()):
+        torch.testing.assert_close(a, b, msg=name)
+
+
+def test_kill_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    overrides = make_setup(tmp_path) + ["--train.max_steps=6", "--train.save_every=2"]
+    calls = {"n": 0}
+    original = Trainer.export_draft
+
+    def dying_export(self, directory):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the step-4 checkpoint dies half-written
+            raise KeyboardInterrupt("killed mid-write")
+        return original(self, directory)
+
+    monkeypatch.setattr(Trainer, "export_draft", dying_export)
+    with pytest.raises(KeyboardInterrupt):
+        run(overrides)
+    root = tmp_path / "run" / "checkpoints"
+    assert latest_checkpoint(tmp_path / "run").name == "step_000002"
+    assert (root / ".tmp-step_000004" / "state" / "model.safetensors").exists()  # the half-written one
+    assert not (root / "step_000004").exists()
+    monkeypatch.setattr(Trainer, "export_draft", original)
+    run(overrides, resume=True)  # resumes from step 2 and finishes
+    assert latest_checkpoint(tmp_path / "run").name == "step_000006"
+
+
+def test_outputs_are_server_layout_drafts(tmp_path):
+    trainer = run(make_setup(tmp_path))
+    run_dir = tmp_path / "run"
+    for draft_dir in [run_dir / "final", latest_checkpoint(run_dir) / "draft"]:
+        config = json.loads((draft_dir / "config.json").read_text())
+        assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 64
+    head = trainer.backend.module
+    reloaded = Eagle3Draft.from_pretrained(run_dir / "final", target_embeddings=head.embed_tokens.weight)
+    assert torch.equal(reloaded.d2t, head.d2t)
+    torch.testing.assert_close(reloaded.fc.weight, head.fc.weight.to(torch.bfloat16).float())
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if r["split"] == "eval"]
+    assert evals and {"loss", "acc_0", "sim_accept_len"} <= set(evals[-1])
+
+
+def read_wandb_log(path: Path) -> list[bytes]:
+    """Records of a .wandb file: a LevelDB-style log (7-byte header, then 32 KiB blocks of
+    [crc32 u32, length u16, type u8] + payload; types 1 full, 2 first, 3 middle, 4 last)."""
+    raw = path.read_bytes()
+    assert raw[:4] == b":W&B"
+    records, pos, pending = [], 7, b""
+    while pos + 7 <= len(raw):
+        left_in_block = 32768 - pos % 32768
+        if left_in_block < 7:  # block trailer padding
+            pos += left_in_block
+            continue
+        length, kind = int.from_bytes(raw[pos + 4 : pos + 6], "little"), raw[pos + 6]
+        payload = raw[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind == 0 and length == 0:
+            break
+        pending += payload
+        if kind in (1, 4):
+            records.append(pending)
+            pending = b""
+    return records
+
+
+def test_wandb_offline_run_can_be_read_back(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run(make_setup(tmp_path) + ["--logging.wandb=true", "--logging.run_name=t", "--train.max_steps=3"])
+    from wandb.proto import wandb_internal_pb2
+
+    files = list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(files) == 1
+    logged = {}
+    for data in read_wandb_log(files[0]):
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(data)
+        if record.WhichOneof("record_type") == "history":
+            items = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            logged[items["_step"]] = items
+    jsonl = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    train = {r["step"]: r for r in jsonl if r["split"] == "train"}
+    assert sorted(logged) == [1, 2, 3]
+    for step, items in logged.items():
+        assert items["train/loss"] == pytest.approx(train[step]["loss"])
+
+
+def test_a_draft_config_from_another_target_is_refused_before_training(tmp_path):
+    overrides = make_setup(tmp_path)
+    other = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 48, "num_attention_heads": 4,
+             "intermediate_size": 64, "vocab_size": 1000, "draft_vocab_size": 64,
+             "eagle_aux_hidden_state_layer_ids": [2, 4, 5]}
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    with pytest.raises(ValueError, match="does not fit the target") as err:
+        build_trainer(load_config(None, overrides + [f"--draft.config={tmp_path / 'other.json'}"]))
+    assert "vocab_size 1000" in str(err.value)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_config_errors(tmp_path):
+    with pytest.raises(ValueError, match=r"unknown config key\(s\) \['train.learning_rate'\]"):
+        load_config(None, ["--train.learning_rate=1"])
+    (tmp_path / "c.yaml").write_text("output_dir: x\nparallel:\n  backend: fsdp\n  zero: 3\n")
+    with pytest.raises(ValueError, match="parallel.zero"):
+        load_config(str(tmp_path / "c.yaml"))
+    with pytest.raises(ValueError, match="unknown draft head 'medusa2'"):
+        build_trainer(load_config(None, make_setup(tmp_path) + ["--draft.head=medusa2"]))

@@ -1,0 +1,171 @@
+"""Run configuration: frozen dataclasses per component, loaded from YAML, overridable from the CLI.
+
+    python scripts/train_eagle3.py --config configs/demo/eagle3.yaml --train.lr=3e-4 --output_dir=runs/x
+
+Each component receives only its own sub-config. An unknown key, in the file or an override, is
+an error that lists the valid keys: a typo never silently trains with the default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from headstart.models.registry import DraftConfig
+from headstart.models.target import TargetConfig
+from headstart.trainer.data import DataConfig
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    lr: float = 1e-4
+    max_steps: int = 1000
+    """Optimizer steps."""
+    batch_size: int = 1
+    """Sequences per rank per micro-batch."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step."""
+    warmup_ratio: float = 0.015
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 0.5
+    seed: int = 0
+    save_every: int = 500
+    """Steps between checkpoints (a final one is always written)."""
+    keep_checkpoints: int = 2
+    eval_every: int = 0
+    """Steps between held-out evaluations; 0 evaluates only at the end."""
+    eval_fraction: float = 0.02
+    """Share of the rows held out for evaluation (at least one row when > 0)."""
+    max_eval_batches: int = 50
+    log_every: int = 1
+    mixed_precision: str = "auto"
+    """auto (bf16 autocast on GPU, fp32 on CPU) | bf16 | fp32."""
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    backend: str = "fsdp"
+    """fsdp (FSDP2 fully_shard) | deepspeed."""
+    deepspeed_config: str = "configs/deepspeed/zero2.json"
+    """DeepSpeed JSON (ZeRO stage and its options); batch, accumulation and clipping come from train."""
+    shard_target: bool = False
+    """FSDP only: shard the frozen target's layers across ranks instead of replicating it."""
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    wandb: bool = False
+    project: str = "headstart"
+    run_name: str | None = None
+    progress: bool = True
+    """Rank-0 tqdm progress bar."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    output_dir: str = "runs/eagle3"
+    target: TargetConfig = field(default_factory=TargetConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    draft: DraftConfig = field(default_factory=DraftConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+
+def _build(cls: type, values: dict[str, Any], where: str):
+    if not isinstance(values, dict):
+        raise ValueError(f"{where or 'config'}: expected a mapping, got {values!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ValueError(f"unknown config key(s) {[f'{where}{k}' for k in unknown]}; valid keys here: {sorted(names)}")
+    kwargs = {}
+    for name, value in values.items():
+        kwargs[name] = _coerce(hints[name], value, f"{where}{name}")
+    return cls(**kwargs)
+
+
+def _coerce(tp, value, key: str):
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value or {}, key + ".")
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(args[0], value, key)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{key}: expected a list, got {value!r}")
+        args = typing.get_args(tp)
+        item = args[0] if len(args) == 2 and args[1] is Ellipsis else None
+        return tuple(_coerce(item or args[i], v, key) for i, v in enumerate(value))
+    if tp is float and not isinstance(value, bool) and isinstance(value, (int, str)):
+        try:  # YAML 1.1 reads "3e-4" (no dot) as a string
+            return float(value)
+        except ValueError:
+            raise ValueError(f"{key}: expected a number, got {value!r}") from None
+    if tp in (int, float, str, bool) and not isinstance(value, tp):
+        raise ValueError(f"{key}: expected {tp.__name__}, got {value!r}")
+    return value
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for p in parents:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ValueError(f"override --{dotted}: {p} is not a section")
+    node[leaf] = value
+
+
+def parse_overrides(args: list[str]) -> dict[str, Any]:
+    """``--train.lr=3e-4`` / ``--train.lr 3e-4`` pairs -> nested dict (values parsed as YAML)."""
+    tree: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--"):
+            raise ValueError(f"unexpected argument {arg!r}; overrides look like --section.key=value")
+        if "=" in arg:
+            key, raw = arg[2:].split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(args):
+                raise ValueError(f"override {arg} has no value")
+            key, raw = arg[2:], args[i + 1]
+            i += 2
+        _set_dotted(tree, key, yaml.safe_load(raw))
+    return tree
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_config(path: str | None, overrides: list[str] | None = None) -> RunConfig:
+    """YAML file (optional) + CLI overrides -> RunConfig."""
+    tree: dict[str, Any] = {}
+    if path:
+        p = Path(path)
+        if not p.is_file():
+            raise FileNotFoundError(f"config file not found: {path}")
+        tree = yaml.safe_load(p.read_text()) or {}
+    tree = _merge(tree, parse_overrides(overrides or []))
+    return _build(RunConfig, tree, "")
+
+
+def to_dict(config: RunConfig) -> dict[str, Any]:
+    return dataclasses.asdict(config)

@@ -1,0 +1,227 @@
+"""Process groups and the two training backends, FSDP2 and DeepSpeed, behind one small interface.
+
+The loop only calls ``backward``, ``step``, ``save``, ``load`` and ``full_state_dict``, so it has no
+backend branches. Parallelism is applied to built modules from outside (``apply_fsdp``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from headstart.trainer.config import ParallelConfig, TrainConfig
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed() -> DistInfo:
+    """torchrun sets RANK/WORLD_SIZE; a plain ``python`` run is world size 1 with no process group."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = torch.cuda.is_available()
+    device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo")
+    return DistInfo(rank, world, local_rank, device)
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
+    if dist.is_initialized():
+        dist.all_reduce(x)
+    return x
+
+
+def apply_fsdp(module: nn.Module, blocks: list[nn.Module] | None = None) -> nn.Module:
+    """FSDP2: shard each block, then the root (what is left: embeddings, heads, norms)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for block in blocks or []:
+        fully_shard(block)
+    fully_shard(module)
+    return module
+
+
+def lr_lambda(train: TrainConfig):
+    warmup = max(1, int(train.warmup_ratio * train.max_steps))
+
+    def f(step: int) -> float:  # linear warmup, then cosine to 0
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, train.max_steps - warmup)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+    return f
+
+
+def _optimizer(params, train: TrainConfig) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=train.lr, betas=train.betas, weight_decay=train.weight_decay)
+
+
+class FSDPBackend:
+    """FSDP2 on the head when world size > 1; the same code unwrapped on a single process."""
+
+    def __init__(self, head: nn.Module, train: TrainConfig, info: DistInfo) -> None:
+        self.train, self.info = train, info
+        self.module = head.to(info.device)
+        if info.world_size > 1:
+            apply_fsdp(self.module)
+        self.params = [p for p in self.module.parameters() if p.requires_grad]
+        self.optimizer = _optimizer(self.params, train)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(train))
+
+    def forward(self, features):
+        return self.module(features)
+
+    def backward(self, loss: torch.Tensor, last_micro: bool) -> None:
+        if self.info.world_size > 1:
+            self.module.set_requires_gradient_sync(last_micro)  # reduce-scatter once per step
+        (loss / self.train.grad_accum).backward()
+
+    def step(self) -> float:
+        norm = torch.nn.utils.clip_grad_norm_(self.params, self.train.grad_clip)
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    @property
+    def lr(self) -> float:
+        return self.scheduler.get_last_lr()[0]
+
+    def _state_dicts(self):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=self.info.world_size > 1)
+        return get_state_dict(self.module, self.optimizer, options=options)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The whole head's state on rank 0 (None elsewhere); collective."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=self.info.world_size > 1)
+        state = get_model_state_dict(self.module, options=options)
+        return {k: v.detach().cpu() for k, v in state.items()} if self.info.is_main else None
+
+    def save(self, directory: Path) -> None:
+        """Model, optimizer and schedule in safetensors + JSON; frozen weights are not saved."""
+        model_sd, optim_sd = self._state_dicts()
+        if not self.info.is_main:
+            return
+        trainable = {n for n, p in self.module.named_parameters() if p.requires_grad}
+        buffers = {n for n, _ in self.module.named_buffers()}
+        save_file({k: v.contiguous() for k, v in model_sd.items() if k in trainable | buffers}, str(directory / "model.safetensors"))
+        tensors = {f"{fqn}/{key}": torch.as_tensor(v).contiguous()
+                   for fqn, state in optim_sd["state"].items() for key, v in state.items()}
+        save_file(tensors, str(directory / "optimizer.safetensors"))
+        groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in optim_sd["param_groups"]]
+        sched = {k: v for k, v in self.scheduler.state_dict().items() if k != "lr_lambdas"}
+        (directory / "optimizer.json").write_text(json.dumps({"param_groups": groups, "scheduler": sched}))
+
+    def load(self, directory: Path) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        model_sd = load_file(str(directory / "model.safetensors"))
+        flat = load_file(str(directory / "optimizer.safetensors"))
+        meta = json.loads((directory / "optimizer.json").read_text())
+        state: dict[str, dict[str, torch.Tensor]] = {}
+        for name, tensor in flat.items():
+            fqn, key = name.rsplit("/", 1)
+            state.setdefault(fqn, {})[key] = tensor
+        optim_sd = {"state": state, "param_groups": meta["param_groups"]}
+        options = StateDictOptions(full_state_dict=True, strict=False)
+        set_state_dict(self.module, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd, options=options)
+        self.scheduler.load_state_dict({**meta["scheduler"], "lr_lambdas": [None]})
+
+
+class DeepSpeedBackend:
+    """DeepSpeed ZeRO-2/3 from a JSON file; batch, accumulation and clipping come from ``train``."""
+
+    def __init__(self, head: nn.Module, train: TrainConfig, parallel: ParallelConfig, info: DistInfo) -> None:
+        try:
+            import deepspeed
+        except ImportError as err:
+            raise ImportError("parallel.backend=deepspeed needs DeepSpeed: pip install -e '.[deepspeed]'") from err
+        path = Path(parallel.deepspeed_config)
+        if not path.is_file():
+            raise FileNotFoundError(f"DeepSpeed config not found: {path}")
+        ds_config = json.loads(path.read_text())
+        ds_config.update(
+            train_micro_batch_size_per_gpu=train.batch_size,
+            gradient_accumulation_steps=train.grad_accum,
+            train_batch_size=train.batch_size * train.grad_accum * info.world_size,
+            gradient_clipping=train.grad_clip,
+            steps_per_print=10**9,
+        )
+        self.train, self.info = train, info
+        self.zero_stage = ds_config.get("zero_optimization", {}).get("stage", 0)
+        head = head.to(info.device)
+        optimizer = _optimizer([p for p in head.parameters() if p.requires_grad], train)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(train))
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=head, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
+        )
+        self.module = self.engine.module
+
+    def forward(self, features):
+        return self.engine(features)
+
+    def backward(self, loss: torch.Tensor, last_micro: bool) -> None:
+        # DeepSpeed divides by the accumulation steps itself and steps at the boundary.
+        self.engine.backward(loss)
+        self.engine.step()
+
+    def step(self) -> float:
+        norm = self.engine.get_global_grad_norm()
+        return float(norm) if norm is not None else float("nan")
+
+    @property
+    def lr(self) -> float:
+        return self.scheduler.get_last_lr()[0]
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        if self.zero_stage == 3:
+            state = self.engine._zero3_consolidated_16bit_state_dict()  # gathered on rank 0 only
+        else:
+            state = self.engine.module.state_dict()
+        return {k: v.detach().cpu() for k, v in state.items()} if self.info.is_main and state is not None else None
+
+    def save(self, directory: Path) -> None:
+        # DeepSpeed's own (partitioned) format; the exported draft beside it is safetensors.
+        self.engine.save_checkpoint(str(directory), tag="deepspeed", save_latest=False)
+
+    def load(self, directory: Path) -> None:
+        self.engine.load_checkpoint(str(directory), tag="deepspeed", load_optimizer_states=True, load_lr_scheduler_states=True)
+
+
+def make_backend(head: nn.Module, train: TrainConfig, parallel: ParallelConfig, info: DistInfo):
+    if parallel.backend == "fsdp":
+        return FSDPBackend(head, train, info)
+    if parallel.backend == "deepspeed":
+        return DeepSpeedBackend(head, train, parallel, info)
+    raise ValueError(f"unknown parallel.backend {parallel.backend!r}; use 'fsdp' or 'deepspeed'")

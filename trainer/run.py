@@ -1,0 +1,85 @@
+"""Build a training run from a RunConfig: data, target, head, backend, features, loop."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+import datasets
+import torch
+from safetensors.torch import load_file, save_file
+
+from headstart.models.draft_vocab import count_tokens
+from headstart.models.registry import build_head
+from headstart.models.target import Target, load_tokenizer
+from headstart.trainer.batches import split_eval
+from headstart.trainer.config import RunConfig, to_dict
+from headstart.trainer.data import build_dataset, default_cache_dir
+from headstart.trainer.distributed import DistInfo, barrier, init_distributed, make_backend
+from headstart.trainer.features import OnlineFeatures
+from headstart.trainer.loop import Trainer
+from headstart.trainer.metrics import MetricsLogger
+
+
+def token_counts(dataset: datasets.Dataset, vocab_size: int, cache_dir: str | None) -> torch.Tensor:
+    """Loss-masked token counts of ``dataset``, cached beside the tokenized data."""
+    root = Path(cache_dir) if cache_dir else default_cache_dir()
+    path = root / "token_counts" / f"{dataset._fingerprint}-{vocab_size}.safetensors"
+    if path.is_file():
+        return load_file(str(path))["counts"]
+    counts = count_tokens(zip(dataset["input_ids"], dataset["loss_mask"]), vocab_size)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    save_file({"counts": counts}, str(tmp))
+    os.replace(tmp, path)
+    return counts
+
+
+def _tokenized_data(config: RunConfig, info: DistInfo):
+    tokenizer = load_tokenizer(config.target.path, config.target.trust_remote_code)
+    # Rank 0 tokenizes (and fills the cache); the others then read the cache.
+    if not info.is_main:
+        barrier()
+    dataset, summary = build_dataset(config.data, tokenizer)
+    if info.is_main:
+        print(summary.format())
+        barrier()
+    return dataset
+
+
+def build_trainer(config: RunConfig, info: DistInfo | None = None) -> Trainer:
+    info = info or init_distributed()
+    torch.manual_seed(config.train.seed)
+    dataset = _tokenized_data(config, info)
+    train_data, eval_data = split_eval(dataset, config.train.eval_fraction, config.train.seed)
+
+    target = Target.from_pretrained(config.target.__class__(**{**asdict(config.target), "device": str(info.device)}))
+    counts = token_counts(train_data, target.vocab_size, config.data.cache_dir)
+    head = build_head(config.draft, target, counts)  # checks the draft config against the target
+    if config.parallel.shard_target and info.world_size > 1:
+        if config.parallel.backend != "fsdp":
+            raise ValueError("parallel.shard_target is only supported with parallel.backend=fsdp")
+        from headstart.trainer.distributed import apply_fsdp
+
+        apply_fsdp(target.model, list(target.layers))
+    backend = make_backend(head, config.train, config.parallel, info)
+    module = backend.module
+    features = OnlineFeatures(target, module.target_vocab_ids().to(info.device), module.t2d.to(info.device))
+
+    def export_draft(state: dict[str, torch.Tensor], directory: Path) -> None:
+        tmp = directory.with_name(f".tmp-{directory.name}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        module.save_pretrained(tmp, state_dict=module.export_state_dict(state))
+        if directory.exists():
+            shutil.rmtree(directory)
+        os.replace(tmp, directory)
+
+    out = Path(config.output_dir)
+    if info.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "run_config.json").write_text(json.dumps(to_dict(config), indent=2))
+    logger = MetricsLogger(out, config.logging, to_dict(config), info.is_main)
+    return Trainer(config, info, backend, features, train_data, eval_data, export_draft, logger)
