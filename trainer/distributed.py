@@ -66,6 +66,17 @@ def apply_fsdp(module: nn.Module, blocks: list[nn.Module] | None = None) -> nn.M
     return module
 
 
+def shard_frozen_layers(layers: list[nn.Module]) -> None:
+    """FSDP2 on a frozen model's decoder layers only: each layer's forward gathers its weights.
+
+    The embeddings, final norm and lm_head stay replicated, because the target wrapper reads them
+    outside the root's forward (lm_head restricted to the draft vocab); they are a small share."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in layers:
+        fully_shard(layer, reshard_after_forward=True)
+
+
 def lr_lambda(train: TrainConfig):
     warmup = max(1, int(train.warmup_ratio * train.max_steps))
 

@@ -18,7 +18,7 @@ from headstart.models.target import Target, load_tokenizer
 from headstart.trainer.batches import split_eval
 from headstart.trainer.config import RunConfig, to_dict
 from headstart.trainer.data import build_dataset, default_cache_dir
-from headstart.trainer.distributed import DistInfo, barrier, init_distributed, make_backend
+from headstart.trainer.distributed import DistInfo, barrier, init_distributed, make_backend, shard_frozen_layers
 from headstart.trainer.features import OnlineFeatures
 from headstart.trainer.loop import Trainer
 from headstart.trainer.metrics import MetricsLogger
@@ -62,9 +62,7 @@ def build_trainer(config: RunConfig, info: DistInfo | None = None) -> Trainer:
     if config.parallel.shard_target and info.world_size > 1:
         if config.parallel.backend != "fsdp":
             raise ValueError("parallel.shard_target is only supported with parallel.backend=fsdp")
-        from headstart.trainer.distributed import apply_fsdp
-
-        apply_fsdp(target.model, list(target.layers))
+        shard_frozen_layers(list(target.layers))
     backend = make_backend(head, config.train, config.parallel, info)
     module = backend.module
     features = OnlineFeatures(target, module.target_vocab_ids().to(info.device), module.t2d.to(info.device))

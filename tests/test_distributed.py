@@ -1,0 +1,62 @@
+"""2-rank CPU (gloo) training under torchrun: FSDP2 and DeepSpeed ZeRO-2/3 give the same run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from trainer_fixtures import make_setup, train_losses
+
+REPO = Path(__file__).resolve().parents[1]
+VARIANTS = {
+    "fsdp": [],
+    "fsdp-shard-target": ["--parallel.shard_target=true"],
+    "zero2": ["--parallel.backend=deepspeed", f"--parallel.deepspeed_config={REPO}/configs/deepspeed/zero2.json"],
+    "zero3": ["--parallel.backend=deepspeed", f"--parallel.deepspeed_config={REPO}/configs/deepspeed/zero3.json"],
+}
+
+
+def torchrun(overrides: list[str], cwd: Path) -> None:
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(REPO / "scripts" / "train_eagle3.py"), *overrides]
+    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("dist")
+    base = make_setup(root) + ["--train.batch_size=1", "--train.max_steps=4", "--train.save_every=2"]
+    out = {}
+    for name, extra in VARIANTS.items():
+        out[name] = root / name
+        torchrun(base + [f"--output_dir={out[name]}", *extra], cwd=root)
+    return out
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "fsdp"])
+def test_backends_agree_step_for_step(runs, variant):
+    reference = train_losses(runs["fsdp"] / "metrics.jsonl")
+    assert len(reference) == 4 and any(x > 0 for x in reference)
+    assert train_losses(runs[variant] / "metrics.jsonl") == pytest.approx(reference, rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_every_backend_exports_the_server_layout(runs, variant):
+    from safetensors.torch import load_file
+
+    final = runs[variant] / "final"
+    config = json.loads((final / "config.json").read_text())
+    tensors = load_file(str(final / "model.safetensors"))
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert tensors["lm_head.weight"].shape[0] == config["draft_vocab_size"] == 64
+    assert "embed_tokens.weight" not in tensors
+    ref = load_file(str(runs["fsdp"] / "final" / "model.safetensors"))
+    assert set(tensors) == set(ref)
+    for name in ref:
+        assert (tensors[name].float() - ref[name].float()).abs().max() < 1e-2, name
