@@ -139,13 +139,19 @@ class Target(nn.Module):
         cap = getattr(self.model.config, "final_logit_softcapping", None)  # Gemma 2/3
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
-    def logits(self, last_hidden: torch.Tensor, vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """The target's logits for ``last_hidden`` [..., H], over ``vocab_ids`` [V'] or the whole vocab."""
+    def vocab_head(self, vocab_ids: torch.Tensor | None = None):
+        """A function [..., H] -> logits over ``vocab_ids`` [V'] (or the whole vocab).
+
+        The rows of lm_head are sliced once here, not on every call."""
         weight = self.lm_head.weight if vocab_ids is None else self.lm_head.weight[vocab_ids]
         bias = self.lm_head.bias
         if bias is not None and vocab_ids is not None:
             bias = bias[vocab_ids]
-        return self._softcap(F.linear(last_hidden, weight, bias))
+        return lambda hidden: self._softcap(F.linear(hidden, weight, bias))
+
+    def logits(self, last_hidden: torch.Tensor, vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The target's logits for ``last_hidden`` [..., H], over ``vocab_ids`` [V'] or the whole vocab."""
+        return self.vocab_head(vocab_ids)(last_hidden)
 
     @torch.no_grad()
     def argmax(self, last_hidden: torch.Tensor, chunk_tokens: int = 4096) -> torch.Tensor:

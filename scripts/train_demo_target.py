@@ -78,6 +78,41 @@ def evaluate(model: LlamaForCausalLM, data: torch.Tensor, batch_size: int) -> fl
     return total / count
 
 
+def write_model_card(out: Path, stats: dict) -> None:
+    a = stats["args"]
+    files = ", ".join(f"`configs/demo/data/{Path(f).name}`" for f in a["data"])
+    command = ("python scripts/train_demo_target.py --output configs/demo/target "
+               f"--steps {a['steps']} --batch-size {a['batch_size']} --warmup {a['warmup']}")
+    card = f"""# headstart demo target
+
+A small Llama-architecture chat model that stands in for a real target in headstart's demo recipes,
+tests of the full pipeline, and benchmarks. It is not a useful assistant; it is a real, trained
+causal LM with a real chat template, so draft heads trained against it learn something measurable.
+
+- Architecture: `LlamaForCausalLM`, {a['layers']} layers, hidden {a['hidden']}, {a['heads']} heads
+  ({a['kv_heads']} KV heads), MLP {a['intermediate']}, tied embeddings, `max_position_embeddings` 4096,
+  {stats['parameters'] / 1e6:.2f}M parameters, stored in bfloat16.
+- Tokenizer: byte-level BPE, {a['vocab_size']} tokens, trained on the training split; ChatML chat
+  template (`<|im_start|>{{role}}`, newline, content, `<|im_end|>`); EOS (generation config) = `<|im_end|>`.
+- Data: {files} (GSM8K, MIT; GPTeacher, MIT; licences beside them), every row rendered with the chat
+  template, shuffled (seed {a['seed']}), {a['holdout']:.0%} of the conversations held out; packed into
+  {a['seq_len']}-token sequences separated by `<|endoftext|>`; loss on all tokens.
+- Training: {a['steps']} steps x {a['batch_size']} x {a['seq_len']} tokens = {stats['train_tokens_seen']:,} tokens
+  ({stats['train_tokens_seen'] / stats['train_tokens_available']:.2f} epochs of {stats['train_tokens_available']:,}),
+  AdamW lr {a['lr']} (betas 0.9/0.95, wd 0.1), {a['warmup']} warmup steps then cosine, clip 1.0;
+  {stats['train_minutes']} min at {stats['tokens_per_second']:,} tokens/s on a 2-core CPU.
+- Held-out loss: **{stats['held_out_loss']:.4f}** (perplexity {math.exp(stats['held_out_loss']):.1f}) on
+  {stats['held_out_tokens']:,} held-out tokens; final training loss {stats['final_train_loss']:.4f}.
+
+Reproduce:
+
+```bash
+{command}
+```
+"""
+    (out / "README.md").write_text(card)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output", default="configs/demo/target")
@@ -175,6 +210,7 @@ def main() -> None:
         "args": vars(args),
     }
     (out / "training_stats.json").write_text(json.dumps(stats, indent=2))
+    write_model_card(out, stats)
     print(json.dumps(stats, indent=2))
 
 

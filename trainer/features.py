@@ -18,6 +18,7 @@ class OnlineFeatures:
         self.target = target
         self.draft_vocab_ids = draft_vocab_ids  # [V_d] target ids
         self.t2d = t2d  # [V] bool
+        self.draft_vocab_logits = target.vocab_head(draft_vocab_ids)
 
     @torch.no_grad()
     def __call__(self, batch: dict[str, torch.Tensor]) -> Features:
@@ -29,6 +30,6 @@ class OnlineFeatures:
             input_ids=input_ids,
             loss_mask=batch["loss_mask"].to(device) * attention_mask,
             aux_hidden_states=out.aux_hidden_states,
-            target_logits=self.target.logits(out.last_hidden_state, self.draft_vocab_ids),
+            target_logits=self.draft_vocab_logits(out.last_hidden_state),
             target_in_draft=self.t2d[self.target.argmax(out.last_hidden_state, chunk_tokens=1024)],
         )

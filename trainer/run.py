@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import asdict
+from dataclasses import replace
 from pathlib import Path
 
 import datasets
@@ -56,7 +56,7 @@ def build_trainer(config: RunConfig, info: DistInfo | None = None) -> Trainer:
     dataset = _tokenized_data(config, info)
     train_data, eval_data = split_eval(dataset, config.train.eval_fraction, config.train.seed)
 
-    target = Target.from_pretrained(config.target.__class__(**{**asdict(config.target), "device": str(info.device)}))
+    target = Target.from_pretrained(replace(config.target, device=str(info.device)))
     counts = token_counts(train_data, target.vocab_size, config.data.cache_dir)
     head = build_head(config.draft, target, counts)  # checks the draft config against the target
     if config.parallel.shard_target and info.world_size > 1:

@@ -1,0 +1,32 @@
+"""Shared by the benchmark scripts: describe the machine and append a dated section to BENCHMARKS.md."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import shlex
+import sys
+from pathlib import Path
+
+import torch
+
+
+def machine() -> str:
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
+    return f"CPU {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
+
+
+def command() -> str:
+    launcher = "torchrun --nproc_per_node " + os.environ["WORLD_SIZE"] + " " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "python "
+    return launcher + " ".join(shlex.quote(a) for a in sys.argv)
+
+
+def append_section(path: str | Path, title: str, body: str) -> None:
+    path = Path(path)
+    header = "" if path.exists() else "# Benchmarks\n\nEvery section is written by the script named in it; newest last.\n"
+    stamp = datetime.date.today().isoformat()
+    section = f"\n## {title}\n\n- date: {stamp}\n- machine: {machine()}\n- command: `{command()}`\n\n{body.rstrip()}\n"
+    with path.open("a") as f:
+        f.write(header + section)
