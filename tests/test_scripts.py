@@ -1,0 +1,72 @@
+"""The CLIs as a user runs them, and the committed demo artifacts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import CHATML_TEMPLATE, make_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO_TARGET = REPO / "configs" / "demo" / "target"
+
+
+def run_script(name: str, *args: str, env_cache: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HEADSTART_CACHE": str(env_cache)}
+    return subprocess.run([sys.executable, str(REPO / "scripts" / name), *args], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+def test_prepare_data_cli_summary_show_and_errors(tmp_path):
+    make_tokenizer(CHATML_TEMPLATE, "<|im_end|>").save_pretrained(tmp_path / "tok")
+    rows = [{"messages": [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Hello there."}]},
+            {"messages": [{"role": "user", "content": "a"}, {"role": "bot", "content": "b"}]}]
+    data = tmp_path / "chat.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    common = ["--data", str(data), "--tokenizer", str(tmp_path / "tok"), "--output", str(tmp_path / "out")]
+
+    failed = run_script("prepare_data.py", *common, env_cache=tmp_path / "cache")
+    assert failed.returncode == 2
+    assert "chat.jsonl row 1: turn 1 has unknown role 'bot'" in failed.stderr
+
+    ok = run_script("prepare_data.py", *common, "--skip-bad-rows", "--show", "1", env_cache=tmp_path / "cache")
+    assert ok.returncode == 0, ok.stderr
+    assert "rows skipped                1" in ok.stdout
+    assert "[[Hello there.<|im_end|>]]" in ok.stdout  # the trained span, highlighted
+    assert "[[Hi?" not in ok.stdout
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["rows_kept"] == 1 and summary["rows_read"] == 2
+
+
+def test_demo_target_is_a_complete_hf_chat_checkpoint():
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    config = AutoConfig.from_pretrained(DEMO_TARGET)
+    tokenizer = AutoTokenizer.from_pretrained(DEMO_TARGET)
+    generation = GenerationConfig.from_pretrained(DEMO_TARGET)
+    assert config.model_type == "llama" and config.num_hidden_layers >= 8
+    assert config.max_position_embeddings >= 4096
+    assert generation.eos_token_id == tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert tokenizer.chat_template and "<|im_start|>" in tokenizer.chat_template
+    assert (DEMO_TARGET / "model.safetensors").stat().st_size <= 25 * 2**20
+    card = (DEMO_TARGET / "README.md").read_text()
+    stats = json.loads((DEMO_TARGET / "training_stats.json").read_text())
+    assert f"{stats['held_out_loss']:.4f}" in card and "scripts/train_demo_target.py" in card
+
+
+@pytest.mark.slow
+def test_demo_target_continues_a_chat_sensibly():
+    """The demo target ends an answer with its end-of-turn token within a few dozen tokens."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(DEMO_TARGET)
+    model = AutoModelForCausalLM.from_pretrained(DEMO_TARGET, dtype=torch.float32)
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "What is 15 plus 27?"}], add_generation_prompt=True,
+                                        return_tensors="pt", return_dict=True)["input_ids"]
+    out = model.generate(ids, max_new_tokens=80, do_sample=False)[0, ids.shape[1]:]
+    assert tokenizer.convert_tokens_to_ids("<|im_end|>") in out.tolist()
