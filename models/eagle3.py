@@ -349,6 +349,9 @@ class Eagle3Draft(nn.Module):
         config = Eagle3Config.from_json(directory / "config.json")
         model = cls(config, **kwargs)
         tensors = load_file(str(directory / "model.safetensors"))
+        if target_embeddings is not None and tuple(target_embeddings.shape) != (config.vocab_size, config.hidden_size):
+            raise ValueError(f"{directory} was trained for a target with vocab {config.vocab_size} and hidden size "
+                             f"{config.hidden_size}, but the given target embeddings are {tuple(target_embeddings.shape)}")
         if "embed_tokens.weight" not in tensors:
             if target_embeddings is None:
                 raise ValueError(f"{directory} has no embed_tokens (H == H_t): pass the target's embeddings")

@@ -162,12 +162,19 @@ def test_export_is_the_flat_server_layout(tmp_path):
     }
     assert {k: tuple(v.shape) for k, v in tensors.items()} == expected
     assert tensors["d2t"].dtype == torch.int64 and tensors["t2d"].dtype == torch.bool
-    # Round trip: the reloaded head computes the same loss.
-    reloaded = Eagle3Draft.from_pretrained(tmp_path / "d", target_embeddings=draft.embed_tokens.weight, ttt_steps=4)
+    # Round trip: an fp32 export reloads to exactly the same head; the default bf16 one to a close one.
     f = random_features(draft)
-    draft_bf16 = Eagle3Draft.from_pretrained(tmp_path / "d", target_embeddings=draft.embed_tokens.weight, ttt_steps=4)
-    assert torch.equal(reloaded.d2t, draft.d2t)
-    assert reloaded.loss(f)[0].item() == pytest.approx(draft_bf16.loss(f)[0].item())
+    expected = draft.loss(f)[0].item()
+    draft.save_pretrained(tmp_path / "d32", dtype=torch.float32)
+    exact = Eagle3Draft.from_pretrained(tmp_path / "d32", target_embeddings=draft.embed_tokens.weight, ttt_steps=4)
+    assert torch.equal(exact.d2t, draft.d2t) and torch.equal(exact.t2d, draft.t2d)
+    assert exact.loss(f)[0].item() == pytest.approx(expected, abs=1e-6)
+    bf16 = Eagle3Draft.from_pretrained(tmp_path / "d", target_embeddings=draft.embed_tokens.weight, ttt_steps=4)
+    assert bf16.loss(f)[0].item() == pytest.approx(expected, rel=0.05)
+    with pytest.raises(ValueError, match="pass the target's embeddings"):
+        Eagle3Draft.from_pretrained(tmp_path / "d")
+    with pytest.raises(ValueError, match=r"trained for a target with vocab 128 and hidden size 32"):
+        Eagle3Draft.from_pretrained(tmp_path / "d", target_embeddings=torch.zeros(100, 32))
 
 
 def test_config_that_does_not_fit_the_target():
