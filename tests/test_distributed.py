@@ -41,7 +41,7 @@ def torchrun(overrides: list[str], cwd: Path) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("dist")
-    base = make_setup(root) + ["--train.batch_size=1", "--train.max_steps=4", "--train.save_every=2"]
+    base = make_setup(root) + ["--train.batch_size=1", "--train.grad_accum=2", "--train.max_steps=4", "--train.save_every=2"]
     out = {}
     for name, extra in VARIANTS.items():
         if name.startswith("zero") and not HAS_DEEPSPEED:

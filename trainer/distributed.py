@@ -6,6 +6,7 @@ backend branches. Parallelism is applied to built modules from outside (``apply_
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import os
@@ -41,7 +42,8 @@ def init_distributed() -> DistInfo:
     if cuda:
         torch.cuda.set_device(device)
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo")
+        # Long timeout: the other ranks wait at a barrier while rank 0 tokenizes a large dataset.
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(hours=2))
     return DistInfo(rank, world, local_rank, device)
 
 
