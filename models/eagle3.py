@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import LlamaConfig

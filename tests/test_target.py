@@ -8,7 +8,7 @@ import pytest
 import torch
 from tiny_models import FAMILIES, tiny_causal_lm
 
-from headstart.models.target import Target, TargetConfig, default_aux_layer_ids, load_tokenizer
+from headstart.models.target import Target, TargetConfig, load_tokenizer
 
 
 def test_default_ids_collide_on_a_shallow_target():

@@ -7,8 +7,6 @@ therefore sees exactly the batches an uninterrupted run would, with no loader st
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import datasets
 import torch
 
@@ -18,11 +16,15 @@ class BatchPlan:
         if num_rows < 1:
             raise ValueError("no training rows")
         self.num_rows, self.batch_size, self.world_size, self.rank, self.seed = num_rows, batch_size, world_size, rank, seed
+        self._orders: dict[int, list[int]] = {}  # the current and the next epoch's order
 
-    @lru_cache(maxsize=2)
     def _order(self, epoch: int) -> list[int]:
-        g = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
-        return torch.randperm(self.num_rows, generator=g).tolist()
+        if epoch not in self._orders:
+            if len(self._orders) >= 2:
+                self._orders.pop(min(self._orders))
+            g = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
+            self._orders[epoch] = torch.randperm(self.num_rows, generator=g).tolist()
+        return self._orders[epoch]
 
     def rows(self, micro_batch: int) -> list[int]:
         """Row indices of this rank's share of global micro-batch ``micro_batch``."""

@@ -12,7 +12,7 @@ import contextlib
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import datasets
 import torch

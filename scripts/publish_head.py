@@ -1,0 +1,60 @@
+"""Copy a run's final draft into a self-contained directory with its eval metrics and a card.
+
+    python scripts/publish_head.py --run runs/demo-eagle3-full --out configs/demo/eagle3-head
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", required=True, help="output_dir of a finished training run")
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    run, out = Path(args.run), Path(args.out)
+    final = run / "final"
+    if not (final / "model.safetensors").is_file():
+        raise SystemExit(f"{final} has no exported draft: did the run finish?")
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if r["split"] == "eval"]
+    if not evals:
+        raise SystemExit(f"{run}/metrics.jsonl has no eval records")
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy2(final / name, out / name)
+    run_config = json.loads((run / "run_config.json").read_text())
+    (out / "eval_metrics.json").write_text(json.dumps({"evals": evals, "run_config": run_config}, indent=2))
+    last = evals[-1]
+    steps = sorted(int(k.split("_")[1]) for k in last if k.startswith("acc_"))
+    rows = "\n".join(f"| {k} | {last[f'acc_{k}']:.3f} | {last[f'accept_{k}']:.3f} |" for k in steps)
+    t = run_config["train"]
+    (out / "README.md").write_text(f"""# EAGLE-3 head for the headstart demo target
+
+Flat EAGLE-3 server layout (config.json + model.safetensors with d2t/t2d; no embed_tokens: the
+target's are used). Trained online against `{run_config['target']['path']}` by
+
+```bash
+torchrun --nproc_per_node 2 scripts/train_eagle3.py --config configs/demo/eagle3_full.yaml
+```
+
+{t['max_steps']} steps x {t['batch_size']} sequences x 2 ranks, lr {t['lr']}, draft vocab
+{run_config['draft']['draft_vocab_size']}, {run_config['draft']['ttt_steps']} TTT steps. Held-out evaluation at step
+{last['step']} ({run_config['train']['eval_fraction']:.0%} of the conversations): loss {last['loss']:.3f}, simulated
+acceptance length **{last['sim_accept_len']:.3f}** (1 + sum_k prod_{{i<=k}} acc_i, bonus token included).
+
+| TTT step k | accuracy (draft argmax = target argmax) | expected acceptance sum min(p, q) |
+|---|---|---|
+{rows}
+
+All eval records: `eval_metrics.json`.
+""")
+    print(f"published {final} -> {out}: sim accept len {last['sim_accept_len']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
