@@ -152,3 +152,19 @@ def test_config_errors(tmp_path):
         load_config(str(tmp_path / "c.yaml"))
     with pytest.raises(ValueError, match="unknown draft head 'medusa2'"):
         build_trainer(load_config(None, make_setup(tmp_path) + ["--draft.head=medusa2"]))
+
+
+def test_bf16_target_and_bf16_autocast_train(tmp_path):
+    """The GPU recipe's precision path (bf16 target weights, bf16 autocast over fp32 head weights), run on CPU."""
+    overrides = [o for o in make_setup(tmp_path) if not o.startswith("--target.dtype")]
+    run(overrides + ["--train.max_steps=3", f"--output_dir={tmp_path / 'fp32'}"])
+    trainer = run(overrides + ["--target.dtype=bfloat16", "--train.mixed_precision=bf16", "--train.max_steps=3"])
+    fp32 = train_losses(tmp_path / "fp32" / "metrics.jsonl")
+    bf16 = train_losses(tmp_path / "run" / "metrics.jsonl")
+    assert max(fp32) > 1.0  # (a batch may hold no valid token: loss 0 in both runs)
+    assert bf16 == pytest.approx(fp32, rel=0.03, abs=1e-3)
+    head = trainer.backend.module
+    assert head.fc.weight.dtype == torch.float32  # master weights stay fp32 under autocast
+    assert trainer.features.target.model.dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="mixed_precision must be auto, bf16 or fp32"):
+        run(overrides + ["--train.mixed_precision=fp8", f"--output_dir={tmp_path / 'x'}"])
