@@ -126,11 +126,13 @@ class Target(nn.Module):
     def forward(
         self,
         input_ids: torch.Tensor,  # [B, T]
-        attention_mask: torch.Tensor | None = None,  # [B, T], 1 = real token
+        attention_mask: torch.Tensor | None = None,  # [B, T] 1 = real token, or a prepared 4D mask
         position_ids: torch.Tensor | None = None,
+        past_key_values=None,  # an HF Cache the new tokens are written to (decoding), or None
     ) -> TargetOutput:
         self._captured.clear()
-        out = self.base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        out = self.base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                        past_key_values=past_key_values, use_cache=past_key_values is not None)
         aux = torch.cat([self._captured[k] for k in self.aux_layer_ids], dim=-1)  # [B, T, n*H]
         self._captured.clear()
         return TargetOutput(aux_hidden_states=aux, last_hidden_state=out.last_hidden_state)

@@ -1,0 +1,63 @@
+"""Run the target over new tokens against a ``PositionalKVCache`` (batch size 1).
+
+``forward`` scores a block of n new tokens placed after the committed cache: a chain (causal) or a
+tree (``tree_mask[i, j]``: token i may attend to token j, its ancestors and itself; position ids by
+depth). It returns full-vocab logits for the n positions only and the aux hidden states EAGLE-3
+reads. The block is written to the cache but not committed: the caller keeps what was accepted
+(``commit`` for a chain prefix, ``cache.keep`` for a tree path) and the rest is simply overwritten.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from headstart.decode.kv_cache import PositionalKVCache
+from headstart.models.target import Target
+
+
+class TargetRunner:
+    def __init__(self, target: Target, max_len: int) -> None:
+        window = getattr(target.config, "sliding_window", None)
+        if window is not None and window < max_len and any(
+            t == "sliding_attention" for t in getattr(target.config, "layer_types", None) or ["sliding_attention"]
+        ):
+            raise NotImplementedError(
+                f"the target uses sliding-window attention ({window} tokens) and max_len {max_len} exceeds it; "
+                "the decoder's explicit attention mask does not apply windows yet"
+            )
+        self.target = target
+        self.max_len = max_len
+        self.cache = PositionalKVCache(target.num_layers, max_len)
+        self._dtype = next(target.model.parameters()).dtype
+
+    @property
+    def length(self) -> int:
+        return self.cache.length
+
+    def reset(self) -> None:
+        self.cache.rollback(0)
+
+    def commit(self, n: int) -> None:
+        """Keep the first n tokens of the last block (a chain's accepted prefix)."""
+        self.cache.rollback(self.cache.length + n)
+
+    @torch.no_grad()
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [1, n]
+        tree_mask: torch.Tensor | None = None,  # [n, n] bool, True = may attend
+        depths: torch.Tensor | None = None,  # [n] position offset of each token (tree depth)
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (logits [1, n, V], aux hidden states [1, n, k*H]) for the n new tokens."""
+        n = input_ids.shape[1]
+        start = self.cache.length
+        device = input_ids.device
+        within = torch.ones(n, n, dtype=torch.bool, device=device).tril() if tree_mask is None else tree_mask
+        allowed = torch.cat([torch.ones(n, start, dtype=torch.bool, device=device), within], dim=1)  # [n, start+n]
+        mask = torch.zeros(1, 1, n, start + n, dtype=self._dtype, device=device)
+        mask.masked_fill_(~allowed, torch.finfo(self._dtype).min)
+        offsets = torch.arange(n, device=device) if depths is None else depths
+        position_ids = (start + offsets).unsqueeze(0)
+        self.cache.begin()
+        out = self.target(input_ids, attention_mask=mask, position_ids=position_ids, past_key_values=self.cache)
+        return self.target.logits(out.last_hidden_state), out.aux_hidden_states

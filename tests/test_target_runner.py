@@ -1,0 +1,80 @@
+"""The decoder's target runner: static position-indexed KV cache, rollback, tree blocks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import tiny_causal_lm
+
+from headstart.decode.target_runner import TargetRunner
+from headstart.models.target import Target
+
+FAMILIES = ["llama", "qwen3", "mistral", "phi3", "qwen3_moe", "gemma3_text"]
+
+
+def runner_for(family: str, max_len: int = 64) -> tuple[TargetRunner, torch.nn.Module]:
+    overrides = {"sliding_window": 512} if family == "gemma3_text" else {}
+    model = tiny_causal_lm(family, num_hidden_layers=8, **overrides)
+    return TargetRunner(Target(model), max_len=max_len), model
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_decoding_through_the_cache_equals_hf_generate(family):
+    runner, model = runner_for(family)
+    prompt = torch.randint(3, 128, (1, 7), generator=torch.Generator().manual_seed(0))
+    logits, _ = runner.forward(prompt)
+    runner.commit(prompt.shape[1])
+    tokens = []
+    for _ in range(20):
+        token = logits[:, -1].argmax(-1, keepdim=True)  # [1, 1]
+        tokens.append(token.item())
+        logits, _ = runner.forward(token)
+        runner.commit(1)
+    with torch.no_grad():
+        reference = model.generate(prompt, max_new_tokens=20, do_sample=False, min_new_tokens=20,
+                                   eos_token_id=None, pad_token_id=0)[0, 7:].tolist()
+    assert tokens == reference
+
+
+def test_rollback_leaves_no_trace_and_aux_states_match_a_fresh_forward():
+    runner, model = runner_for("llama")
+    target = runner.target
+    seq = torch.randint(3, 128, (1, 12), generator=torch.Generator().manual_seed(1))
+    runner.forward(seq[:, :8])
+    runner.commit(8)
+    runner.forward(torch.randint(3, 128, (1, 4)))  # a rejected speculative block: written, never committed
+    logits, aux = runner.forward(seq[:, 8:])  # overwrites the stale slots
+    fresh = target(seq)
+    torch.testing.assert_close(aux, fresh.aux_hidden_states[:, 8:], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits, target.logits(fresh.last_hidden_state)[:, 8:], rtol=1e-5, atol=1e-5)
+
+
+def test_tree_block_scores_each_branch_as_its_own_sequence_and_keep_compacts_the_path():
+    runner, _ = runner_for("qwen3")
+    target = runner.target
+    prefix = torch.randint(3, 128, (1, 6), generator=torch.Generator().manual_seed(2))
+    runner.forward(prefix)
+    runner.commit(6)
+    # Tree: root a; children b, c of a; d child of c.   order [a, b, c, d], depths [0, 1, 1, 2]
+    a, b, c, d = 11, 22, 33, 44
+    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
+    logits, aux = runner.forward(torch.tensor([[a, b, c, d]]), tree_mask=tree, depths=torch.tensor([0, 1, 1, 2]))
+    for node, path in {1: [a, b], 3: [a, c, d]}.items():
+        fresh = target(torch.cat([prefix, torch.tensor([path])], dim=1))
+        torch.testing.assert_close(logits[:, node], target.logits(fresh.last_hidden_state)[:, -1], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(aux[:, node], fresh.aux_hidden_states[:, -1], rtol=1e-5, atol=1e-5)
+    # Accept the path a -> c -> d: its K/V move to contiguous slots 6, 7, 8, and decoding continues exactly.
+    runner.cache.keep(torch.tensor([6, 8, 9]))
+    assert runner.length == 9
+    logits, _ = runner.forward(torch.tensor([[55]]))
+    fresh = target(torch.cat([prefix, torch.tensor([[a, c, d, 55]])], dim=1))
+    torch.testing.assert_close(logits[:, -1], target.logits(fresh.last_hidden_state)[:, -1], rtol=1e-5, atol=1e-5)
+
+
+def test_limits_are_clear_errors():
+    runner, _ = runner_for("llama", max_len=8)
+    with pytest.raises(ValueError, match="KV cache overflow: 9 tokens > max_len 8"):
+        runner.forward(torch.randint(3, 128, (1, 9)))
+    windowed = tiny_causal_lm("mistral", num_hidden_layers=8, sliding_window=16)
+    with pytest.raises(NotImplementedError, match="sliding-window attention"):
+        TargetRunner(Target(windowed), max_len=64)
