@@ -1,0 +1,91 @@
+"""The generation loops: plain autoregressive and speculative (chain, greedy), on one runner.
+
+A round: the drafter proposes k tokens; the target scores [next, d_1..d_k] in one forward; the
+accepted prefix plus the target's own next token are emitted. One host sync per round (the
+accepted count). Output is token-for-token the target's greedy decoding, EOS and length included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from headstart.decode.target_runner import TargetRunner
+from headstart.decode.verify import verify_greedy
+
+
+class Drafter(Protocol):
+    def begin(self, prompt_ids: torch.Tensor, aux_hidden: torch.Tensor, next_token: int) -> None:
+        """A new sequence: the prompt [1, T], its aux hidden states [1, T, k*H] and the first generated token."""
+
+    def propose(self, k: int) -> torch.Tensor:
+        """Up to k draft tokens [k'] continuing the sequence."""
+
+    def update(self, emitted: list[int], aux_hidden: torch.Tensor) -> None:
+        """Tokens appended after verification, and the target's aux states of the positions that
+        produced them ([1, len(emitted), k*H]: position j's state pairs with emitted token j)."""
+
+
+@dataclass
+class Generation:
+    tokens: list[int]  # generated tokens (prompt excluded), EOS included when hit
+    target_forwards: int = 0  # after the prefill
+    accepted: list[int] = field(default_factory=list)  # accepted draft tokens per speculative round
+
+    @property
+    def tau(self) -> float:
+        """Tokens per target forward (bonus included); 1.0 for plain decoding."""
+        return (len(self.tokens) - 1) / max(1, self.target_forwards)
+
+
+def _finish(tokens: list[int], eos_ids: set[int], max_new_tokens: int) -> tuple[list[int], bool]:
+    """Cut at the first EOS (kept) and at max_new_tokens; report whether generation is done."""
+    for i, t in enumerate(tokens):
+        if t in eos_ids:
+            return tokens[: i + 1], True
+    return tokens[:max_new_tokens], len(tokens) >= max_new_tokens
+
+
+def greedy_generate(runner: TargetRunner, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids: set[int]) -> Generation:
+    runner.reset()
+    logits, _ = runner.forward(prompt_ids)
+    runner.commit(prompt_ids.shape[1])
+    tokens, done = _finish([int(logits[0, -1].argmax())], eos_ids, max_new_tokens)
+    out = Generation(tokens)
+    while not done:
+        logits, _ = runner.forward(torch.tensor([[tokens[-1]]], device=prompt_ids.device))
+        runner.commit(1)
+        out.target_forwards += 1
+        tokens, done = _finish(tokens + [int(logits[0, -1].argmax())], eos_ids, max_new_tokens)
+    out.tokens = tokens
+    return out
+
+
+def speculative_generate(
+    runner: TargetRunner, drafter: Drafter, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids: set[int], k: int
+) -> Generation:
+    device = prompt_ids.device
+    runner.reset()
+    logits, aux = runner.forward(prompt_ids)
+    runner.commit(prompt_ids.shape[1])
+    tokens, done = _finish([int(logits[0, -1].argmax())], eos_ids, max_new_tokens)
+    drafter.begin(prompt_ids, aux, tokens[0])
+    out = Generation(tokens)
+    while not done:
+        # Never draft past the length limit: accepted drafts + the bonus token fit in what is left.
+        drafts = drafter.propose(min(k, max_new_tokens - len(tokens) - 1)).to(device)
+        block = torch.cat([torch.tensor([tokens[-1]], device=device), drafts]).unsqueeze(0)  # [1, 1+k']
+        logits, aux = runner.forward(block)
+        n_acc, bonus = verify_greedy(drafts.unsqueeze(0), logits)
+        n = int(n_acc)  # the round's one host sync
+        runner.commit(1 + n)
+        out.target_forwards += 1
+        out.accepted.append(n)
+        emitted = drafts[:n].tolist() + [int(bonus)]
+        tokens, done = _finish(tokens + emitted, eos_ids, max_new_tokens)
+        if not done:
+            drafter.update(emitted, aux[:, : n + 1])
+    out.tokens = tokens
+    return out
