@@ -274,22 +274,15 @@ class Eagle3Draft(nn.Module):
         # Training goes through forward so FSDP2 / ZeRO-3 hooks gather the parameters.
         return self.loss(features)
 
-    def loss(self, f: Features) -> tuple[torch.Tensor, dict[str, float]]:
-        """Unrolled TTT loss: forward KL to the target on the draft vocab, step weights w^k."""
+    def unroll(self, f: Features):
+        """Yield the TTT steps' draft logits [B, T, V_d] (float32), step k at position t predicting
+        token t+2+k from token t+1+k and the previous step's hidden output."""
         B, T = f.input_ids.shape
         hidden = self.fc(f.aux_hidden_states.to(self.fc.weight.dtype))  # [B, T, H]
-        # The target's distribution at position j predicts token j+1; it is trained where that
-        # token is an assistant token and the target's argmax lies in the draft vocab.
-        valid = torch.zeros_like(f.loss_mask, dtype=torch.bool)
-        valid[:, :-1] = f.loss_mask[:, 1:].bool() & f.target_in_draft[:, :-1]
         base_pos = torch.arange(T, device=hidden.device).unsqueeze(0).expand(B, T)
         keys, values = [], []
-        total = hidden.new_zeros((), dtype=torch.float32)
-        step_stats = []  # per step: [loss, acc, accept]; moved to the host once, after the loop
         for k in range(self.ttt_steps):
             ids_k = _shift_left(f.input_ids, 1 + k, 0)  # token_{t+1+k}
-            tgt_k = _shift_left(f.target_logits, 1 + k, 0.0)  # target logits at t+1+k: predicts t+2+k
-            valid_k = _shift_left(valid, 1 + k, False)
             embeds = self.embed_tokens(ids_k).to(hidden.dtype)
             cos, sin = self.rotary_emb(hidden, base_pos + k)
             x = self.midlayer.attn_input(embeds, hidden)
@@ -297,7 +290,19 @@ class Eagle3Draft(nn.Module):
             keys.append(key)
             values.append(value)
             hidden = self.midlayer.finish(hidden, self.midlayer.self_attn.ttt(q, keys, values))
-            logits = self.lm_head(self.norm(hidden)).float()  # [B, T, V_d]
+            yield self.lm_head(self.norm(hidden)).float()
+
+    def loss(self, f: Features) -> tuple[torch.Tensor, dict[str, float]]:
+        """Unrolled TTT loss: forward KL to the target on the draft vocab, step weights w^k."""
+        # The target's distribution at position j predicts token j+1; it is trained where that
+        # token is an assistant token and the target's argmax lies in the draft vocab.
+        valid = torch.zeros_like(f.loss_mask, dtype=torch.bool)
+        valid[:, :-1] = f.loss_mask[:, 1:].bool() & f.target_in_draft[:, :-1]
+        total = torch.zeros((), dtype=torch.float32, device=f.input_ids.device)
+        step_stats = []  # per step: [loss, acc, accept]; moved to the host once, after the loop
+        for k, logits in enumerate(self.unroll(f)):  # logits [B, T, V_d]
+            tgt_k = _shift_left(f.target_logits, 1 + k, 0.0)  # target logits at t+1+k: predicts t+2+k
+            valid_k = _shift_left(valid, 1 + k, False)
             logq = torch.log_softmax(logits, dim=-1)
             p = torch.softmax(tgt_k.float(), dim=-1)  # target restricted to the draft vocab, renormalised
             n_valid = valid_k.sum().clamp(min=1)
