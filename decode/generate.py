@@ -33,6 +33,7 @@ class Generation:
     tokens: list[int]  # generated tokens (prompt excluded), EOS included when hit
     target_forwards: int = 0  # after the prefill
     accepted: list[int] = field(default_factory=list)  # accepted draft tokens per speculative round
+    proposed: list[int] = field(default_factory=list)  # draft tokens proposed per round (can be < k)
 
     @property
     def tau(self) -> float:
@@ -83,6 +84,7 @@ def speculative_generate(
         runner.commit(1 + n)
         out.target_forwards += 1
         out.accepted.append(n)
+        out.proposed.append(drafts.numel())
         emitted = drafts[:n].tolist() + [int(bonus)]
         tokens, done = _finish(tokens + emitted, eos_ids, max_new_tokens)
         if not done:
