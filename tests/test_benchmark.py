@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from conftest import CHATML_TEMPLATE, make_tokenizer
 from tiny_models import tiny_causal_lm
 
