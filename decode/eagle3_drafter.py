@@ -78,5 +78,26 @@ class Eagle3Drafter:
             drafts.append(self._to_target(self._logits(hidden)[:, -1].argmax(-1)))
         return torch.cat(drafts)
 
+    @torch.no_grad()
+    def propose_sampled(self, k: int, sampling, generator: torch.Generator | None = None):
+        """Drafts sampled from the warped draft distribution; returns (tokens [k], q [k, V]) with
+        q over the target vocab (zero outside the draft vocab)."""
+        vocab_ids = self.head.target_vocab_ids()
+        tokens, probs = [], []
+        hidden, logits = self.last_hidden, self.last_logits
+        for i in range(k):
+            if i > 0:
+                hidden = self._step(hidden, tokens[-1].view(1, 1), self.length - 1 + i)
+                logits = self._logits(hidden)[:, -1]
+            q_draft = sampling.probs(logits)  # [1, V_d]
+            draft_id = torch.multinomial(q_draft, 1, generator=generator).view(1)
+            tokens.append(self._to_target(draft_id))
+            q = q_draft.new_zeros(1, self.head.config.vocab_size)
+            q[:, vocab_ids] = q_draft
+            probs.append(q)
+        if not tokens:
+            return torch.empty(0, dtype=torch.long, device=self.keys.device), torch.empty(0, self.head.config.vocab_size)
+        return torch.cat(tokens), torch.cat(probs)
+
     def update(self, emitted: list[int], aux_hidden: torch.Tensor) -> None:
         self._commit(aux_hidden, torch.tensor([emitted], device=aux_hidden.device))

@@ -13,7 +13,19 @@ from typing import Protocol
 import torch
 
 from headstart.decode.target_runner import TargetRunner
-from headstart.decode.verify import verify_greedy
+from headstart.decode.verify import verify_greedy, verify_sampling, warp_probs
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling parameters; the target's distribution is warped by them, and speculation preserves it."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        return warp_probs(logits, self.temperature, self.top_k, self.top_p)
 
 
 class Drafter(Protocol):
@@ -21,7 +33,10 @@ class Drafter(Protocol):
         """A new sequence: the prompt [1, T], its aux hidden states [1, T, k*H] and the first generated token."""
 
     def propose(self, k: int) -> torch.Tensor:
-        """Up to k draft tokens [k'] continuing the sequence."""
+        """Up to k draft tokens [k'] continuing the sequence (deterministic: q is one-hot).
+
+        A drafter that samples also has ``propose_sampled(k, sampling, generator) -> (tokens [k'],
+        q [k', V])`` giving the distributions its drafts were drawn from."""
 
     def update(self, emitted: list[int], aux_hidden: torch.Tensor) -> None:
         """Tokens appended after verification, and the target's aux states of the positions that
@@ -65,27 +80,50 @@ def greedy_generate(runner: TargetRunner, prompt_ids: torch.Tensor, max_new_toke
 
 
 def speculative_generate(
-    runner: TargetRunner, drafter: Drafter, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids: set[int], k: int
+    runner: TargetRunner,
+    drafter: Drafter,
+    prompt_ids: torch.Tensor,
+    max_new_tokens: int,
+    eos_ids: set[int],
+    k: int,
+    sampling: Sampling | None = None,
+    generator: torch.Generator | None = None,
 ) -> Generation:
+    """Greedy when ``sampling`` is None (output = the target's greedy decoding), else lossless
+    rejection sampling (output distributed exactly as sampling from the warped target)."""
     device = prompt_ids.device
     runner.reset()
     logits, aux = runner.forward(prompt_ids)
     runner.commit(prompt_ids.shape[1])
-    tokens, done = _finish([int(logits[0, -1].argmax())], eos_ids, max_new_tokens)
+    if sampling is None:
+        first = int(logits[0, -1].argmax())
+    else:
+        first = int(torch.multinomial(sampling.probs(logits[0, -1:]), 1, generator=generator))
+    tokens, done = _finish([first], eos_ids, max_new_tokens)
     drafter.begin(prompt_ids, aux, tokens[0])
     out = Generation(tokens)
     while not done:
         # Never draft past the length limit: accepted drafts + the bonus token fit in what is left.
-        drafts = drafter.propose(min(k, max_new_tokens - len(tokens) - 1)).to(device)
+        budget = min(k, max_new_tokens - len(tokens) - 1)
+        if sampling is not None and hasattr(drafter, "propose_sampled"):
+            drafts, q = drafter.propose_sampled(budget, sampling, generator)
+        else:
+            drafts, q = drafter.propose(budget), None
+        drafts = drafts.to(device)
         block = torch.cat([torch.tensor([tokens[-1]], device=device), drafts]).unsqueeze(0)  # [1, 1+k']
         logits, aux = runner.forward(block)
-        n_acc, bonus = verify_greedy(drafts.unsqueeze(0), logits)
+        if sampling is None:
+            n_acc, nxt = verify_greedy(drafts.unsqueeze(0), logits)
+        else:
+            if q is None:  # a deterministic proposal is a one-hot q (EAGLE's rule for top-k children)
+                q = torch.nn.functional.one_hot(drafts, logits.shape[-1]).float()
+            n_acc, nxt = verify_sampling(drafts.unsqueeze(0), q.unsqueeze(0), sampling.probs(logits), generator)
         n = int(n_acc)  # the round's one host sync
         runner.commit(1 + n)
         out.target_forwards += 1
         out.accepted.append(n)
         out.proposed.append(drafts.numel())
-        emitted = drafts[:n].tolist() + [int(bonus)]
+        emitted = drafts[:n].tolist() + [int(nxt)]
         tokens, done = _finish(tokens + emitted, eos_ids, max_new_tokens)
         if not done:
             drafter.update(emitted, aux[:, : n + 1])

@@ -54,7 +54,7 @@ def verify_sampling(
     ok = u * q_x < p_x  # u < p/q without dividing by q = 0
     accepted = ok.long().cumprod(dim=1).sum(dim=1)  # [B]
     # Residual at the first rejection; at position k (all accepted) q is zero, so the residual is p.
-    q_pad = torch.cat([draft_probs, torch.zeros_like(draft_probs[:, :1])], dim=1)  # [B, k+1, V]
+    q_pad = torch.cat([draft_probs, draft_probs.new_zeros(B, 1, draft_probs.shape[-1])], dim=1)  # [B, k+1, V]
     idx = accepted[:, None, None].expand(B, 1, target_probs.shape[-1])
     residual = (target_probs.gather(1, idx) - q_pad.gather(1, idx)).clamp(min=0).squeeze(1)  # [B, V]
     mass = residual.sum(-1, keepdim=True)

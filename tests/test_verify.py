@@ -77,6 +77,14 @@ def test_identical_draft_is_always_accepted():
     assert chi2(next_token, P[2]) < CHI2_DF5_P999  # the bonus token comes from p at position k
 
 
+def test_no_drafts_samples_the_next_token_from_p():
+    g = torch.Generator().manual_seed(4)
+    n = 20_000
+    accepted, next_token = verify_sampling(torch.empty(n, 0, dtype=torch.long), torch.empty(n, 0, V),
+                                           P[:1].expand(n, 1, V), generator=g)
+    assert (accepted == 0).all() and chi2(next_token, P[0]) < CHI2_DF5_P999
+
+
 def test_warp_probs():
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
     assert torch.allclose(warp_probs(logits), torch.softmax(logits, -1))

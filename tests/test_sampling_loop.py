@@ -1,0 +1,98 @@
+"""Speculative sampling through the whole loop reproduces the (warped) target distribution."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from tiny_models import tiny_causal_lm
+
+from headstart.decode.eagle3_drafter import Eagle3Drafter
+from headstart.decode.generate import Sampling, speculative_generate
+from headstart.decode.ngram import NgramDrafter
+from headstart.decode.target_runner import TargetRunner
+from headstart.models.draft_vocab import build_draft_vocab
+from headstart.models.eagle3 import Eagle3Config, Eagle3Draft
+from headstart.models.target import Target
+
+V = 8
+SAMPLING = Sampling(temperature=0.9, top_k=6)
+PROMPT = torch.tensor([[1, 5, 2, 7, 1, 5]])
+
+
+@pytest.fixture(scope="module")
+def world():
+    model = tiny_causal_lm("llama", num_hidden_layers=8, vocab_size=V)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(60.0)  # peaky, context-dependent distributions
+    target = Target(model)
+    head = Eagle3Draft(Eagle3Config.from_target(model.config, draft_vocab_size=V))
+    torch.manual_seed(1)
+    for p in head.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    head.set_draft_vocab(*build_draft_vocab(torch.ones(V), V))
+    head.load_target_embeddings(target.embed_tokens.weight)
+    return model, TargetRunner(target, max_len=32), head
+
+
+def exact_joint(model) -> torch.Tensor:
+    """P(t1, t2) of the 2nd and 3rd sampled tokens, marginalised over the 1st: [V, V]."""
+    with torch.no_grad():
+        probs = lambda ids: SAMPLING.probs(model(ids).logits[:, -1])  # noqa: E731
+        p0 = probs(PROMPT)[0]  # [V]
+        t0 = torch.arange(V)[:, None]
+        p1 = probs(torch.cat([PROMPT.expand(V, -1), t0], 1))  # [V(t0), V(t1)]
+        pairs = torch.cartesian_prod(torch.arange(V), torch.arange(V))  # (t0, t1)
+        p2 = probs(torch.cat([PROMPT.expand(V * V, -1), pairs], 1)).view(V, V, V)  # [t0, t1, t2]
+    return torch.einsum("a,ab,abc->bc", p0, p1, p2)
+
+
+def chi2_vs(samples: list[tuple[int, int]], joint: torch.Tensor) -> tuple[float, float]:
+    """Chi-square statistic (cells with expected < 5 pooled) and its p = 0.001 critical value."""
+    counts = torch.zeros(V, V)
+    for a, b in samples:
+        counts[a, b] += 1
+    expected = joint * len(samples)
+    assert counts[joint == 0].sum() == 0, "a pair of probability 0 was emitted"
+    big = expected >= 5
+    obs = torch.cat([counts[big], counts[~big].sum().view(1)])
+    exp = torch.cat([expected[big], expected[~big].sum().view(1)])
+    stat = float(((obs - exp) ** 2 / exp).sum())
+    df = obs.numel() - 1
+    z = 3.09  # Wilson-Hilferty quantile approximation at p = 0.001
+    critical = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+    return stat, critical
+
+
+def sample_pairs(runner, make_drafter, n: int, seed: int) -> list[tuple[int, int]]:
+    g = torch.Generator().manual_seed(seed)
+    pairs = []
+    for _ in range(n):
+        out = speculative_generate(runner, make_drafter(), PROMPT, 4, set(), k=3, sampling=SAMPLING, generator=g)
+        pairs.append((out.tokens[1], out.tokens[2]))
+    return pairs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drafter", ["eagle3", "ngram"])
+def test_speculative_samples_follow_the_target(world, drafter):
+    model, runner, head = world
+    make = (lambda: Eagle3Drafter(head, 32)) if drafter == "eagle3" else NgramDrafter
+    stat, critical = chi2_vs(sample_pairs(runner, make, 2500, seed=0), exact_joint(model))
+    assert stat < critical
+
+
+class MisreportingDrafter(Eagle3Drafter):
+    """Samples its drafts from q but reports a uniform q: verification then accepts too often."""
+
+    def propose_sampled(self, k, sampling, generator=None):
+        tokens, q = super().propose_sampled(k, sampling, generator)
+        return tokens, torch.full_like(q, 1.0 / q.shape[-1])
+
+
+@pytest.mark.slow
+def test_misreported_draft_probabilities_are_detected(world):
+    model, runner, head = world
+    stat, critical = chi2_vs(sample_pairs(runner, lambda: MisreportingDrafter(head, 32), 2500, seed=0), exact_joint(model))
+    assert stat > 3 * critical
