@@ -66,38 +66,41 @@ class Eagle3Drafter:
         tokens = torch.cat([prompt_ids[:, 1:], torch.tensor([[next_token]], device=prompt_ids.device)], dim=1)
         self._commit(aux_hidden, tokens)
 
+    def _draft(self, k: int, pick) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """k draft steps from the last committed position; ``pick(logits [1, V_d]) -> draft id [1]``.
+        Returns target ids [k] and the draft logits of each step."""
+        tokens, step_logits = [], []
+        hidden, logits = self.last_hidden, self.last_logits
+        for i in range(k):
+            if i > 0:
+                # Speculative slots after the committed ones; overwritten by the next commit.
+                hidden = self._step(hidden, tokens[-1].view(1, 1), self.length - 1 + i)
+                logits = self._logits(hidden)[:, -1]
+            step_logits.append(logits)
+            tokens.append(self._to_target(pick(logits)))
+        if not tokens:
+            return torch.empty(0, dtype=torch.long, device=self.keys.device), []
+        return torch.cat(tokens), step_logits
+
     @torch.no_grad()
     def propose(self, k: int) -> torch.Tensor:
-        if k <= 0:
-            return torch.empty(0, dtype=torch.long, device=self.keys.device)
-        drafts = [self._to_target(self.last_logits.argmax(-1))]  # [1]
-        hidden = self.last_hidden
-        for i in range(1, k):
-            # Speculative slots after the committed ones; overwritten by the next commit.
-            hidden = self._step(hidden, drafts[-1].view(1, 1), self.length - 1 + i)
-            drafts.append(self._to_target(self._logits(hidden)[:, -1].argmax(-1)))
-        return torch.cat(drafts)
+        return self._draft(k, lambda logits: logits.argmax(-1))[0]
 
     @torch.no_grad()
     def propose_sampled(self, k: int, sampling, generator: torch.Generator | None = None):
         """Drafts sampled from the warped draft distribution; returns (tokens [k], q [k, V]) with
         q over the target vocab (zero outside the draft vocab)."""
-        vocab_ids = self.head.target_vocab_ids()
-        tokens, probs = [], []
-        hidden, logits = self.last_hidden, self.last_logits
-        for i in range(k):
-            if i > 0:
-                hidden = self._step(hidden, tokens[-1].view(1, 1), self.length - 1 + i)
-                logits = self._logits(hidden)[:, -1]
-            q_draft = sampling.probs(logits)  # [1, V_d]
-            draft_id = torch.multinomial(q_draft, 1, generator=generator).view(1)
-            tokens.append(self._to_target(draft_id))
-            q = q_draft.new_zeros(1, self.head.config.vocab_size)
-            q[:, vocab_ids] = q_draft
-            probs.append(q)
-        if not tokens:
-            return torch.empty(0, dtype=torch.long, device=self.keys.device), torch.empty(0, self.head.config.vocab_size)
-        return torch.cat(tokens), torch.cat(probs)
+        q_steps: list[torch.Tensor] = []
+
+        def pick(logits: torch.Tensor) -> torch.Tensor:
+            q_steps.append(sampling.probs(logits))  # [1, V_d]
+            return torch.multinomial(q_steps[-1], 1, generator=generator).view(1)
+
+        tokens, _ = self._draft(k, pick)
+        q = torch.zeros(len(q_steps), self.head.config.vocab_size, device=self.keys.device)
+        if q_steps:
+            q[:, self.head.target_vocab_ids()] = torch.cat(q_steps)
+        return tokens, q
 
     def update(self, emitted: list[int], aux_hidden: torch.Tensor) -> None:
         self._commit(aux_hidden, torch.tensor([emitted], device=aux_hidden.device))

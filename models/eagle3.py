@@ -312,8 +312,9 @@ class Eagle3Draft(nn.Module):
                 acc = ((logits.argmax(-1) == tgt_k.argmax(-1)) & valid_k).sum() / n_valid
                 accept = (torch.minimum(p, logq.exp()).sum(-1) * valid_k).sum() / n_valid
                 step_stats.append(torch.stack([step_loss.detach(), acc, accept]))
-        stats = torch.stack(step_stats).tolist()
-        metrics: dict[str, float] = {"valid_tokens": float(valid.sum())}
+        # One host transfer for every metric: per-step stats, then the valid-token count.
+        *stats, (n_valid_total, _, _) = torch.cat([torch.stack(step_stats), valid.sum().float().expand(1, 3)]).tolist()
+        metrics: dict[str, float] = {"valid_tokens": n_valid_total}
         chain, sim_len = 1.0, 1.0
         for k, (step_loss, acc, accept) in enumerate(stats):
             chain *= acc
@@ -330,7 +331,7 @@ class Eagle3Draft(nn.Module):
         skip = {"embed_tokens.weight"} if self.config.hidden_size == self.config.target_hidden_size else set()
         out = {}
         for name, tensor in (self.state_dict() if state is None else state).items():
-            if name in skip or name.startswith("rotary_emb."):
+            if name in skip:
                 continue
             out[name] = tensor.detach().to("cpu").contiguous()
         return out
@@ -363,7 +364,6 @@ class Eagle3Draft(nn.Module):
         missing, unexpected = model.load_state_dict(
             {k: v.to(model.fc.weight.dtype) if v.is_floating_point() else v for k, v in tensors.items()}, strict=False
         )
-        missing = [m for m in missing if not m.startswith("rotary_emb.")]
         if missing or unexpected:
             raise ValueError(f"{directory}: tensors do not match the EAGLE-3 layout: missing {missing}, unexpected {unexpected}")
         check_draft_vocab(model.d2t, model.t2d)
