@@ -9,11 +9,13 @@ Any config key can be overridden as --section.key=value; an unknown key is an er
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 
 import torch.distributed as dist
 
 from headstart.trainer.config import load_config
+from headstart.trainer.distributed import barrier
 from headstart.trainer.run import build_trainer
 
 
@@ -26,10 +28,15 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.config, overrides)
         trainer = build_trainer(config)
         trainer.train(resume=args.resume)
+        barrier()  # leave together: no rank tears down gloo/NCCL while another still writes the export
     except (ValueError, FileNotFoundError, ImportError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     finally:
+        # Free the trainer (FSDP/DeepSpeed keep handles of finished collectives) while the process group and
+        # the interpreter are alive; dropping them during interpreter shutdown can abort a gloo worker thread.
+        trainer = None
+        gc.collect()
         if dist.is_initialized():
             dist.destroy_process_group()
     return 0
