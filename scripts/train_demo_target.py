@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm import tqdm
-from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from headstart.trainer.conversations import detect_format, to_messages
 from headstart.trainer.data import read_rows
@@ -81,18 +81,30 @@ def evaluate(model: LlamaForCausalLM, data: torch.Tensor, batch_size: int) -> fl
 def write_model_card(out: Path, stats: dict) -> None:
     a = stats["args"]
     files = ", ".join(f"`configs/demo/data/{Path(f).name}`" for f in a["data"])
-    command = ("python scripts/train_demo_target.py --output configs/demo/target "
+    command = (f"python scripts/train_demo_target.py --output {a['output']} "
                f"--steps {a['steps']} --batch-size {a['batch_size']} --warmup {a['warmup']}")
-    card = f"""# headstart demo target
+    if a["layers"] != 8:
+        command += f" --layers {a['layers']}"
+    if a.get("tokenizer"):
+        command += f" --tokenizer {a['tokenizer']}"
+        title, intro = "headstart demo draft model", (
+            "An independent small draft model for the demo target (the `--method draft-model` baseline of the decoding\n"
+            f"benchmark). It shares the target's tokenizer (`{a['tokenizer']}`) and was trained on the same data split.")
+    else:
+        title, intro = "headstart demo target", (
+            "A small Llama-architecture chat model that stands in for a real target in headstart's demo recipes,\n"
+            "tests of the full pipeline, and benchmarks. It is not a useful assistant; it is a real, trained\n"
+            "causal LM with a real chat template, so draft heads trained against it learn something measurable.")
+    tokenizer_line = (f"the demo target's (`{a['tokenizer']}`)" if a.get("tokenizer") else
+                      f"byte-level BPE, {a['vocab_size']} tokens, trained on the training split")
+    card = f"""# {title}
 
-A small Llama-architecture chat model that stands in for a real target in headstart's demo recipes,
-tests of the full pipeline, and benchmarks. It is not a useful assistant; it is a real, trained
-causal LM with a real chat template, so draft heads trained against it learn something measurable.
+{intro}
 
 - Architecture: `LlamaForCausalLM`, {a['layers']} layers, hidden {a['hidden']}, {a['heads']} heads
   ({a['kv_heads']} KV heads), MLP {a['intermediate']}, tied embeddings, `max_position_embeddings` 4096,
   {stats['parameters'] / 1e6:.2f}M parameters, stored in bfloat16.
-- Tokenizer: byte-level BPE, {a['vocab_size']} tokens, trained on the training split; ChatML chat
+- Tokenizer: {tokenizer_line}; ChatML chat
   template (`<|im_start|>{{role}}`, newline, content, `<|im_end|>`); EOS (generation config) = `<|im_end|>`.
 - Data: {files} (GSM8K, MIT; GPTeacher, MIT; licences beside them), every row rendered with the chat
   template, shuffled (seed {a['seed']}), {a['holdout']:.0%} of the conversations held out; packed into
@@ -130,6 +142,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--holdout", type=float, default=0.02)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tokenizer", help="reuse this tokenizer (a draft model must share its target's) instead of training one")
     args = p.parse_args()
     torch.manual_seed(args.seed)
     out = Path(args.output)
@@ -141,7 +154,10 @@ def main() -> None:
     held, train = conversations[:n_hold], conversations[n_hold:]
     print(f"{len(conversations):,} conversations: {len(train):,} train, {len(held):,} held out")
 
-    tokenizer = train_tokenizer([m["content"] for c in train for m in c], args.vocab_size)
+    if args.tokenizer:
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    else:
+        tokenizer = train_tokenizer([m["content"] for c in train for m in c], args.vocab_size)
     render = lambda convs: [tokenizer.apply_chat_template(c, tokenize=False) for c in convs]  # noqa: E731
     encode = lambda texts: tokenizer(texts, add_special_tokens=False)["input_ids"]  # noqa: E731
     sep = tokenizer.convert_tokens_to_ids("<|endoftext|>")
