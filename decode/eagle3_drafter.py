@@ -28,21 +28,26 @@ class Eagle3Drafter:
         self.last_logits: torch.Tensor | None = None  # [1, V_d]
 
     @torch.no_grad()
-    def _step(self, hidden: torch.Tensor, tokens: torch.Tensor, start: int) -> torch.Tensor:
+    def _step(self, hidden: torch.Tensor, tokens: torch.Tensor, start: int, positions: torch.Tensor | None = None,
+              allowed: torch.Tensor | None = None) -> torch.Tensor:
         """Run the draft layer on n pairs (hidden [1, n, H], tokens [1, n]) written at slots
-        [start, start+n) with rotary positions start..start+n-1; returns the layer output [1, n, H]."""
+        [start, start+n). Defaults: rotary positions start..start+n-1 and causal attention to every
+        earlier slot; a tree passes its own ``positions`` [n] and ``allowed`` [n, start+n] mask.
+        Returns the layer output [1, n, H]."""
         head, n = self.head, tokens.shape[1]
         end = start + n
         if end > self.max_len:
             raise ValueError(f"draft KV cache overflow: {end} > max_len {self.max_len}")
-        positions = torch.arange(start, end, device=hidden.device).unsqueeze(0)
-        cos, sin = head.rotary_emb(hidden, positions)
+        if positions is None:
+            positions = torch.arange(start, end, device=hidden.device)
+        if allowed is None:
+            allowed = torch.ones(n, end, dtype=torch.bool, device=hidden.device)
+            allowed[:, start:] = torch.ones(n, n, dtype=torch.bool, device=hidden.device).tril()
+        cos, sin = head.rotary_emb(hidden, positions.unsqueeze(0))
         embeds = head.embed_tokens(tokens).to(hidden.dtype)
         q, k, v = head.midlayer.self_attn.qkv(head.midlayer.attn_input(embeds, hidden), cos, sin)
         self.keys[:, :, start:end] = k
         self.values[:, :, start:end] = v
-        allowed = torch.ones(n, end, dtype=torch.bool, device=hidden.device)
-        allowed[:, start:] = torch.ones(n, n, dtype=torch.bool, device=hidden.device).tril()
         out = F.scaled_dot_product_attention(q, self.keys[:, :, :end], self.values[:, :, :end], attn_mask=allowed)
         attn = head.midlayer.self_attn.o_proj(out.transpose(1, 2).reshape(1, n, -1))
         return head.midlayer.finish(hidden, attn)
@@ -58,7 +63,7 @@ class Eagle3Drafter:
         self.last_hidden = out[:, -1:]
         self.last_logits = self._logits(self.last_hidden)[:, -1]
 
-    def _to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.head.d2t[draft_ids]
 
     def begin(self, prompt_ids: torch.Tensor, aux_hidden: torch.Tensor, next_token: int) -> None:
@@ -77,7 +82,7 @@ class Eagle3Drafter:
                 hidden = self._step(hidden, tokens[-1].view(1, 1), self.length - 1 + i)
                 logits = self._logits(hidden)[:, -1]
             step_logits.append(logits)
-            tokens.append(self._to_target(pick(logits)))
+            tokens.append(self.to_target(pick(logits)))
         if not tokens:
             return torch.empty(0, dtype=torch.long, device=self.keys.device), []
         return torch.cat(tokens), step_logits
@@ -104,3 +109,28 @@ class Eagle3Drafter:
 
     def update(self, emitted: list[int], aux_hidden: torch.Tensor) -> None:
         self._commit(aux_hidden, torch.tensor([emitted], device=aux_hidden.device))
+
+    # -- trees (decode/tree.py) ------------------------------------------------------------------
+    def tree_root(self) -> torch.Tensor:
+        """Start a tree below the last committed position: the root's children logits [V_d]."""
+        self._tree_hidden = self.last_hidden.new_zeros(0, self.last_hidden.shape[-1])  # outputs of expanded nodes
+        self._tree_anc = torch.zeros(0, 0, dtype=torch.bool, device=self.keys.device)  # ancestor mask among them
+        return self.last_logits[0]
+
+    @torch.no_grad()
+    def tree_expand(self, parents: torch.Tensor, tokens: torch.Tensor, depth: int) -> torch.Tensor:
+        """Run m nodes at ``depth`` (the pair: parent's output, node token), each attending to the
+        committed context, its expanded ancestors and itself at rotary position length-1+depth --
+        TTT step ``depth``'s pattern. Returns their children's logits [m, V_d]."""
+        m, done, committed = tokens.numel(), self._tree_hidden.shape[0], self.length
+        device = self.keys.device
+        pool = torch.cat([self.last_hidden[0], self._tree_hidden])  # row 0: the root's output
+        hidden = pool[parents + 1].unsqueeze(0)  # [1, m, H]
+        parent_anc = torch.cat([torch.zeros(1, done, dtype=torch.bool, device=device), self._tree_anc])[parents + 1]
+        new_anc = torch.cat([parent_anc, torch.eye(m, dtype=torch.bool, device=device)], dim=1)  # [m, done+m]
+        self._tree_anc = torch.cat([torch.cat([self._tree_anc, new_anc.new_zeros(done, m)], dim=1), new_anc])
+        allowed = torch.cat([torch.ones(m, committed, dtype=torch.bool, device=device), new_anc], dim=1)
+        positions = torch.full((m,), committed - 1 + depth, device=device)
+        out = self._step(hidden, self.to_target(tokens).view(1, m), committed + done, positions, allowed)
+        self._tree_hidden = torch.cat([self._tree_hidden, out[0]])
+        return self._logits(out)[0]

@@ -13,6 +13,7 @@ from typing import Protocol
 import torch
 
 from headstart.decode.target_runner import TargetRunner
+from headstart.decode.tree import DynamicTree, StaticTree, build_dynamic_tree, build_static_tree, verify_tree
 from headstart.decode.verify import verify_greedy, verify_sampling, warp_probs
 
 
@@ -88,9 +89,13 @@ def speculative_generate(
     k: int,
     sampling: Sampling | None = None,
     generator: torch.Generator | None = None,
+    tree: DynamicTree | StaticTree | None = None,
 ) -> Generation:
     """Greedy when ``sampling`` is None (output = the target's greedy decoding), else lossless
-    rejection sampling (output distributed exactly as sampling from the warped target)."""
+    rejection sampling (output distributed exactly as sampling from the warped target).
+
+    With ``tree`` the drafter grows a tree per round (``k`` is then unused) and the target verifies
+    every branch in one forward (decode/tree.py)."""
     device = prompt_ids.device
     runner.reset()
     logits, aux = runner.forward(prompt_ids)
@@ -103,6 +108,9 @@ def speculative_generate(
     drafter.begin(prompt_ids, aux, tokens[0])
     out = Generation(tokens)
     while not done:
+        if tree is not None:
+            tokens, done = _tree_round(runner, drafter, tree, tokens, max_new_tokens, eos_ids, sampling, generator, out)
+            continue
         # Never draft past the length limit: accepted drafts + the bonus token fit in what is left.
         budget = min(k, max_new_tokens - len(tokens) - 1)
         if sampling is not None and hasattr(drafter, "propose_sampled"):
@@ -129,3 +137,26 @@ def speculative_generate(
             drafter.update(emitted, aux[:, : n + 1])
     out.tokens = tokens
     return out
+
+
+def _tree_round(runner, drafter, tree, tokens, max_new_tokens, eos_ids, sampling, generator, out):
+    """One tree round: grow, verify in one target forward, keep the accepted path's KV entries."""
+    device = runner.cache.device
+    budget = max_new_tokens - len(tokens) - 1  # deepest useful node: its drafts + the bonus token fit
+    build = build_dynamic_tree if isinstance(tree, DynamicTree) else build_static_tree
+    draft = build(drafter, tree, budget)
+    block = torch.cat([torch.tensor([tokens[-1]], device=device), draft.tokens.to(device)])
+    logits, aux = runner.forward(block.unsqueeze(0), tree_mask=draft.block_mask(), depths=draft.block_depths())
+    if sampling is None:
+        choice = logits[0].argmax(-1)
+    else:  # one sample of the warped target per node: lossless for deterministic children (verify_tree)
+        choice = torch.multinomial(sampling.probs(logits[0]), 1, generator=generator).squeeze(1)
+    path, emitted = verify_tree(draft, choice, block)
+    runner.keep(path)
+    out.target_forwards += 1
+    out.accepted.append(len(path) - 1)
+    out.proposed.append(draft.max_depth)
+    tokens, done = _finish(tokens + emitted, eos_ids, max_new_tokens)
+    if not done:
+        drafter.update(emitted, aux[:, path])
+    return tokens, done

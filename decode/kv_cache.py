@@ -54,10 +54,16 @@ class PositionalKVCache(Cache):
         self.max_len = max_len
         self.length = 0
 
-    def begin(self) -> None:
-        """Called before a forward: new tokens go right after the committed ones."""
+    @property
+    def device(self) -> torch.device:
+        first = self.layers[0]
+        return first.keys.device if first.is_initialized else torch.device("cpu")
+
+    def begin(self, start: int | None = None) -> None:
+        """Called before a forward: new tokens go to slots from ``start`` (default: right after the
+        committed ones; a drafter growing a tree writes after its earlier speculative nodes)."""
         for layer in self.layers:
-            layer.start = self.length
+            layer.start = self.length if start is None else start
 
     def rollback(self, length: int) -> None:
         if not 0 <= length <= self.max_len:

@@ -15,6 +15,12 @@ from headstart.decode.kv_cache import PositionalKVCache
 from headstart.models.target import Target
 
 
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[n, S] bool (True = may attend) -> the [1, 1, n, S] additive mask HF attention takes."""
+    mask = torch.zeros(1, 1, *allowed.shape, dtype=dtype, device=allowed.device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+
+
 class TargetRunner:
     def __init__(self, target: Target, max_len: int) -> None:
         window = getattr(target.config, "sliding_window", None)
@@ -41,6 +47,10 @@ class TargetRunner:
         """Keep the first n tokens of the last block (a chain's accepted prefix)."""
         self.cache.rollback(self.cache.length + n)
 
+    def keep(self, path: list[int]) -> None:
+        """Keep the tokens at block indices ``path`` (a tree's accepted path, root first)."""
+        self.cache.keep(self.cache.length + torch.tensor(path, device=self.cache.device))
+
     @torch.no_grad()
     def forward(
         self,
@@ -54,8 +64,7 @@ class TargetRunner:
         device = input_ids.device
         within = torch.ones(n, n, dtype=torch.bool, device=device).tril() if tree_mask is None else tree_mask
         allowed = torch.cat([torch.ones(n, start, dtype=torch.bool, device=device), within], dim=1)  # [n, start+n]
-        mask = torch.zeros(1, 1, n, start + n, dtype=self._dtype, device=device)
-        mask.masked_fill_(~allowed, torch.finfo(self._dtype).min)
+        mask = additive_mask(allowed, self._dtype)
         offsets = torch.arange(n, device=device) if depths is None else depths
         position_ids = (start + offsets).unsqueeze(0)
         self.cache.begin()

@@ -1,0 +1,189 @@
+"""Draft trees: EAGLE-2 dynamic trees, static (Medusa-style) trees, and their verification.
+
+A tree hangs below the *root*, the last emitted token. The target scores ``[root, nodes...]`` in one
+forward with an ancestor mask (a node sees the committed context, its ancestors and itself) and
+position id = context length + depth. Node order is topological (a parent before its children).
+
+Drafters that build trees expose three calls, all without host syncs:
+  ``tree_root() -> logits [V_d]``: the distribution of the root's children;
+  ``tree_expand(parents [m], tokens [m], depth) -> logits [m, V_d]``: run m new nodes (draft-vocab
+  ``tokens`` at ``depth``) whose parents are earlier *expanded* nodes (index in call order, -1 =
+  the root) and return the distributions of their children;
+  ``to_target(ids) -> ids``: map draft-vocab ids to target ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+class TreeDrafter(Protocol):
+    def tree_root(self) -> torch.Tensor: ...
+
+    def tree_expand(self, parents: torch.Tensor, tokens: torch.Tensor, depth: int) -> torch.Tensor: ...
+
+    def to_target(self, ids: torch.Tensor) -> torch.Tensor: ...
+
+
+@dataclass
+class DraftTree:
+    tokens: torch.Tensor  # [n] target ids
+    parents: torch.Tensor  # [n] index of the parent node, -1 = the root
+    depths: torch.Tensor  # [n] 1 for the root's children
+    max_depth: int
+
+    @property
+    def size(self) -> int:
+        return self.tokens.numel()
+
+    def block_depths(self) -> torch.Tensor:
+        """[1+n] position offsets of [root, nodes...]."""
+        return torch.cat([self.depths.new_zeros(1), self.depths])
+
+    def block_mask(self) -> torch.Tensor:
+        """[1+n, 1+n] bool: row i may attend to its ancestors (root included) and itself."""
+        n, device = self.size, self.tokens.device
+        parent = torch.cat([torch.zeros(1, dtype=torch.long, device=device), self.parents + 1])  # root -> itself
+        step = torch.zeros(n + 1, n + 1, device=device)
+        step[torch.arange(1, n + 1, device=device), parent[1:]] = 1.0
+        eye = torch.eye(n + 1, device=device)
+        mask = eye.clone()
+        for _ in range(self.max_depth):  # after d rounds every node sees its ancestors up to d levels up
+            mask = ((eye + step @ mask) > 0).float()
+        return mask.bool()
+
+
+@dataclass(frozen=True)
+class DynamicTree:
+    """EAGLE-2: grow ``depth`` levels, expanding the ``topk`` best nodes of each level (cumulative
+    draft log-probability) into their ``topk`` children; keep the best ``total_tokens`` nodes."""
+
+    depth: int = 6
+    topk: int = 8
+    total_tokens: int = 48
+
+    def __post_init__(self) -> None:
+        if min(self.depth, self.topk, self.total_tokens) < 1:
+            raise ValueError(f"tree depth, topk and total_tokens must be >= 1, got {self}")
+
+
+@dataclass(frozen=True)
+class StaticTree:
+    """Medusa-style: a fixed list of paths of per-level ranks ([0, 1] = top-1 then its top-2)."""
+
+    paths: tuple[tuple[int, ...], ...]
+
+    def __post_init__(self) -> None:
+        known = set(self.paths)
+        for p in self.paths:
+            if not p or min(p) < 0:
+                raise ValueError(f"static tree path {list(p)}: ranks must be >= 0 and the path non-empty")
+            if len(p) > 1 and p[:-1] not in known:
+                raise ValueError(f"static tree path {list(p)} has no parent path {list(p[:-1])}; list every prefix")
+        if len(known) != len(self.paths):
+            raise ValueError("static tree paths repeat")
+
+
+def _empty(device: torch.device) -> DraftTree:
+    z = torch.empty(0, dtype=torch.long, device=device)
+    return DraftTree(z, z.clone(), z.clone(), 0)
+
+
+def build_dynamic_tree(drafter: TreeDrafter, spec: DynamicTree, max_depth: int) -> DraftTree:
+    """The EAGLE-2 tree, at most ``max_depth`` levels deep (the length budget)."""
+    root = drafter.tree_root().reshape(-1)
+    depth, k = min(spec.depth, max_depth), min(spec.topk, root.numel())
+    if depth <= 0:
+        return _empty(root.device)
+    top = torch.log_softmax(root.float(), -1).topk(k)
+    tokens, scores = [top.indices], [top.values]  # per level, in candidate order
+    parents = [torch.full((k,), -1, dtype=torch.long, device=root.device)]  # candidate index of the parent
+    frontier = torch.arange(k, device=root.device)  # candidates to expand next (the whole first level)
+    frontier_expanded_parent = torch.full((k,), -1, dtype=torch.long, device=root.device)
+    base, expanded = 0, 0  # first candidate index of the current level; nodes expanded so far
+    for d in range(2, depth + 1):
+        level_tokens, level_scores = torch.cat(tokens), torch.cat(scores)
+        logits = drafter.tree_expand(frontier_expanded_parent, level_tokens[frontier], d - 1)  # [m, V]
+        m = frontier.numel()
+        child = torch.log_softmax(logits.float(), -1).topk(k)  # [m, k]
+        child_scores = (level_scores[frontier, None] + child.values).reshape(-1)
+        base = level_tokens.numel()
+        tokens.append(child.indices.reshape(-1))
+        scores.append(child_scores)
+        parents.append(frontier.repeat_interleave(k))
+        best = child_scores.topk(min(k, child_scores.numel())).indices  # next frontier: best of this level
+        frontier_expanded_parent = expanded + best // k
+        frontier = base + best
+        expanded += m
+    all_tokens, all_scores, all_parents = torch.cat(tokens), torch.cat(scores), torch.cat(parents)
+    levels = torch.cat([torch.full_like(t, i + 1) for i, t in enumerate(tokens)])
+    # Global top total_tokens. Ties go to the shallower node, so a kept node's parent (score >= its
+    # child's) is always kept: sort by depth, then stably by score.
+    by_depth = torch.argsort(levels, stable=True)
+    order = by_depth[torch.argsort(all_scores[by_depth], descending=True, stable=True)]
+    keep = order[: spec.total_tokens].sort().values  # candidate order is topological
+    new_index = torch.full_like(all_tokens, -1)
+    new_index[keep] = torch.arange(keep.numel(), device=keep.device)
+    kept_parents = all_parents[keep]
+    parents_out = torch.where(kept_parents >= 0, new_index[kept_parents.clamp(min=0)], kept_parents)
+    return DraftTree(drafter.to_target(all_tokens[keep]), parents_out, levels[keep], depth)
+
+
+def build_static_tree(drafter: TreeDrafter, spec: StaticTree, max_depth: int) -> DraftTree:
+    """The fixed tree of ``spec.paths`` (paths deeper than ``max_depth`` dropped)."""
+    paths = sorted((p for p in spec.paths if len(p) <= max_depth), key=lambda p: (len(p), p))
+    root = drafter.tree_root().reshape(-1)
+    if not paths:
+        return _empty(root.device)
+    index = {p: i for i, p in enumerate(paths)}
+    device = root.device
+    draft_ids = torch.empty(len(paths), dtype=torch.long, device=device)
+    expanded_id: dict[tuple[int, ...], int] = {}  # node path -> its index among expanded nodes
+    level_logits = {(): root.unsqueeze(0)}  # path of an expanded node -> its children's logits
+    row_of: dict[tuple[int, ...], int] = {(): 0}
+    depth = max(len(p) for p in paths)
+    for d in range(1, depth + 1):
+        level = [p for p in paths if len(p) == d]
+        for p in level:
+            logits = level_logits[p[:-1]][row_of[p[:-1]]]
+            draft_ids[index[p]] = logits.topk(p[-1] + 1).indices[p[-1]]
+        to_expand = [p for p in level if any(len(q) == d + 1 and q[:-1] == p for q in paths)]
+        if to_expand:
+            parents = torch.tensor([expanded_id.get(p[:-1], -1) for p in to_expand], device=device)
+            toks = draft_ids[torch.tensor([index[p] for p in to_expand], device=device)]
+            logits = drafter.tree_expand(parents, toks, d)
+            for r, p in enumerate(to_expand):
+                expanded_id[p] = len(expanded_id)
+                level_logits[p], row_of[p] = logits, r
+    parents_out = torch.tensor([index[p[:-1]] if len(p) > 1 else -1 for p in paths], device=device)
+    depths = torch.tensor([len(p) for p in paths], device=device)
+    return DraftTree(drafter.to_target(draft_ids), parents_out, depths, depth)
+
+
+def verify_tree(tree: DraftTree, choice: torch.Tensor, block_tokens: torch.Tensor) -> tuple[list[int], list[int]]:
+    """Walk the tree along the target's choices.
+
+    ``choice`` [1+n] is the target's token at each block position: its argmax (greedy) or one sample
+    from its warped distribution (sampling). A node is accepted when it equals its parent's choice and
+    so are all its ancestors; the deepest accepted node ends the path and its choice is emitted next.
+
+    With deterministic (top-k) children this is the multi-candidate rejection rule of SpecInfer and
+    EAGLE with q one-hot: trying children x_1, x_2, ... in turn, accepting x_i with probability
+    p'(x_i) and otherwise zeroing x_i in p', accepts child x_i with total probability p(x_i) and
+    falls through to a sample of p restricted to the other tokens -- the law of one sample of p. So
+    one sample per node is exactly lossless, vectorised, and needs a single host transfer.
+
+    Returns (path [block indices, root first], emitted tokens [accepted drafts..., next token]).
+    """
+    correct = torch.cat([torch.ones(1, dtype=torch.bool, device=choice.device), tree.tokens == choice[tree.parents + 1]])
+    anc = tree.block_mask()
+    ok = (~anc | correct[None, :]).all(dim=1)  # [1+n]: the node and all its ancestors are right
+    depth = torch.where(ok, tree.block_depths(), -1)
+    best = depth.argmax()  # siblings are distinct tokens, so at most one node per depth is right
+    n1 = block_tokens.numel()
+    packed = torch.cat([anc[best].long(), block_tokens, choice[best].view(1)]).tolist()  # the one host transfer
+    path = [i for i in range(n1) if packed[i]]
+    return path, [packed[n1 + i] for i in path[1:]] + [packed[-1]]
