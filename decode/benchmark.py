@@ -1,4 +1,4 @@
-"""Acceptance-length benchmark on Spec-Bench-format questions (chain drafting, greedy).
+"""Acceptance-length benchmark on Spec-Bench-format questions (chains or trees, greedy or sampling).
 
 Each question's turns are asked in order; a later turn sees the target's own earlier answers.
 Speculative and plain decoding run on the same runner and prompts, so their tokens/s compare;
@@ -12,13 +12,14 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from headstart.decode.generate import Drafter, Generation, greedy_generate, speculative_generate
+from headstart.decode.generate import Drafter, Generation, Sampling, plain_generate, speculative_generate
 from headstart.decode.target_runner import TargetRunner
+from headstart.decode.tree import DynamicTree, StaticTree
 
 
 def read_questions(path: str | Path) -> list[dict]:
@@ -58,6 +59,7 @@ class Tally:
     proposed_at: list[int] = field(default_factory=list)  # rounds proposing >= i drafts
 
     def add(self, spec: Generation, k: int) -> None:
+        """k: the deepest draft position a round can reach (chain length or tree depth)."""
         self.tokens += len(spec.tokens) - 1
         self.forwards += spec.target_forwards
         self.new_tokens += len(spec.tokens)
@@ -96,8 +98,17 @@ def run_benchmark(
     verify_greedy: bool = False,
     hf_reference: bool = True,
     progress: Callable[[str], None] = print,
+    tree: DynamicTree | StaticTree | None = None,
+    sampling: Sampling | None = None,
+    seed: int = 0,
 ) -> dict:
+    """Speculative and plain decoding of every turn; with ``sampling`` both sample (same seed per
+    turn), so ``verify_greedy`` (token equality) only applies to greedy runs."""
+    if verify_greedy and sampling is not None:
+        raise ValueError("--verify-greedy compares with greedy decoding; it cannot be combined with sampling")
     device = next(runner.target.model.parameters()).device
+    depth = k if tree is None else (tree.depth if isinstance(tree, DynamicTree) else max(map(len, tree.paths)))
+    generator = torch.Generator(device=device)
     tallies: dict[str, Tally] = defaultdict(Tally)
     mismatches = []
     for q in questions:
@@ -108,24 +119,28 @@ def run_benchmark(
                                                    return_dict=True)["input_ids"].to(device)
             _sync(device)
             t0 = time.perf_counter()
-            spec = speculative_generate(runner, make_drafter(), prompt, max_new_tokens, eos_ids, k)
+            generator.manual_seed(seed)
+            spec = speculative_generate(runner, make_drafter(), prompt, max_new_tokens, eos_ids, k, sampling, generator, tree)
             _sync(device)
             t1 = time.perf_counter()
-            plain = greedy_generate(runner, prompt, max_new_tokens, eos_ids)
+            generator.manual_seed(seed)
+            plain = plain_generate(runner, prompt, max_new_tokens, eos_ids, sampling, generator)
             _sync(device)
             t2 = time.perf_counter()
             hf_seconds = 0.0
             if hf_reference:
                 with torch.no_grad():
                     runner.target.model.generate(prompt, max_new_tokens=len(plain.tokens), min_new_tokens=len(plain.tokens),
-                                                 do_sample=False, pad_token_id=tokenizer.pad_token_id or 0)
+                                                 do_sample=sampling is not None, pad_token_id=tokenizer.pad_token_id or 0,
+                                                 **({} if sampling is None else {"temperature": sampling.temperature,
+                                                    "top_k": sampling.top_k or None, "top_p": sampling.top_p}))
                 _sync(device)
                 hf_seconds = time.perf_counter() - t2
             if verify_greedy and spec.tokens != plain.tokens:
                 mismatches.append(f"question {q['question_id']} turn {turn + 1}")
             for key in (q["category"], "overall"):
                 tally = tallies[key]
-                tally.add(spec, k)
+                tally.add(spec, depth)
                 tally.spec_seconds += t1 - t0
                 tally.plain_seconds += t2 - t1
                 tally.hf_seconds += hf_seconds
@@ -146,3 +161,29 @@ def markdown_table(results: dict) -> str:
         lines.append(f"| {name} | {r['tau']:.2f} | {acc} | {fmt(r['spec_tokens_per_s'])} | {fmt(r['plain_tokens_per_s'])} | "
                      f"{fmt(r['speedup'], '{:.2f}x')} | {fmt(r['hf_generate_tokens_per_s'])} |")
     return "\n".join(lines)
+
+
+def plot_acceptance(results: dict, path: str | Path, title: str) -> None:
+    """PNG of acceptance by draft position, one line per category (overall in bold)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on servers
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name in sorted(k for k in results if k != "overall") + ["overall"]:
+        acc = results[name]["acceptance_by_position"]
+        xs = [i + 1 for i, a in enumerate(acc) if a is not None]
+        ys = [a for a in acc if a is not None]
+        bold = name == "overall"
+        ax.plot(xs, ys, marker="o", linewidth=2.5 if bold else 1.0, alpha=1.0 if bold else 0.6, color="black" if bold else None,
+                label=f"{name} (tau {results[name]['tau']:.2f})")
+    ax.set_xlabel("draft position i")
+    ax.set_ylabel("share of rounds accepting >= i drafts")
+    ax.set_ylim(0, 1)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -65,19 +65,31 @@ def _finish(tokens: list[int], eos_ids: set[int], max_new_tokens: int) -> tuple[
     return tokens[:max_new_tokens], len(tokens) >= max_new_tokens
 
 
-def greedy_generate(runner: TargetRunner, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids: set[int]) -> Generation:
+def plain_generate(runner: TargetRunner, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids: set[int],
+                   sampling: Sampling | None = None, generator: torch.Generator | None = None) -> Generation:
+    """Autoregressive decoding on the same runner: argmax, or a sample of the warped target."""
+
+    def pick(logits: torch.Tensor) -> int:
+        if sampling is None:
+            return int(logits.argmax())
+        return int(torch.multinomial(sampling.probs(logits.unsqueeze(0)), 1, generator=generator))
+
     runner.reset()
     logits, _ = runner.forward(prompt_ids)
     runner.commit(prompt_ids.shape[1])
-    tokens, done = _finish([int(logits[0, -1].argmax())], eos_ids, max_new_tokens)
+    tokens, done = _finish([pick(logits[0, -1])], eos_ids, max_new_tokens)
     out = Generation(tokens)
     while not done:
         logits, _ = runner.forward(torch.tensor([[tokens[-1]]], device=prompt_ids.device))
         runner.commit(1)
         out.target_forwards += 1
-        tokens, done = _finish(tokens + [int(logits[0, -1].argmax())], eos_ids, max_new_tokens)
+        tokens, done = _finish(tokens + [pick(logits[0, -1])], eos_ids, max_new_tokens)
     out.tokens = tokens
     return out
+
+
+def greedy_generate(runner: TargetRunner, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids: set[int]) -> Generation:
+    return plain_generate(runner, prompt_ids, max_new_tokens, eos_ids)
 
 
 def speculative_generate(

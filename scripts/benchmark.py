@@ -4,8 +4,13 @@
         --questions configs/demo/eval/mt_bench.jsonl --num-speculative-tokens 4 --max-new-tokens 128 \
         --verify-greedy --out runs/bench-eagle3
 
-Chain drafting with greedy verification (trees, sampling and the draft-model drafter are not built yet).
-Writes results.json and results.md to --out; --benchmarks FILE also appends the table there.
+    python scripts/benchmark.py ... --method draft-model --draft configs/demo/draft-model --tree --temperature 0.7
+
+--tree drafts an EAGLE-2 dynamic tree (--tree-depth/--tree-topk/--tree-total-tokens) or, with --tree-paths
+FILE.json, a static tree from a list of rank paths. --temperature > 0 samples (lossless rejection sampling);
+the default is greedy. --predict also times draft and target steps and predicts the speed-up of chains of
+k = 1..8 from the measured acceptance (run it with --num-speculative-tokens 8 so every position is measured).
+Writes results.json, results.md and acceptance.png to --out; --benchmarks FILE also appends the table there.
 """
 
 from __future__ import annotations
@@ -18,30 +23,48 @@ from pathlib import Path
 import torch
 
 from bench_common import append_section
-from headstart.decode.benchmark import first_per_category, markdown_table, read_questions, run_benchmark
+from headstart.decode.benchmark import first_per_category, markdown_table, plot_acceptance, read_questions, run_benchmark
+from headstart.decode.draft_model import DraftModelDrafter
 from headstart.decode.eagle3_drafter import Eagle3Drafter
+from headstart.decode.generate import Sampling
 from headstart.decode.ngram import NgramDrafter
+from headstart.decode.predict import measure_step_times, predict_speedups, recommend_k
 from headstart.decode.target_runner import TargetRunner
+from headstart.decode.tree import DynamicTree, StaticTree
 from headstart.models.eagle3 import Eagle3Draft
-from headstart.models.target import Target, TargetConfig, load_tokenizer
+from headstart.models.target import Target, TargetConfig, load_causal_lm, load_tokenizer
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True)
-    p.add_argument("--method", choices=["eagle3", "ngram"], required=True)
-    p.add_argument("--draft", help="EAGLE-3 head directory (flat server layout)")
+    p.add_argument("--method", choices=["eagle3", "ngram", "draft-model"], required=True)
+    p.add_argument("--draft", help="EAGLE-3 head directory (flat server layout) or the draft model's HF directory")
     p.add_argument("--questions", required=True)
     p.add_argument("--num-speculative-tokens", type=int, default=4)
+    p.add_argument("--tree", action="store_true", help="draft a dynamic (EAGLE-2) tree instead of a chain")
+    p.add_argument("--tree-depth", type=int, default=DynamicTree.depth)
+    p.add_argument("--tree-topk", type=int, default=DynamicTree.topk)
+    p.add_argument("--tree-total-tokens", type=int, default=DynamicTree.total_tokens)
+    p.add_argument("--tree-paths", help="JSON file with a static tree: a list of rank paths, e.g. [[0], [1], [0, 0]]")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--limit", type=int, default=None, help="only the first N questions")
     p.add_argument("--per-category", type=int, default=None, help="only the first N questions of each category")
     p.add_argument("--dtype", default=None, help="target dtype (default bfloat16 on GPU, float32 on CPU)")
     p.add_argument("--verify-greedy", action="store_true", help="exit non-zero if speculative output differs from plain")
     p.add_argument("--no-hf-reference", action="store_true", help="skip timing HF generate")
+    p.add_argument("--predict", action="store_true", help="predict the chain speed-up for k = 1..8 from measured step times")
     p.add_argument("--out", required=True)
     p.add_argument("--benchmarks", default=None, help="append the table to this markdown file")
     args = p.parse_args()
+    if args.method == "ngram" and (args.tree or args.tree_paths):
+        p.error("n-gram drafting proposes chains only; drop --tree")
+    if args.verify_greedy and args.temperature > 0:
+        p.error("--verify-greedy checks greedy output; it needs --temperature 0")
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = args.dtype or ("bfloat16" if device == "cuda" else "float32")
@@ -53,28 +76,63 @@ def main() -> int:
     eos = {t for t in [tokenizer.eos_token_id, target.model.generation_config.eos_token_id] if isinstance(t, int)}
     max_len = 4096
     runner = TargetRunner(target, max_len=max_len)
+    vocab_size = target.lm_head.weight.shape[0]
     if args.method == "eagle3":
         if not args.draft:
             p.error("--method eagle3 needs --draft")
         head = Eagle3Draft.from_pretrained(args.draft, target_embeddings=target.embed_tokens.weight).to(device)
         head.config.check_target(target.config)
         make = lambda: Eagle3Drafter(head, max_len)  # noqa: E731
+    elif args.method == "draft-model":
+        if not args.draft:
+            p.error("--method draft-model needs --draft (an HF causal LM directory)")
+        if load_tokenizer(args.draft).get_vocab() != tokenizer.get_vocab():
+            p.error(f"the draft model {args.draft} has another tokenizer than the target {args.target}; "
+                    "a draft model must share its target's vocabulary")
+        draft_model = load_causal_lm(TargetConfig(path=args.draft, dtype=dtype, device=device))
+        make = lambda: DraftModelDrafter(draft_model, max_len, vocab_size)  # noqa: E731
     else:
         make = NgramDrafter
+    tree = None
+    if args.tree_paths:
+        tree = StaticTree(tuple(tuple(path) for path in json.loads(Path(args.tree_paths).read_text())))
+    elif args.tree:
+        tree = DynamicTree(args.tree_depth, args.tree_topk, args.tree_total_tokens)
+    sampling = Sampling(args.temperature, args.top_k, args.top_p) if args.temperature > 0 else None
     report = run_benchmark(runner, make, tokenizer, questions, args.num_speculative_tokens, args.max_new_tokens, eos,
-                           verify_greedy=args.verify_greedy, hf_reference=not args.no_hf_reference)
+                           verify_greedy=args.verify_greedy, hf_reference=not args.no_hf_reference, tree=tree,
+                           sampling=sampling, seed=args.seed)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    shape = (f"chain k={args.num_speculative_tokens}" if tree is None else
+             f"static tree of {len(tree.paths)} paths" if isinstance(tree, StaticTree) else
+             f"dynamic tree depth {tree.depth} top-k {tree.topk} {tree.total_tokens} tokens")
+    mode = "greedy" if sampling is None else f"sampling T={args.temperature} top-p {args.top_p} top-k {args.top_k}"
     table = markdown_table(report["results"])
+    if args.predict:
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": questions[0]["turns"][0]}],
+                                               add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+        times = measure_step_times(runner, make(), prompt.to(device))
+        rows = predict_speedups(report["results"]["overall"]["acceptance_by_position"], times["verify_seconds"],
+                                times["draft_seconds"])
+        report["prediction"] = {**times, "rows": rows, "recommended_k": recommend_k(rows)}
+        table += ("\n\nPredicted from the acceptance above and step times measured at the first prompt "
+                  f"(target forward of 1 token: {times['verify_seconds'][0] * 1e3:.2f} ms):\n\n"
+                  "| k | predicted tau | draft k steps (ms) | verify k+1 tokens (ms) | predicted speed-up |\n|---|---|---|---|---|\n")
+        table += "\n".join(f"| {r['k']} | {r['tau']:.2f} | {times['draft_seconds'][r['k'] - 1] * 1e3:.2f} | "
+                           f"{times['verify_seconds'][r['k']] * 1e3:.2f} | {r['speedup']:.2f}x |" for r in rows)
+        table += f"\n\nRecommended k: **{report['prediction']['recommended_k']}**."
     (out / "results.json").write_text(json.dumps({"args": vars(args), **report}, indent=2))
     (out / "results.md").write_text(table + "\n")
+    plot_acceptance(report["results"], out / "acceptance.png", f"{args.method}, {shape}, {mode}")
     print(table)
     if args.benchmarks:
-        append_section(args.benchmarks, f"Speculative decoding: {args.method}, chain k={args.num_speculative_tokens}, greedy",
+        append_section(args.benchmarks, f"Speculative decoding: {args.method}, {shape}, {mode}",
                        f"{len(questions)} questions of `{args.questions}` (all turns), max {args.max_new_tokens} new tokens, "
-                       f"target `{args.target}` ({dtype}). tau = tokens per target forward, bonus included; acceptance by "
-                       "position i = share of rounds that accepted at least i drafts (of those that proposed at least i); "
-                       "speed-up = plain / speculative time on the same runner.\n\n" + table)
+                       f"target `{args.target}` ({dtype}), draft `{args.draft}`. tau = tokens per target forward, bonus "
+                       "included; acceptance by position i = share of rounds that accepted at least i drafts (of those that "
+                       "proposed at least i; for trees, i = depth); speed-up = plain / speculative time on the same runner.\n\n"
+                       + table)
     if report["mismatches"]:
         print("speculative output differs from plain greedy decoding at: " + ", ".join(report["mismatches"]), file=sys.stderr)
         return 1

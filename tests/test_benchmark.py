@@ -46,3 +46,41 @@ def test_run_benchmark_multi_turn_and_verification(tmp_path):
     assert results["overall"]["generated_tokens"] == 3 * 12  # three turns of 12 tokens
     assert results["overall"]["tau"] >= 1.0
     assert "| overall |" in markdown_table(results)
+
+
+def test_run_benchmark_tree_draft_model_and_plot(tmp_path):
+    from headstart.decode.benchmark import plot_acceptance
+    from headstart.decode.draft_model import DraftModelDrafter
+    from headstart.decode.tree import DynamicTree
+
+    tokenizer = make_tokenizer(CHATML_TEMPLATE, "<|im_end|>")
+    model = tiny_causal_lm("llama", num_hidden_layers=8, vocab_size=len(tokenizer))
+    small = tiny_causal_lm("llama", num_hidden_layers=2, vocab_size=len(tokenizer))
+    runner = TargetRunner(Target(model), max_len=512)
+    questions = [{"question_id": 7, "category": "writing", "turns": ["Say hello.", "Again, please."]}]
+    report = run_benchmark(runner, lambda: DraftModelDrafter(small, 512, len(tokenizer)), tokenizer, questions, k=0,
+                           max_new_tokens=12, eos_ids=set(), verify_greedy=True, hf_reference=False,
+                           progress=lambda _: None, tree=DynamicTree(depth=3, topk=2, total_tokens=6))
+    assert report["mismatches"] == []
+    assert len(report["results"]["overall"]["acceptance_by_position"]) == 3  # one rate per tree depth
+    plot_acceptance(report["results"], tmp_path / "a.png", "test")
+    assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sampling_benchmark_refuses_greedy_verification():
+    from headstart.decode.generate import Sampling
+
+    with pytest.raises(ValueError, match="cannot be combined with sampling"):
+        run_benchmark(None, NgramDrafter, None, [], k=2, max_new_tokens=4, eos_ids=set(), verify_greedy=True,
+                      sampling=Sampling(0.7))
+
+
+def test_speedup_prediction_by_hand():
+    from headstart.decode.predict import predict_speedups, recommend_k
+
+    # A_1 = 0.8, A_2 = 0.5; target forward 10 ms for 1 token, +1 ms per extra token; draft 2 ms per step.
+    rows = predict_speedups([0.8, 0.5, None], [0.010, 0.011, 0.012, 0.013], [0.002, 0.004, 0.006])
+    assert [r["tau"] for r in rows] == pytest.approx([1.8, 2.3, 2.3])
+    assert rows[0]["speedup"] == pytest.approx(1.8 * 0.010 / (0.002 + 0.011))
+    assert rows[1]["speedup"] == pytest.approx(2.3 * 0.010 / (0.004 + 0.012))
+    assert recommend_k(rows) == 2  # k = 3 adds cost and no accepted tokens

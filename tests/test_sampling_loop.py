@@ -8,10 +8,12 @@ import pytest
 import torch
 from tiny_models import tiny_causal_lm
 
+from headstart.decode.draft_model import DraftModelDrafter
 from headstart.decode.eagle3_drafter import Eagle3Drafter
 from headstart.decode.generate import Sampling, speculative_generate
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.target_runner import TargetRunner
+from headstart.decode.tree import DynamicTree, StaticTree
 from headstart.models.draft_vocab import build_draft_vocab
 from headstart.models.eagle3 import Eagle3Config, Eagle3Draft
 from headstart.models.target import Target
@@ -65,11 +67,11 @@ def chi2_vs(samples: list[tuple[int, int]], joint: torch.Tensor) -> tuple[float,
     return stat, critical
 
 
-def sample_pairs(runner, make_drafter, n: int, seed: int) -> list[tuple[int, int]]:
+def sample_pairs(runner, make_drafter, n: int, seed: int, tree=None) -> list[tuple[int, int]]:
     g = torch.Generator().manual_seed(seed)
     pairs = []
     for _ in range(n):
-        out = speculative_generate(runner, make_drafter(), PROMPT, 4, set(), k=3, sampling=SAMPLING, generator=g)
+        out = speculative_generate(runner, make_drafter(), PROMPT, 4, set(), k=3, sampling=SAMPLING, generator=g, tree=tree)
         pairs.append((out.tokens[1], out.tokens[2]))
     return pairs
 
@@ -96,3 +98,15 @@ def test_misreported_draft_probabilities_are_detected(world):
     model, runner, head = world
     stat, critical = chi2_vs(sample_pairs(runner, lambda: MisreportingDrafter(head, 32), 2500, seed=0), exact_joint(model))
     assert stat > 3 * critical
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drafter", ["eagle3", "draft-model"])
+@pytest.mark.parametrize("tree", [DynamicTree(depth=3, topk=3, total_tokens=8), StaticTree(((0,), (1,), (0, 0), (1, 0), (0, 0, 0)))])
+def test_tree_speculative_samples_follow_the_target(world, drafter, tree):
+    model, runner, head = world
+    small = tiny_causal_lm("llama", num_hidden_layers=2, vocab_size=V)
+    make = (lambda: Eagle3Drafter(head, 32)) if drafter == "eagle3" else (lambda: DraftModelDrafter(small, 32, V))
+    pairs = sample_pairs(runner, make, 2500, seed=0, tree=tree)
+    stat, critical = chi2_vs(pairs, exact_joint(model))
+    assert stat < critical

@@ -1,0 +1,64 @@
+"""Speed-up predictor for chain speculation: which k to run, from what was measured.
+
+A round with k drafts costs ``draft(k) + verify(k + 1)`` (the drafter's k steps, then one target
+forward over k + 1 tokens) and yields ``tau(k) = 1 + sum_{i<=k} A_i`` tokens, where A_i is the share
+of rounds accepting at least i drafts. Under greedy verification A_i does not depend on k (whether
+draft i is accepted depends only on drafts 1..i), so one run at the largest k gives every tau(k).
+Plain decoding costs ``verify(1)`` per token. Predicted speed-up = tau(k) * verify(1) / round(k).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from headstart.decode.target_runner import TargetRunner
+
+
+def _timed(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
+    """Median seconds of ``fn`` over ``repeats`` calls (after one warm-up)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def measure_step_times(runner: TargetRunner, drafter, prompt_ids: torch.Tensor, max_k: int = 8,
+                       repeats: int = 10) -> dict[str, list[float]]:
+    """At the context of ``prompt_ids``: target forward seconds for blocks of 1..max_k+1 tokens and
+    drafter seconds to propose k = 1..max_k tokens (nothing is committed, so calls repeat exactly)."""
+    device = prompt_ids.device
+    runner.reset()
+    logits, aux = runner.forward(prompt_ids)
+    runner.commit(prompt_ids.shape[1])
+    first = int(logits[0, -1].argmax())
+    drafter.begin(prompt_ids, aux, first)
+    block = torch.full((1, max_k + 1), first, device=device)
+    verify = [_timed(lambda n=n: runner.forward(block[:, :n]), repeats, device) for n in range(1, max_k + 2)]
+    draft = [_timed(lambda k=k: drafter.propose(k), repeats, device) for k in range(1, max_k + 1)]
+    return {"verify_seconds": verify, "draft_seconds": draft}
+
+
+def predict_speedups(acceptance_by_position: list[float | None], verify_seconds: list[float],
+                     draft_seconds: list[float]) -> list[dict[str, float]]:
+    """Predicted tau and speed-up for k = 1..len(draft_seconds); positions not measured count as 0."""
+    rows, tau = [], 1.0
+    for k in range(1, len(draft_seconds) + 1):
+        a = acceptance_by_position[k - 1] if k <= len(acceptance_by_position) else None
+        tau += a or 0.0
+        round_seconds = draft_seconds[k - 1] + verify_seconds[k]
+        rows.append({"k": k, "tau": tau, "round_seconds": round_seconds, "speedup": tau * verify_seconds[0] / round_seconds})
+    return rows
+
+
+def recommend_k(rows: list[dict[str, float]]) -> int:
+    return max(rows, key=lambda r: r["speedup"])["k"]
