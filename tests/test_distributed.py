@@ -14,11 +14,15 @@ import pytest
 from trainer_fixtures import make_setup, train_losses
 
 REPO = Path(__file__).resolve().parents[1]
+# Integrated decode evaluation rides along where it is most delicate: a sharded target (every rank
+# decodes in lockstep) and ZeRO-3 (the head state is gathered from partitions).
+DECODE_EVAL = ["--train.decode_eval_prompts=2", "--train.decode_eval_max_new_tokens=8"]
 VARIANTS = {
     "fsdp": [],
-    "fsdp-shard-target": ["--parallel.shard_target=true"],
+    "fsdp-shard-target": ["--parallel.shard_target=true", *DECODE_EVAL],
     "zero2": ["--parallel.backend=deepspeed", f"--parallel.deepspeed_config={REPO}/configs/deepspeed/zero2.json"],
-    "zero3": ["--parallel.backend=deepspeed", f"--parallel.deepspeed_config={REPO}/configs/deepspeed/zero3.json"],
+    "zero3": ["--parallel.backend=deepspeed", f"--parallel.deepspeed_config={REPO}/configs/deepspeed/zero3.json",
+              *DECODE_EVAL],
 }
 
 
@@ -74,3 +78,11 @@ def test_every_backend_exports_the_server_layout(runs, variant):
     assert set(tensors) == set(ref)
     for name in ref:
         assert (tensors[name].float() - ref[name].float()).abs().max() < 1e-2, name
+
+
+@pytest.mark.parametrize("variant", ["fsdp-shard-target", "zero3"])
+def test_decode_evaluation_under_sharding(runs, variant):
+    needs(variant)
+    records = [json.loads(line) for line in (runs[variant] / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if r["split"] == "eval"]
+    assert evals and all(1.0 <= r["decode_tau"] <= 5.0 and r["decode_tokens"] == 2 * 7 for r in evals)

@@ -168,3 +168,26 @@ def test_bf16_target_and_bf16_autocast_train(tmp_path):
     assert trainer.features.target.model.dtype == torch.bfloat16
     with pytest.raises(ValueError, match="mixed_precision must be auto, bf16 or fp32"):
         run(overrides + ["--train.mixed_precision=fp8", f"--output_dir={tmp_path / 'x'}"])
+
+
+def test_integrated_decode_evaluation_logs_tau(tmp_path):
+    """train.decode_eval_prompts decodes held-out prompts with the current head at every evaluation."""
+    run(make_setup(tmp_path) + ["--train.decode_eval_prompts=2", "--train.decode_eval_max_new_tokens=12",
+                                "--train.eval_every=3", "--train.max_steps=6"])
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if r["split"] == "eval"]
+    assert [r["step"] for r in evals] == [3, 6]
+    for r in evals:
+        # tau = tokens per target forward: 1 (nothing accepted) .. 1 + k; 11 tokens counted per prompt
+        assert 1.0 <= r["decode_tau"] <= 5.0 and r["decode_tokens"] == 2 * 11
+
+
+def test_decode_eval_prompts_end_before_the_first_trained_token():
+    import datasets
+
+    from headstart.trainer.decode_eval import held_out_prompts
+
+    data = datasets.Dataset.from_dict({"input_ids": [[5, 6, 7, 8, 9], [1, 2, 3], [4, 4]],
+                                       "loss_mask": [[0, 0, 1, 1, 0], [1, 1, 1], [0, 1]]})
+    prompts = held_out_prompts(data, 3)
+    assert [p.tolist() for p in prompts] == [[[5, 6]], [[4]]]  # a row trained from token 0 has no prompt

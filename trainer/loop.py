@@ -44,8 +44,10 @@ class Trainer:
         eval_data: datasets.Dataset | None,
         export_draft: Callable[[dict[str, torch.Tensor], Path], None],
         logger: MetricsLogger,
+        decode_eval: Callable[[dict[str, torch.Tensor] | None], dict[str, float] | None] | None = None,
     ) -> None:
         self.config, self.info, self.backend, self.features = config, info, backend, features
+        self.decode_eval = decode_eval
         self.train_data, self.eval_data, self.export_draft_fn, self.logger = train_data, eval_data, export_draft, logger
         t = config.train
         self.plan = BatchPlan(len(train_data), t.batch_size, info.world_size, info.rank, t.seed)
@@ -156,10 +158,15 @@ class Trainer:
 
     def _log_eval(self) -> dict[str, float] | None:
         metrics = self.evaluate()
+        if self.decode_eval is not None:
+            decoded = self.decode_eval(self.backend.full_state_dict())  # full_state_dict is collective
+            if decoded is not None:
+                metrics = {**(metrics or {}), **decoded}
         if metrics is not None:
             self.logger.log(self.step, "eval", metrics)
             if self.info.is_main:
                 accs = " ".join(f"{metrics[f'acc_{k}']:.3f}" for k in range(100) if f"acc_{k}" in metrics)
-                tqdm.write(f"eval step {self.step}: loss {metrics['loss']:.4f}  acc/step [{accs}]  "
-                           f"sim accept len {metrics.get('sim_accept_len', float('nan')):.3f}")
+                tau = f"  decode tau {metrics['decode_tau']:.3f}" if "decode_tau" in metrics else ""
+                tqdm.write(f"eval step {self.step}: loss {metrics.get('loss', float('nan')):.4f}  acc/step [{accs}]  "
+                           f"sim accept len {metrics.get('sim_accept_len', float('nan')):.3f}{tau}")
         return metrics
