@@ -47,7 +47,10 @@ def collate(dataset: datasets.Dataset, rows: list[int]) -> dict[str, torch.Tenso
         input_ids[i, : len(ids)] = torch.tensor(ids)
         loss_mask[i, : len(ids)] = torch.tensor(mask)
         attention_mask[i, : len(ids)] = 1
-    return {"input_ids": input_ids, "loss_mask": loss_mask, "attention_mask": attention_mask}
+    batch = {"input_ids": input_ids, "loss_mask": loss_mask, "attention_mask": attention_mask}
+    if "row" in items:  # the dataset row each sequence came from (offline features are keyed by it)
+        batch["row"] = torch.tensor(items["row"])
+    return batch
 
 
 def split_eval(dataset: datasets.Dataset, fraction: float, seed: int) -> tuple[datasets.Dataset, datasets.Dataset | None]:

@@ -45,6 +45,10 @@ class TrainConfig:
     """Share of the rows held out for evaluation (at least one row when > 0)."""
     max_eval_batches: int = 50
     log_every: int = 1
+    decode_eval_prompts: int = 0
+    """Held-out prompts decoded speculatively (greedy chain) at every evaluation to log tau; 0 = off."""
+    decode_eval_max_new_tokens: int = 64
+    decode_eval_k: int = 4
     mixed_precision: str = "auto"
     """auto (bf16 autocast on GPU, fp32 on CPU) | bf16 | fp32."""
 
@@ -69,6 +73,22 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True)
+class FeaturesConfig:
+    """The offline feature store (trainer/feature_store.py). With ``path`` set, training reads the
+    stored features instead of running the target; scripts/generate_features.py writes them there."""
+
+    path: str | None = None
+    aux: str = "fp8"
+    """Aux hidden states on disk: fp8 (e4m3, a bf16 scale per token and layer) | bf16 (lossless for a bf16 target)."""
+    target_dist: str = "topk"
+    """The target's distribution on disk: topk (top-k probabilities over the full vocab) | hidden (final hidden state)."""
+    topk: int = 32
+    samples_per_shard: int = 256
+    batch_size: int = 4
+    """Sequences per target forward while generating."""
+
+
+@dataclass(frozen=True)
 class RunConfig:
     output_dir: str = "runs/eagle3"
     target: TargetConfig = field(default_factory=TargetConfig)
@@ -77,6 +97,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    features: FeaturesConfig = field(default_factory=FeaturesConfig)
 
 
 def _build(cls: type, values: dict[str, Any], where: str):

@@ -14,12 +14,16 @@ from safetensors.torch import load_file, save_file
 
 from headstart.models.draft_vocab import count_tokens
 from headstart.models.registry import build_head
-from headstart.models.target import Target, load_tokenizer
+from headstart.models.target import Target, _dtype, load_tokenizer
+from headstart.models.target_matrices import TargetMatrices
 from headstart.trainer.batches import split_eval
 from headstart.trainer.config import RunConfig, to_dict
 from headstart.trainer.data import build_dataset, default_cache_dir
+from headstart.trainer.decode_eval import DecodeEval
 from headstart.trainer.distributed import DistInfo, barrier, init_distributed, make_backend, shard_frozen_layers
+from headstart.trainer.feature_store import FeatureStore, target_identity
 from headstart.trainer.features import OnlineFeatures
+from headstart.trainer.offline_features import OfflineFeatures
 from headstart.trainer.loop import Trainer
 from headstart.trainer.metrics import MetricsLogger
 
@@ -54,18 +58,44 @@ def build_trainer(config: RunConfig, info: DistInfo | None = None) -> Trainer:
     info = info or init_distributed()
     torch.manual_seed(config.train.seed)
     dataset = _tokenized_data(config, info)
+    data_fingerprint = dataset._fingerprint
+    dataset = dataset.add_column("row", list(range(len(dataset))))  # the key of stored features
     train_data, eval_data = split_eval(dataset, config.train.eval_fraction, config.train.seed)
 
-    target = Target.from_pretrained(replace(config.target, device=str(info.device)))
+    offline = config.features.path is not None
+    if offline:  # the target is never run: only its embeddings (and lm_head) are read
+        if config.train.decode_eval_prompts > 0:
+            raise ValueError("train.decode_eval_prompts runs the target; it is not available when training from "
+                             "stored features (features.path)")
+        target = TargetMatrices(config.target, device=info.device)
+        store = FeatureStore(config.features.path)
+        store.check_identity(target_identity(config.target.path, target.aux_layer_ids, config.target.dtype), data_fingerprint)
+    else:
+        target = Target.from_pretrained(replace(config.target, device=str(info.device)))
     counts = token_counts(train_data, target.vocab_size, config.data.cache_dir)
     head = build_head(config.draft, target, counts)  # checks the draft config against the target
-    if config.parallel.shard_target and info.world_size > 1:
+    if config.parallel.shard_target and info.world_size > 1 and not offline:
         if config.parallel.backend != "fsdp":
             raise ValueError("parallel.shard_target is only supported with parallel.backend=fsdp")
         shard_frozen_layers(list(target.layers))
+    decode_eval = None
+    if config.train.decode_eval_prompts > 0:
+        if eval_data is None:
+            raise ValueError("train.decode_eval_prompts needs held-out rows: set train.eval_fraction > 0")
+        if config.draft.head != "eagle3":
+            raise ValueError(f"train.decode_eval_prompts: speculative decoding supports eagle3 heads, not {config.draft.head!r}")
+        tokenizer = load_tokenizer(config.target.path, config.target.trust_remote_code)
+        eos = {t for t in (tokenizer.eos_token_id, target.model.generation_config.eos_token_id) if isinstance(t, int)}
+        t = config.train
+        decode_eval = DecodeEval(target, head, eval_data, t.decode_eval_prompts, t.decode_eval_max_new_tokens,
+                                 t.decode_eval_k, eos, info, collective=config.parallel.shard_target and info.world_size > 1)
     backend = make_backend(head, config.train, config.parallel, info)
     module = backend.module
-    features = OnlineFeatures(target, module.target_vocab_ids().to(info.device), module.t2d.to(info.device))
+    if offline:
+        features = OfflineFeatures(store, target, module.target_vocab_ids().to(info.device), module.t2d.to(info.device),
+                                   _dtype(config.target.dtype))
+    else:
+        features = OnlineFeatures(target, module.target_vocab_ids().to(info.device), module.t2d.to(info.device))
 
     def export_draft(state: dict[str, torch.Tensor], directory: Path) -> None:
         tmp = directory.with_name(f".tmp-{directory.name}")
@@ -80,4 +110,4 @@ def build_trainer(config: RunConfig, info: DistInfo | None = None) -> Trainer:
         out.mkdir(parents=True, exist_ok=True)
         (out / "run_config.json").write_text(json.dumps(to_dict(config), indent=2))
     logger = MetricsLogger(out, config.logging, to_dict(config), info.is_main)
-    return Trainer(config, info, backend, features, train_data, eval_data, export_draft, logger)
+    return Trainer(config, info, backend, features, train_data, eval_data, export_draft, logger, decode_eval)

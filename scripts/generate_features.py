@@ -1,0 +1,137 @@
+"""Run the frozen target once over the tokenized training data and store what training needs.
+
+    torchrun --nproc_per_node 2 scripts/generate_features.py --config configs/demo/eagle3.yaml \
+        --features.path=runs/demo-features
+    torchrun --nproc_per_node 2 scripts/train_eagle3.py --config configs/demo/eagle3.yaml \
+        --features.path=runs/demo-features                     # trains without running the target
+
+The recipe is the training one: target (path, dtype, aux layer ids), data and the ``features``
+section (storage: ``aux`` fp8|bf16, ``target_dist`` topk|hidden, ``topk``). Rank r takes rows
+r, r+N, ...; each rank writes its shards atomically, a restarted job skips finished shards, and
+rank 0 writes manifest.json last. See trainer/feature_store.py for the format.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from headstart.models.target import Target
+from headstart.trainer.batches import collate
+from headstart.trainer.config import load_config
+from headstart.trainer.distributed import barrier, init_distributed
+from headstart.trainer.feature_store import (
+    Storage,
+    encode_sample,
+    finished_shard,
+    shard_name,
+    target_identity,
+    write_manifest,
+    write_shard,
+)
+from headstart.trainer.run import _tokenized_data
+
+
+def check_plan(out: Path, plan: dict, is_main: bool) -> None:
+    """A restart must split rows the same way, or finished shards would hold other rows."""
+    path = out / "plan.json"
+    if path.is_file():
+        old = json.loads(path.read_text())
+        if old != plan:
+            raise ValueError(f"{out} was started with {old}; resume it with the same settings (now {plan}) "
+                             "or write to a new features.path")
+    elif is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(plan))
+    barrier()
+
+
+def generate(config) -> dict | None:
+    info = init_distributed()
+    fc = config.features
+    if not fc.path:
+        raise ValueError("set features.path: the directory the features are written to")
+    storage = Storage(fc.aux, fc.target_dist, fc.topk)
+    out = Path(fc.path)
+    dataset = _tokenized_data(config, info)
+    target = Target.from_pretrained(replace(config.target, device=str(info.device)))
+    identity = target_identity(config.target.path, target.aux_layer_ids, config.target.dtype)
+    plan = {"world_size": info.world_size, "samples_per_shard": fc.samples_per_shard, "num_rows": len(dataset),
+            "data_fingerprint": dataset._fingerprint, "target": identity,
+            "storage": {"aux": storage.aux, "target_dist": storage.target_dist, "topk": storage.topk}}
+    check_plan(out, plan, info.is_main)
+
+    rows = list(range(info.rank, len(dataset), info.world_size))
+    shards = [rows[i : i + fc.samples_per_shard] for i in range(0, len(rows), fc.samples_per_shard)]
+    lengths = dataset.select(rows)["input_ids"] if rows else []
+    bar = tqdm(total=sum(len(x) for x in lengths), unit="tok", unit_scale=True, desc=f"features rank {info.rank}",
+               disable=not info.is_main, dynamic_ncols=True)
+    n_aux, full_vocab = len(target.aux_layer_ids), target.vocab_head()
+    skipped = 0
+    for index, shard_rows in enumerate(shards):
+        name = shard_name(info.rank, index)
+        done = finished_shard(out, name, shard_rows)
+        if done is not None:
+            skipped += 1
+            bar.update(done["offsets"][-1])
+            continue
+        samples = []
+        for start in range(0, len(shard_rows), fc.batch_size):
+            batch_rows = shard_rows[start : start + fc.batch_size]
+            batch = collate(dataset, batch_rows)
+            ids, mask = batch["input_ids"].to(info.device), batch["attention_mask"].to(info.device)
+            with torch.no_grad():
+                result = target(ids, attention_mask=mask)
+            for b in range(len(batch_rows)):
+                n = int(mask[b].sum())
+                samples.append(encode_sample(ids[b, :n], batch["loss_mask"][b, :n], result.aux_hidden_states[b, :n],
+                                             result.last_hidden_state[b, :n], full_vocab, storage, n_aux))
+                bar.update(n)
+        write_shard(out, name, shard_rows, samples)
+    bar.close()
+    if skipped and info.is_main:
+        print(f"resumed: skipped {skipped} finished shard(s) of rank 0")
+    barrier()
+    if not info.is_main:
+        return None
+    infos = []
+    for rank in range(info.world_size):
+        mine = list(range(rank, len(dataset), info.world_size))
+        for index in range(0, -(-len(mine) // fc.samples_per_shard)):
+            shard_rows = mine[index * fc.samples_per_shard : (index + 1) * fc.samples_per_shard]
+            done = finished_shard(out, shard_name(rank, index), shard_rows)
+            if done is None:
+                raise RuntimeError(f"rank {rank} shard {index} is missing or incomplete in {out}")
+            infos.append(done)
+    manifest = write_manifest(out, identity, storage, target.hidden_size, n_aux, dataset._fingerprint, infos)
+    per_token = manifest["bytes"] / max(1, manifest["num_tokens"])
+    reference = 8 * target.hidden_size + 16  # SpecForge: 3 aux + last hidden in bf16, ids and mask
+    print(f"{manifest['num_samples']:,} samples, {manifest['num_tokens']:,} tokens, {manifest['bytes'] / 2**20:,.1f} MiB: "
+          f"{per_token:,.1f} bytes/token ({per_token / reference:.2f} of SpecForge's 8H+16 = {reference})")
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="recipe YAML (the training recipe)")
+    args, overrides = p.parse_known_args(argv)
+    try:
+        generate(load_config(args.config, overrides))
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

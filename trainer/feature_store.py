@@ -1,0 +1,233 @@
+"""The offline feature store: what the frozen target computed for every training row, on disk.
+
+Layout of a store directory::
+
+    plan.json                         world size and shard size of the job (a restart must match)
+    shard-r000-00000.safetensors      the rows of one rank's shard, tokens concatenated
+    shard-r000-00000.json             its sidecar: rows, offsets, byte size, crc32 (written after the shard)
+    manifest.json                     written last: the target's identity, storage, every shard
+
+A shard holds, per token: ``input_ids`` int32, ``loss_mask`` uint8, the aux hidden states
+(``aux`` [N, n, H] bf16, or fp8 e4m3 with a bf16 scale per token and layer in ``aux_scale``) and what
+training needs of the target's distribution: the final hidden state (``hidden`` [N, H], the
+lm_head is applied at training time, exact in bf16) or its top-k probabilities over the full vocab
+(``topk_ids`` int32, ``topk_probs`` fp16), which serve any head's draft vocab.
+
+Shards appear atomically (temp file + rename, sidecar after the shard, manifest last), so a killed
+job restarts by skipping finished shards. A reader checks each shard's size and crc32 on first use
+and names the shard it refuses; it opens shards lazily, memory-mapped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+FORMAT_VERSION = 1
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+
+
+class CorruptShardError(RuntimeError):
+    pass
+
+
+def file_crc32(path: Path) -> int:
+    crc = 0
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 24):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def sha256_files(*paths: Path) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        if p.is_file():
+            h.update(p.name.encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def target_identity(target_path: str, aux_layer_ids: tuple[int, ...], dtype: str) -> dict:
+    """What must match between the features and the training run: the target's config, its layer
+    ids and dtype, and its tokenizer."""
+    root = Path(target_path)
+    config = json.loads((root / "config.json").read_text())
+    config.pop("_name_or_path", None)
+    config.pop("transformers_version", None)
+    tokenizer_files = [root / n for n in ("tokenizer.json", "tokenizer.model", "vocab.json", "merges.txt", "tokenizer_config.json")]
+    return {
+        "config_sha256": hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16],
+        "aux_layer_ids": list(aux_layer_ids),
+        "dtype": dtype,
+        "tokenizer_sha256": sha256_files(*tokenizer_files),
+    }
+
+
+@dataclass(frozen=True)
+class Storage:
+    aux: str = "fp8"  # fp8 | bf16
+    target_dist: str = "topk"  # topk | hidden
+    topk: int = 32
+
+    def __post_init__(self) -> None:
+        if self.aux not in ("fp8", "bf16") or self.target_dist not in ("topk", "hidden") or self.topk < 1:
+            raise ValueError(f"feature storage: aux must be fp8|bf16, target_dist topk|hidden, topk >= 1; got {self}")
+
+
+def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., H] -> (fp8 e4m3 [..., H], bf16 scale [...]) with one absmax scale per row."""
+    scale = (x.float().abs().amax(-1) / FP8_MAX).clamp(min=1e-12).to(torch.bfloat16)
+    return (x.float() / scale.float().unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
+
+
+def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return (q.float() * scale.float().unsqueeze(-1)).to(dtype)
+
+
+def encode_sample(input_ids: torch.Tensor, loss_mask: torch.Tensor, aux: torch.Tensor, last_hidden: torch.Tensor,
+                  target_logits_fn, storage: Storage, n_aux: int) -> dict[str, torch.Tensor]:
+    """One sample's tensors ([T] ids/mask, aux [T, n*H], last hidden [T, H]) in storage form."""
+    T = input_ids.numel()
+    aux = aux.reshape(T, n_aux, -1)
+    out = {"input_ids": input_ids.to(torch.int32), "loss_mask": loss_mask.to(torch.uint8)}
+    if storage.aux == "fp8":
+        out["aux"], out["aux_scale"] = quantize_fp8(aux)
+    else:
+        out["aux"] = aux.to(torch.bfloat16)
+    if storage.target_dist == "hidden":
+        out["hidden"] = last_hidden.to(torch.bfloat16)
+    else:
+        ids, probs = [], []
+        for chunk in last_hidden.split(1024):  # [1024, V] float32 at a time, not [T, V]
+            top = torch.softmax(target_logits_fn(chunk).float(), dim=-1).topk(storage.topk, dim=-1)
+            ids.append(top.indices.to(torch.int32))
+            probs.append(top.values.to(torch.float16))
+        out["topk_ids"], out["topk_probs"] = torch.cat(ids), torch.cat(probs)
+    return {k: v.detach().cpu().contiguous() for k, v in out.items()}
+
+
+def shard_name(rank: int, index: int) -> str:
+    return f"shard-r{rank:03d}-{index:05d}"
+
+
+def write_shard(directory: Path, name: str, rows: list[int], samples: list[dict[str, torch.Tensor]]) -> dict:
+    """Concatenate the samples, write the shard then its sidecar, each atomically."""
+    lengths = [s["input_ids"].numel() for s in samples]
+    offsets = [0]
+    for n in lengths:
+        offsets.append(offsets[-1] + n)
+    tensors = {k: torch.cat([s[k] for s in samples]) for k in samples[0]}
+    path, tmp = directory / f"{name}.safetensors", directory / f".{name}.safetensors.tmp"
+    save_file(tensors, str(tmp))
+    with tmp.open("rb") as f:
+        os.fsync(f.fileno())
+    info = {"file": path.name, "rows": rows, "offsets": offsets, "size": tmp.stat().st_size, "crc32": file_crc32(tmp)}
+    os.replace(tmp, path)
+    side_tmp = directory / f".{name}.json.tmp"
+    side_tmp.write_text(json.dumps(info))
+    os.replace(side_tmp, directory / f"{name}.json")
+    return info
+
+
+def finished_shard(directory: Path, name: str, rows: list[int]) -> dict | None:
+    """The sidecar of a shard a previous run completed for exactly these rows, else None."""
+    side, path = directory / f"{name}.json", directory / f"{name}.safetensors"
+    if not side.is_file() or not path.is_file():
+        return None
+    info = json.loads(side.read_text())
+    if info["rows"] != rows or path.stat().st_size != info["size"]:
+        return None
+    return info
+
+
+def write_manifest(directory: Path, identity: dict, storage: Storage, hidden_size: int, n_aux: int,
+                   data_fingerprint: str, shards: list[dict]) -> dict:
+    num_tokens = sum(s["offsets"][-1] for s in shards)
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "target": identity,
+        "storage": {"aux": storage.aux, "target_dist": storage.target_dist, "topk": storage.topk},
+        "hidden_size": hidden_size,
+        "num_aux_layers": n_aux,
+        "data_fingerprint": data_fingerprint,
+        "num_samples": sum(len(s["rows"]) for s in shards),
+        "num_tokens": num_tokens,
+        "bytes": sum(s["size"] for s in shards),
+        "shards": sorted(shards, key=lambda s: s["file"]),
+    }
+    tmp = directory / ".manifest.json.tmp"
+    tmp.write_text(json.dumps(manifest))
+    os.replace(tmp, directory / "manifest.json")
+    return manifest
+
+
+class FeatureStore:
+    """Read side: row -> stored tensors, shards opened lazily and checked on first use."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        path = self.directory / "manifest.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{self.directory}: no manifest.json; the feature job did not finish "
+                                    "(run scripts/generate_features.py again: it resumes)")
+        self.manifest = json.loads(path.read_text())
+        if self.manifest.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"{path}: feature format {self.manifest.get('format_version')} (this headstart reads {FORMAT_VERSION})")
+        s = self.manifest["storage"]
+        self.storage = Storage(s["aux"], s["target_dist"], s["topk"])
+        self.index: dict[int, tuple[int, int, int]] = {}  # row -> (shard, start, end)
+        for i, shard in enumerate(self.manifest["shards"]):
+            offsets = shard["offsets"]
+            for j, row in enumerate(shard["rows"]):
+                self.index[row] = (i, offsets[j], offsets[j + 1])
+        self._open: dict[int, object] = {}
+
+    def check_identity(self, expected: dict, data_fingerprint: str | None = None) -> None:
+        """Refuse features made by another target, other layer ids, dtype or tokenizer."""
+        stored = self.manifest["target"]
+        names = {"config_sha256": "target config", "aux_layer_ids": "aux layer ids", "dtype": "target dtype",
+                 "tokenizer_sha256": "tokenizer"}
+        for key, what in names.items():
+            if stored.get(key) != expected.get(key):
+                raise ValueError(f"features in {self.directory} were made with another {what} "
+                                 f"({stored.get(key)} there, {expected.get(key)} in this run); regenerate them "
+                                 "with scripts/generate_features.py for this target")
+        if data_fingerprint is not None and self.manifest["data_fingerprint"] != data_fingerprint:
+            raise ValueError(f"features in {self.directory} were made from other training data (or other data "
+                             "options) than this run's; regenerate them for this data")
+
+    def _shard(self, i: int):
+        if i not in self._open:
+            info = self.manifest["shards"][i]
+            path = self.directory / info["file"]
+            if not path.is_file():
+                raise CorruptShardError(f"feature shard {path} is missing")
+            size = path.stat().st_size
+            if size != info["size"]:
+                raise CorruptShardError(f"feature shard {path} is truncated or altered: {size} bytes, manifest says {info['size']}")
+            if file_crc32(path) != info["crc32"]:
+                raise CorruptShardError(f"feature shard {path} is corrupt: its crc32 does not match the manifest")
+            try:
+                self._open[i] = safe_open(str(path), framework="pt")
+            except Exception as err:  # safetensors raises its own error type
+                raise CorruptShardError(f"feature shard {path} cannot be read: {err}") from err
+        return self._open[i]
+
+    def __contains__(self, row: int) -> bool:
+        return row in self.index
+
+    def get(self, row: int) -> dict[str, torch.Tensor]:
+        if row not in self.index:
+            raise KeyError(f"row {row} has no stored features in {self.directory}")
+        i, start, end = self.index[row]
+        f = self._shard(i)
+        return {k: f.get_slice(k)[start:end] for k in f.keys()}
