@@ -54,7 +54,9 @@ class Tally:
     spec_seconds: float = 0.0
     plain_seconds: float = 0.0
     hf_seconds: float = 0.0
-    new_tokens: int = 0  # all generated tokens (for tokens/s)
+    new_tokens: int = 0  # all tokens generated speculatively (for tokens/s)
+    plain_tokens: int = 0  # all tokens generated plainly (differs from new_tokens when sampling)
+    rounds: int = 0  # speculative rounds (target forwards after the prefill)
     accepted_at: list[int] = field(default_factory=list)  # rounds accepting >= i drafts, i = 1..k
     proposed_at: list[int] = field(default_factory=list)  # rounds proposing >= i drafts
 
@@ -63,6 +65,7 @@ class Tally:
         self.tokens += len(spec.tokens) - 1
         self.forwards += spec.target_forwards
         self.new_tokens += len(spec.tokens)
+        self.rounds += spec.target_forwards
         if not self.accepted_at:
             self.accepted_at, self.proposed_at = [0] * k, [0] * k
         for n, m in zip(spec.accepted, spec.proposed):
@@ -75,10 +78,12 @@ class Tally:
             "tau": self.tokens / max(1, self.forwards),
             "acceptance_by_position": [a / p if p else None for a, p in zip(self.accepted_at, self.proposed_at)],
             "spec_tokens_per_s": self.new_tokens / self.spec_seconds if self.spec_seconds else None,
-            "plain_tokens_per_s": self.new_tokens / self.plain_seconds if self.plain_seconds else None,
-            "hf_generate_tokens_per_s": self.new_tokens / self.hf_seconds if self.hf_seconds else None,
-            "speedup": self.plain_seconds / self.spec_seconds if self.spec_seconds else None,
+            "plain_tokens_per_s": self.plain_tokens / self.plain_seconds if self.plain_seconds else None,
+            "hf_generate_tokens_per_s": self.plain_tokens / self.hf_seconds if self.hf_seconds else None,
+            "speedup": (self.new_tokens / self.spec_seconds) / (self.plain_tokens / self.plain_seconds)
+            if self.spec_seconds and self.plain_seconds else None,
             "generated_tokens": self.new_tokens,
+            "seconds_per_round": self.spec_seconds / self.rounds if self.rounds else None,
         }
 
 
@@ -143,6 +148,7 @@ def run_benchmark(
                 tally.add(spec, depth)
                 tally.spec_seconds += t1 - t0
                 tally.plain_seconds += t2 - t1
+                tally.plain_tokens += len(plain.tokens)
                 tally.hf_seconds += hf_seconds
             messages.append({"role": "assistant", "content": tokenizer.decode(plain.tokens, skip_special_tokens=True)})
         progress(f"question {q['question_id']} ({q['category']}): tau so far {tallies['overall'].summary()['tau']:.2f}")
