@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import torch
-from tiny_models import tiny_causal_lm
+from tiny_models import random_eagle3_head, tiny_causal_lm
 
 from headstart.decode.eagle3_drafter import Eagle3Drafter
 from headstart.decode.generate import greedy_generate, speculative_generate
@@ -21,9 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_eagle3_speculation_equals_greedy_with_any_head():
     model = tiny_causal_lm("llama", num_hidden_layers=8)
     target = Target(model)
-    head = Eagle3Draft(Eagle3Config.from_target(model.config, draft_vocab_size=48))
-    head.set_draft_vocab(*build_draft_vocab(torch.randint(0, 9, (128,)), 48))
-    head.load_target_embeddings(target.embed_tokens.weight)
+    head = random_eagle3_head(target)
     runner = TargetRunner(target, max_len=128)
     prompt = torch.randint(3, 128, (1, 11), generator=torch.Generator().manual_seed(5))
     for k in (1, 4):

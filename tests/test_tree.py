@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import tiny_causal_lm
+from tiny_models import random_eagle3_head, tiny_causal_lm
 
 from headstart.decode.draft_model import DraftModelDrafter
 from headstart.decode.eagle3_drafter import Eagle3Drafter
 from headstart.decode.generate import greedy_generate, speculative_generate
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import DraftTree, DynamicTree, StaticTree, build_dynamic_tree, build_static_tree, verify_tree
-from headstart.models.draft_vocab import build_draft_vocab
-from headstart.models.eagle3 import Eagle3Config, Eagle3Draft
 from headstart.models.target import Target
 
 
@@ -116,9 +114,7 @@ def test_static_tree_picks_the_listed_ranks():
 def world():
     model = tiny_causal_lm("llama", num_hidden_layers=8)
     target = Target(model)
-    head = Eagle3Draft(Eagle3Config.from_target(model.config, draft_vocab_size=48))
-    head.set_draft_vocab(*build_draft_vocab(torch.randint(0, 9, (128,)), 48))
-    head.load_target_embeddings(target.embed_tokens.weight)
+    head = random_eagle3_head(target)
     small = tiny_causal_lm("llama", num_hidden_layers=2)
     runner = TargetRunner(target, max_len=192)
     phrase = torch.randint(3, 128, (9,), generator=torch.Generator().manual_seed(3))

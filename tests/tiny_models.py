@@ -33,3 +33,17 @@ def tiny_causal_lm(family: str, **overrides) -> PreTrainedModel:
     config = AutoConfig.for_model(family, **{**COMMON, **FAMILY_EXTRAS[family], **overrides})
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+
+
+def random_eagle3_head(target, draft_vocab_size: int = 48, counts_seed: int | None = None, **kwargs):
+    """An untrained EAGLE-3 head for ``target`` (a headstart Target) with a random draft vocab."""
+    import torch
+
+    from headstart.models.draft_vocab import build_draft_vocab
+    from headstart.models.eagle3 import Eagle3Config, Eagle3Draft
+
+    head = Eagle3Draft(Eagle3Config.from_target(target.config, draft_vocab_size=draft_vocab_size), **kwargs)
+    g = None if counts_seed is None else torch.Generator().manual_seed(counts_seed)
+    head.set_draft_vocab(*build_draft_vocab(torch.randint(0, 9, (target.vocab_size,), generator=g), draft_vocab_size))
+    head.load_target_embeddings(target.embed_tokens.weight)
+    return head
