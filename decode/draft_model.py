@@ -13,6 +13,7 @@ from transformers import PreTrainedModel
 
 from headstart.decode.kv_cache import PositionalKVCache
 from headstart.decode.target_runner import additive_mask
+from headstart.decode.tree import ExpandedNodes
 
 
 class DraftModelDrafter:
@@ -63,17 +64,15 @@ class DraftModelDrafter:
         return ids
 
     def tree_root(self) -> torch.Tensor:
-        self._tree_anc = torch.zeros(0, 0, dtype=torch.bool, device=self._device)
+        self._expanded = ExpandedNodes(self._device)
         return self.last_logits
 
     @torch.no_grad()
     def tree_expand(self, parents: torch.Tensor, tokens: torch.Tensor, depth: int) -> torch.Tensor:
         """Feed m nodes at ``depth`` (position length-1+depth), each seeing the committed tokens, its
         expanded ancestors and itself; returns their children's logits [m, V]."""
-        m, done, committed = tokens.numel(), self._tree_anc.shape[0], self.cache.length
-        parent_anc = torch.cat([torch.zeros(1, done, dtype=torch.bool, device=self._device), self._tree_anc])[parents + 1]
-        new_anc = torch.cat([parent_anc, torch.eye(m, dtype=torch.bool, device=self._device)], dim=1)
-        self._tree_anc = torch.cat([torch.cat([self._tree_anc, new_anc.new_zeros(done, m)], dim=1), new_anc])
+        m, done, committed = tokens.numel(), self._expanded.count, self.cache.length
+        new_anc = self._expanded.add(parents)  # [m, done+m]
         allowed = torch.cat([torch.ones(m, committed, dtype=torch.bool, device=self._device), new_anc], dim=1)
         positions = torch.full((m,), committed - 1 + depth, device=self._device)
         return self._run(tokens, committed + done, allowed, positions)

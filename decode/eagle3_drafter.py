@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from headstart.decode.tree import ExpandedNodes
 from headstart.models.eagle3 import Eagle3Draft
 
 
@@ -114,7 +115,7 @@ class Eagle3Drafter:
     def tree_root(self) -> torch.Tensor:
         """Start a tree below the last committed position: the root's children logits [V_d]."""
         self._tree_hidden = self.last_hidden.new_zeros(0, self.last_hidden.shape[-1])  # outputs of expanded nodes
-        self._tree_anc = torch.zeros(0, 0, dtype=torch.bool, device=self.keys.device)  # ancestor mask among them
+        self._expanded = ExpandedNodes(self.keys.device)
         return self.last_logits[0]
 
     @torch.no_grad()
@@ -122,13 +123,11 @@ class Eagle3Drafter:
         """Run m nodes at ``depth`` (the pair: parent's output, node token), each attending to the
         committed context, its expanded ancestors and itself at rotary position length-1+depth --
         TTT step ``depth``'s pattern. Returns their children's logits [m, V_d]."""
-        m, done, committed = tokens.numel(), self._tree_hidden.shape[0], self.length
+        m, done, committed = tokens.numel(), self._expanded.count, self.length
         device = self.keys.device
         pool = torch.cat([self.last_hidden[0], self._tree_hidden])  # row 0: the root's output
         hidden = pool[parents + 1].unsqueeze(0)  # [1, m, H]
-        parent_anc = torch.cat([torch.zeros(1, done, dtype=torch.bool, device=device), self._tree_anc])[parents + 1]
-        new_anc = torch.cat([parent_anc, torch.eye(m, dtype=torch.bool, device=device)], dim=1)  # [m, done+m]
-        self._tree_anc = torch.cat([torch.cat([self._tree_anc, new_anc.new_zeros(done, m)], dim=1), new_anc])
+        new_anc = self._expanded.add(parents)  # [m, done+m]
         allowed = torch.cat([torch.ones(m, committed, dtype=torch.bool, device=device), new_anc], dim=1)
         positions = torch.full((m,), committed - 1 + depth, device=device)
         out = self._step(hidden, self.to_target(tokens).view(1, m), committed + done, positions, allowed)

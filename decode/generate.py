@@ -158,7 +158,7 @@ def _tree_round(runner, drafter, tree, tokens, max_new_tokens, eos_ids, sampling
     build = build_dynamic_tree if isinstance(tree, DynamicTree) else build_static_tree
     draft = build(drafter, tree, budget)
     block = torch.cat([torch.tensor([tokens[-1]], device=device), draft.tokens.to(device)])
-    logits, aux = runner.forward(block.unsqueeze(0), tree_mask=draft.block_mask(), depths=draft.block_depths())
+    logits, aux = runner.forward(block.unsqueeze(0), tree_mask=draft.block_mask, depths=draft.block_depths())
     if sampling is None:
         choice = logits[0].argmax(-1)
     else:  # one sample of the warped target per node: lossless for deterministic children (verify_tree)

@@ -14,6 +14,7 @@ Drafters that build trees expose three calls, all without host syncs:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -43,8 +44,10 @@ class DraftTree:
         """[1+n] position offsets of [root, nodes...]."""
         return torch.cat([self.depths.new_zeros(1), self.depths])
 
+    @functools.cached_property
     def block_mask(self) -> torch.Tensor:
-        """[1+n, 1+n] bool: row i may attend to its ancestors (root included) and itself."""
+        """[1+n, 1+n] bool: row i may attend to its ancestors (root included) and itself (computed once:
+        the target's forward and the verification both use it)."""
         n, device = self.size, self.tokens.device
         parent = torch.cat([torch.zeros(1, dtype=torch.long, device=device), self.parents + 1])  # root -> itself
         step = torch.zeros(n + 1, n + 1, device=device)
@@ -179,7 +182,7 @@ def verify_tree(tree: DraftTree, choice: torch.Tensor, block_tokens: torch.Tenso
     Returns (path [block indices, root first], emitted tokens [accepted drafts..., next token]).
     """
     correct = torch.cat([torch.ones(1, dtype=torch.bool, device=choice.device), tree.tokens == choice[tree.parents + 1]])
-    anc = tree.block_mask()
+    anc = tree.block_mask
     ok = (~anc | correct[None, :]).all(dim=1)  # [1+n]: the node and all its ancestors are right
     depth = torch.where(ok, tree.block_depths(), -1)
     best = depth.argmax()  # siblings are distinct tokens, so at most one node per depth is right
@@ -187,3 +190,24 @@ def verify_tree(tree: DraftTree, choice: torch.Tensor, block_tokens: torch.Tenso
     packed = torch.cat([anc[best].long(), block_tokens, choice[best].view(1)]).tolist()  # the one host transfer
     path = [i for i in range(n1) if packed[i]]
     return path, [packed[n1 + i] for i in path[1:]] + [packed[-1]]
+
+
+class ExpandedNodes:
+    """A drafter's record of the tree nodes it has run this round: the ancestor mask among them, so
+    each new node attends to its expanded ancestors and itself (shared by the EAGLE-3 and draft-model
+    drafters)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.anc = torch.zeros(0, 0, dtype=torch.bool, device=device)
+
+    @property
+    def count(self) -> int:
+        return self.anc.shape[0]
+
+    def add(self, parents: torch.Tensor) -> torch.Tensor:
+        """Record m nodes with these parents (-1 = root); returns their rows [m, count + m] of the mask."""
+        m, done, device = parents.numel(), self.count, self.anc.device
+        parent_rows = torch.cat([torch.zeros(1, done, dtype=torch.bool, device=device), self.anc])[parents + 1]
+        rows = torch.cat([parent_rows, torch.eye(m, dtype=torch.bool, device=device)], dim=1)
+        self.anc = torch.cat([torch.cat([self.anc, rows.new_zeros(done, m)], dim=1), rows])
+        return rows

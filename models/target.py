@@ -137,19 +137,12 @@ class Target(nn.Module):
         self._captured.clear()
         return TargetOutput(aux_hidden_states=aux, last_hidden_state=out.last_hidden_state)
 
-    def _softcap(self, logits: torch.Tensor) -> torch.Tensor:
-        cap = getattr(self.model.config, "final_logit_softcapping", None)  # Gemma 2/3
-        return logits if cap is None else torch.tanh(logits / cap) * cap
-
     def vocab_head(self, vocab_ids: torch.Tensor | None = None):
         """A function [..., H] -> logits over ``vocab_ids`` [V'] (or the whole vocab).
 
         The rows of lm_head are sliced once here, not on every call."""
-        weight = self.lm_head.weight if vocab_ids is None else self.lm_head.weight[vocab_ids]
-        bias = self.lm_head.bias
-        if bias is not None and vocab_ids is not None:
-            bias = bias[vocab_ids]
-        return lambda hidden: self._softcap(F.linear(hidden, weight, bias))
+        cap = getattr(self.model.config.get_text_config(), "final_logit_softcapping", None)  # Gemma 2/3
+        return vocab_head(self.lm_head.weight, self.lm_head.bias, cap, vocab_ids)
 
     def logits(self, last_hidden: torch.Tensor, vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
         """The target's logits for ``last_hidden`` [..., H], over ``vocab_ids`` [V'] or the whole vocab."""
@@ -158,9 +151,29 @@ class Target(nn.Module):
     @torch.no_grad()
     def argmax(self, last_hidden: torch.Tensor, chunk_tokens: int = 4096) -> torch.Tensor:
         """Greedy next token [...] over the full vocab, ``chunk_tokens`` positions at a time."""
-        flat = last_hidden.reshape(-1, last_hidden.shape[-1])  # [N, H]
-        ids = torch.cat([self.logits(c).argmax(-1) for c in flat.split(chunk_tokens)])
-        return ids.view(last_hidden.shape[:-1])
+        return chunked_argmax(self.vocab_head(), last_hidden, chunk_tokens)
+
+
+def vocab_head(weight: torch.Tensor, bias: torch.Tensor | None, softcap: float | None, vocab_ids: torch.Tensor | None = None):
+    """[..., H] -> logits over ``vocab_ids`` (or all rows of ``weight``), softcapped when the model does
+    (Gemma 2/3). Shared by the live target and the offline path, so both compute the same bits."""
+    if vocab_ids is not None:
+        weight = weight[vocab_ids]
+        bias = None if bias is None else bias[vocab_ids]
+
+    def head(hidden: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(hidden, weight, bias)
+        return logits if softcap is None else torch.tanh(logits / softcap) * softcap
+
+    return head
+
+
+@torch.no_grad()
+def chunked_argmax(full_head, last_hidden: torch.Tensor, chunk_tokens: int) -> torch.Tensor:
+    """Argmax over the full vocab [...], ``chunk_tokens`` positions at a time (no [N, V] at once)."""
+    flat = last_hidden.reshape(-1, last_hidden.shape[-1])  # [N, H]
+    ids = torch.cat([full_head(c).argmax(-1) for c in flat.split(chunk_tokens)])
+    return ids.view(last_hidden.shape[:-1])
 
 
 def _dtype(name: str) -> torch.dtype:

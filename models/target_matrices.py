@@ -11,12 +11,18 @@ import json
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from safetensors import safe_open
 from torch import nn
 from transformers import AutoConfig
 
-from headstart.models.target import TargetConfig, _dtype, check_aux_layer_ids, default_aux_layer_ids
+from headstart.models.target import (
+    TargetConfig,
+    _dtype,
+    check_aux_layer_ids,
+    chunked_argmax,
+    default_aux_layer_ids,
+    vocab_head,
+)
 
 
 def _weight_files(root: Path) -> dict[str, Path]:
@@ -80,19 +86,7 @@ class TargetMatrices:
         return self.lm_head_weight.shape[1]
 
     def vocab_head(self, vocab_ids: torch.Tensor | None = None):
-        """The same slicing and arithmetic as ``Target.vocab_head`` (so bf16 results are identical)."""
-        weight = self.lm_head_weight if vocab_ids is None else self.lm_head_weight[vocab_ids]
-        bias = self.lm_head_bias if self.lm_head_bias is None or vocab_ids is None else self.lm_head_bias[vocab_ids]
-        cap = self.softcap
+        return vocab_head(self.lm_head_weight, self.lm_head_bias, self.softcap, vocab_ids)
 
-        def head(hidden: torch.Tensor) -> torch.Tensor:
-            logits = F.linear(hidden, weight, bias)
-            return logits if cap is None else torch.tanh(logits / cap) * cap
-
-        return head
-
-    @torch.no_grad()
     def argmax(self, last_hidden: torch.Tensor, chunk_tokens: int = 1024) -> torch.Tensor:
-        flat = last_hidden.reshape(-1, last_hidden.shape[-1])
-        full = self.vocab_head()
-        return torch.cat([full(c).argmax(-1) for c in flat.split(chunk_tokens)]).view(last_hidden.shape[:-1])
+        return chunked_argmax(self.vocab_head(), last_hidden, chunk_tokens)

@@ -65,7 +65,7 @@ def test_block_mask_is_the_ancestor_relation():
                              [1, 0, 1, 0, 0],
                              [1, 1, 0, 1, 0],
                              [1, 1, 0, 1, 1]], dtype=torch.bool)
-    assert torch.equal(tree.block_mask(), expected)
+    assert torch.equal(tree.block_mask, expected)
     assert tree.block_depths().tolist() == [0, 1, 1, 2, 3]
 
 
