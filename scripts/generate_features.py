@@ -14,6 +14,7 @@ rank 0 writes manifest.json last. See trainer/feature_store.py for the format.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 from dataclasses import replace
@@ -124,10 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     args, overrides = p.parse_known_args(argv)
     try:
         generate(load_config(args.config, overrides))
+        barrier()  # leave together: rank 0 writes the manifest while the others would already tear down gloo
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     finally:
+        gc.collect()  # drop finished collective work while the interpreter is fully alive
         if dist.is_initialized():
             dist.destroy_process_group()
     return 0
