@@ -1,8 +1,9 @@
-"""The generation loops: plain autoregressive and speculative (chain, greedy), on one runner.
+"""The generation loops: plain autoregressive and speculative (chains or trees), on one runner.
 
-A round: the drafter proposes k tokens; the target scores [next, d_1..d_k] in one forward; the
-accepted prefix plus the target's own next token are emitted. One host sync per round (the
-accepted count). Output is token-for-token the target's greedy decoding, EOS and length included.
+A chain round: the drafter proposes k tokens; the target scores [next, d_1..d_k] in one forward;
+the accepted prefix plus the target's own next token are emitted. A tree round does the same for a
+draft tree (decode/tree.py). One host sync per round. Greedy output is token-for-token the target's
+greedy decoding, EOS and length included; sampling output follows the warped target exactly.
 """
 
 from __future__ import annotations
@@ -65,25 +66,27 @@ def _finish(tokens: list[int], eos_ids: set[int], max_new_tokens: int) -> tuple[
     return tokens[:max_new_tokens], len(tokens) >= max_new_tokens
 
 
+def _pick(logits: torch.Tensor, sampling: Sampling | None, generator: torch.Generator | None) -> int:
+    """The target's next token from its logits [V]: argmax, or one sample of the warped distribution."""
+    if sampling is None:
+        return int(logits.argmax())
+    return int(torch.multinomial(sampling.probs(logits.unsqueeze(0)), 1, generator=generator))
+
+
 def plain_generate(runner: TargetRunner, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids: set[int],
                    sampling: Sampling | None = None, generator: torch.Generator | None = None) -> Generation:
     """Autoregressive decoding on the same runner: argmax, or a sample of the warped target."""
 
-    def pick(logits: torch.Tensor) -> int:
-        if sampling is None:
-            return int(logits.argmax())
-        return int(torch.multinomial(sampling.probs(logits.unsqueeze(0)), 1, generator=generator))
-
     runner.reset()
     logits, _ = runner.forward(prompt_ids)
     runner.commit(prompt_ids.shape[1])
-    tokens, done = _finish([pick(logits[0, -1])], eos_ids, max_new_tokens)
+    tokens, done = _finish([_pick(logits[0, -1], sampling, generator)], eos_ids, max_new_tokens)
     out = Generation(tokens)
     while not done:
         logits, _ = runner.forward(torch.tensor([[tokens[-1]]], device=prompt_ids.device))
         runner.commit(1)
         out.target_forwards += 1
-        tokens, done = _finish(tokens + [pick(logits[0, -1])], eos_ids, max_new_tokens)
+        tokens, done = _finish(tokens + [_pick(logits[0, -1], sampling, generator)], eos_ids, max_new_tokens)
     out.tokens = tokens
     return out
 
@@ -112,11 +115,7 @@ def speculative_generate(
     runner.reset()
     logits, aux = runner.forward(prompt_ids)
     runner.commit(prompt_ids.shape[1])
-    if sampling is None:
-        first = int(logits[0, -1].argmax())
-    else:
-        first = int(torch.multinomial(sampling.probs(logits[0, -1:]), 1, generator=generator))
-    tokens, done = _finish([first], eos_ids, max_new_tokens)
+    tokens, done = _finish([_pick(logits[0, -1], sampling, generator)], eos_ids, max_new_tokens)
     drafter.begin(prompt_ids, aux, tokens[0])
     out = Generation(tokens)
     while not done:
