@@ -100,6 +100,8 @@ def read_wandb_log(path: Path) -> list[bytes]:
             pos += left_in_block
             continue
         length, kind = int.from_bytes(raw[pos + 4 : pos + 6], "little"), raw[pos + 6]
+        if pos + 7 + length > len(raw):  # a record still being written
+            break
         payload = raw[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind == 0 and length == 0:
@@ -115,17 +117,24 @@ def test_wandb_offline_run_can_be_read_back(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     run(make_setup(tmp_path) + ["--logging.wandb=true", "--logging.run_name=t", "--train.max_steps=3"])
+    import wandb
+    from google.protobuf.message import DecodeError
     from wandb.proto import wandb_internal_pb2
+
+    wandb.teardown()  # waits for wandb's service process, which writes the file, to exit
 
     files = list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(files) == 1
     logged = {}
-    # wandb's service process may still be flushing the file after finish() returns (seen once in CI):
-    # re-read it for a few seconds before judging what was logged.
+    # finish() can return while the service still flushes the file (seen twice in CI): re-read it for a
+    # few seconds, skipping a record caught half-written, before judging what was logged.
     for _ in range(40):
         for data in read_wandb_log(files[0]):
             record = wandb_internal_pb2.Record()
-            record.ParseFromString(data)
+            try:
+                record.ParseFromString(data)
+            except DecodeError:
+                break
             if record.WhichOneof("record_type") == "history":
                 items = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
                 logged[items["_step"]] = items
