@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from tiny_models import random_eagle3_head, tiny_causal_lm
@@ -108,6 +111,15 @@ def test_static_tree_picks_the_listed_ranks():
     assert len(build_static_tree(d, spec, max_depth=1).tokens) == 2
     with pytest.raises(ValueError, match="no parent path"):
         StaticTree(((0,), (1, 0)))
+
+
+def test_the_shipped_static_tree_expands_only_nodes_with_children():
+    paths = json.loads((Path(__file__).parents[1] / "configs" / "trees" / "small-12.json").read_text())
+    d = TableDrafter()
+    tree = build_static_tree(d, StaticTree(tuple(tuple(p) for p in paths)), max_depth=10)
+    assert tree.size == 12 and int(tree.depths.max()) == 5
+    # one draft forward per level that has children, fed only the nodes that have them
+    assert [len(tokens) for _, tokens, _ in d.calls] == [2, 2, 1, 1]
 
 
 @pytest.fixture(scope="module")
