@@ -137,12 +137,14 @@ def speculative_generate(
             if q is None:  # a deterministic proposal is a one-hot q (EAGLE's rule for top-k children)
                 q = torch.nn.functional.one_hot(drafts, logits.shape[-1]).float()
             n_acc, nxt = verify_sampling(drafts.unsqueeze(0), q.unsqueeze(0), sampling.probs(logits), generator)
-        n = int(n_acc)  # the round's one host sync
+        # The round's one host transfer: accepted count, next token and the drafts, packed together.
+        packed = torch.cat([n_acc.view(1), nxt.view(1), drafts.long()]).tolist()
+        n = packed[0]
         runner.commit(1 + n)
         out.target_forwards += 1
         out.accepted.append(n)
         out.proposed.append(drafts.numel())
-        emitted = drafts[:n].tolist() + [int(nxt)]
+        emitted = packed[2 : 2 + n] + [packed[1]]
         tokens, done = _finish(tokens + emitted, eos_ids, max_new_tokens)
         if not done:
             drafter.update(emitted, aux[:, : n + 1])
