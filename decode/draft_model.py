@@ -52,11 +52,11 @@ class DraftModelDrafter:
                                      torch.arange(start, start + m, device=self._device), last_only=True)[-1]
         self.cache.rollback(start + m)
 
-    def begin(self, prompt_ids: torch.Tensor, aux_hidden: torch.Tensor | None, next_token: int) -> None:
+    def begin(self, prompt_ids: torch.Tensor, states, next_token: int) -> None:
         self.cache.rollback(0)
         self._advance(torch.cat([prompt_ids[0].to(self._device), torch.tensor([next_token], device=self._device)]))
 
-    def update(self, emitted: list[int], aux_hidden: torch.Tensor | None) -> None:
+    def update(self, emitted: list[int], states) -> None:
         self._advance(torch.tensor(emitted, device=self._device))
 
     # -- trees (decode/tree.py) ------------------------------------------------------------------

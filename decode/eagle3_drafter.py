@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from headstart.decode.tree import ExpandedNodes
 from headstart.models.eagle3 import Eagle3Draft
+from headstart.models.target import TargetOutput
 
 
 class Eagle3Drafter:
@@ -67,10 +68,10 @@ class Eagle3Drafter:
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.head.d2t[draft_ids]
 
-    def begin(self, prompt_ids: torch.Tensor, aux_hidden: torch.Tensor, next_token: int) -> None:
+    def begin(self, prompt_ids: torch.Tensor, states: TargetOutput, next_token: int) -> None:
         self.length = 0
         tokens = torch.cat([prompt_ids[:, 1:], torch.tensor([[next_token]], device=prompt_ids.device)], dim=1)
-        self._commit(aux_hidden, tokens)
+        self._commit(states.aux_hidden_states, tokens)
 
     def _draft(self, k: int, pick) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """k draft steps from the last committed position; ``pick(logits [1, V_d]) -> draft id [1]``.
@@ -108,8 +109,8 @@ class Eagle3Drafter:
             q[:, self.head.target_vocab_ids()] = torch.cat(q_steps)
         return tokens, q
 
-    def update(self, emitted: list[int], aux_hidden: torch.Tensor) -> None:
-        self._commit(aux_hidden, torch.tensor([emitted], device=aux_hidden.device))
+    def update(self, emitted: list[int], states: TargetOutput) -> None:
+        self._commit(states.aux_hidden_states, torch.tensor([emitted], device=self.keys.device))
 
     # -- trees (decode/tree.py) ------------------------------------------------------------------
     def tree_root(self) -> torch.Tensor:

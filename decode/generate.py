@@ -16,6 +16,7 @@ import torch
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import DynamicTree, StaticTree, build_dynamic_tree, build_static_tree, verify_tree
 from headstart.decode.verify import verify_greedy, verify_sampling, warp_probs
+from headstart.models.target import TargetOutput
 
 
 @dataclass(frozen=True)
@@ -31,8 +32,9 @@ class Sampling:
 
 
 class Drafter(Protocol):
-    def begin(self, prompt_ids: torch.Tensor, aux_hidden: torch.Tensor, next_token: int) -> None:
-        """A new sequence: the prompt [1, T], its aux hidden states [1, T, k*H] and the first generated token."""
+    def begin(self, prompt_ids: torch.Tensor, states: TargetOutput, next_token: int) -> None:
+        """A new sequence: the prompt [1, T], the target's states there ([1, T, ...]: aux hidden states,
+        final hidden state) and the first generated token."""
 
     def propose(self, k: int) -> torch.Tensor:
         """Up to k draft tokens [k'] continuing the sequence (deterministic: q is one-hot).
@@ -40,9 +42,9 @@ class Drafter(Protocol):
         A drafter that samples also has ``propose_sampled(k, sampling, generator) -> (tokens [k'],
         q [k', V])`` giving the distributions its drafts were drawn from."""
 
-    def update(self, emitted: list[int], aux_hidden: torch.Tensor) -> None:
-        """Tokens appended after verification, and the target's aux states of the positions that
-        produced them ([1, len(emitted), k*H]: position j's state pairs with emitted token j)."""
+    def update(self, emitted: list[int], states: TargetOutput) -> None:
+        """Tokens appended after verification, and the target's states of the positions that
+        produced them ([1, len(emitted), ...]: position j's state pairs with emitted token j)."""
 
 
 @dataclass
@@ -113,10 +115,10 @@ def speculative_generate(
     every branch in one forward (decode/tree.py)."""
     device = prompt_ids.device
     runner.reset()
-    logits, aux = runner.forward(prompt_ids)
+    logits, states = runner.forward(prompt_ids)
     runner.commit(prompt_ids.shape[1])
     tokens, done = _finish([_pick(logits[0, -1], sampling, generator)], eos_ids, max_new_tokens)
-    drafter.begin(prompt_ids, aux, tokens[0])
+    drafter.begin(prompt_ids, states, tokens[0])
     out = Generation(tokens)
     while not done:
         if tree is not None:
@@ -130,7 +132,7 @@ def speculative_generate(
             drafts, q = drafter.propose(budget), None
         drafts = drafts.to(device)
         block = torch.cat([torch.tensor([tokens[-1]], device=device), drafts]).unsqueeze(0)  # [1, 1+k']
-        logits, aux = runner.forward(block)
+        logits, states = runner.forward(block)
         if sampling is None:
             n_acc, nxt = verify_greedy(drafts.unsqueeze(0), logits)
         else:
@@ -147,7 +149,7 @@ def speculative_generate(
         emitted = packed[2 : 2 + n] + [packed[1]]
         tokens, done = _finish(tokens + emitted, eos_ids, max_new_tokens)
         if not done:
-            drafter.update(emitted, aux[:, : n + 1])
+            drafter.update(emitted, states.select(slice(0, n + 1)))
     out.tokens = tokens
     return out
 
@@ -159,7 +161,7 @@ def _tree_round(runner, drafter, tree, tokens, max_new_tokens, eos_ids, sampling
     build = build_dynamic_tree if isinstance(tree, DynamicTree) else build_static_tree
     draft = build(drafter, tree, budget)
     block = torch.cat([torch.tensor([tokens[-1]], device=device), draft.tokens.to(device)])
-    logits, aux = runner.forward(block.unsqueeze(0), tree_mask=draft.block_mask, depths=draft.block_depths())
+    logits, states = runner.forward(block.unsqueeze(0), tree_mask=draft.block_mask, depths=draft.block_depths())
     if sampling is None:
         choice = logits[0].argmax(-1)
     else:  # one sample of the warped target per node: lossless for deterministic children (verify_tree)
@@ -171,5 +173,5 @@ def _tree_round(runner, drafter, tree, tokens, max_new_tokens, eos_ids, sampling
     out.proposed.append(draft.max_depth)
     tokens, done = _finish(tokens + emitted, eos_ids, max_new_tokens)
     if not done:
-        drafter.update(emitted, aux[:, path])
+        drafter.update(emitted, states.select(path))
     return tokens, done

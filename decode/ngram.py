@@ -11,7 +11,7 @@ class NgramDrafter:
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.context: list[int] = []
 
-    def begin(self, prompt_ids: torch.Tensor, aux_hidden: torch.Tensor | None, next_token: int) -> None:
+    def begin(self, prompt_ids: torch.Tensor, states, next_token: int) -> None:
         self.context = prompt_ids[0].tolist() + [next_token]
 
     def propose(self, k: int) -> torch.Tensor:
@@ -27,5 +27,5 @@ class NgramDrafter:
                         return torch.tensor(follow, dtype=torch.long)
         return torch.empty(0, dtype=torch.long)
 
-    def update(self, emitted: list[int], aux_hidden: torch.Tensor | None) -> None:
+    def update(self, emitted: list[int], states) -> None:
         self.context += emitted

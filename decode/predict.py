@@ -41,10 +41,10 @@ def measure_step_times(runner: TargetRunner, drafter, prompt_ids: torch.Tensor, 
     drafter seconds to propose k = 1..max_k tokens (nothing is committed, so calls repeat exactly)."""
     device = prompt_ids.device
     runner.reset()
-    logits, aux = runner.forward(prompt_ids)
+    logits, states = runner.forward(prompt_ids)
     runner.commit(prompt_ids.shape[1])
     first = int(logits[0, -1].argmax())
-    drafter.begin(prompt_ids, aux, first)
+    drafter.begin(prompt_ids, states, first)
     block = torch.full((1, max_k + 1), first, device=device)
     verify = [_timed(lambda n=n: runner.forward(block[:, :n]), repeats, device) for n in range(1, max_k + 2)]
     draft = [_timed(lambda k=k: drafter.propose(k), repeats, device) for k in range(1, max_k + 1)]

@@ -2,8 +2,8 @@
 
 ``forward`` scores a block of n new tokens placed after the committed cache: a chain (causal) or a
 tree (``tree_mask[i, j]``: token i may attend to token j, its ancestors and itself; position ids by
-depth). It returns full-vocab logits for the n positions only and the aux hidden states EAGLE-3
-reads. The block is written to the cache but not committed: the caller keeps what was accepted
+depth). It returns full-vocab logits for the n positions only and the target's states there (aux
+hidden states for EAGLE-3, the final hidden state for Medusa), which drafters read. The block is written to the cache but not committed: the caller keeps what was accepted
 (``commit`` for a chain prefix, ``cache.keep`` for a tree path) and the rest is simply overwritten.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from headstart.decode.kv_cache import PositionalKVCache
-from headstart.models.target import Target
+from headstart.models.target import Target, TargetOutput
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -57,8 +57,8 @@ class TargetRunner:
         input_ids: torch.Tensor,  # [1, n]
         tree_mask: torch.Tensor | None = None,  # [n, n] bool, True = may attend
         depths: torch.Tensor | None = None,  # [n] position offset of each token (tree depth)
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (logits [1, n, V], aux hidden states [1, n, k*H]) for the n new tokens."""
+    ) -> tuple[torch.Tensor, TargetOutput]:
+        """-> (logits [1, n, V], the target's states [1, n, ...]) for the n new tokens."""
         n = input_ids.shape[1]
         start = self.cache.length
         device = input_ids.device
@@ -69,4 +69,4 @@ class TargetRunner:
         position_ids = (start + offsets).unsqueeze(0)
         self.cache.begin()
         out = self.target(input_ids, attention_mask=mask, position_ids=position_ids, past_key_values=self.cache)
-        return self.target.logits(out.last_hidden_state), out.aux_hidden_states
+        return self.target.logits(out.last_hidden_state), out

@@ -27,7 +27,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from headstart.models.draft_vocab import check_draft_vocab
-from headstart.models.head import Features
+from headstart.models.head import FeatureNeeds, Features
 from headstart.models.target import check_aux_layer_ids, default_aux_layer_ids
 
 
@@ -237,6 +237,8 @@ class Eagle3DecoderLayer(nn.Module):
 class Eagle3Draft(nn.Module):
     """The EAGLE-3 head. ``embed_tokens`` is the target's, frozen, and not saved when H == H_t."""
 
+    needs = FeatureNeeds(aux_hidden_states=True, draft_vocab_logits=True)
+
     def __init__(self, config: Eagle3Config, ttt_steps: int = 7, step_weight: float = 0.8) -> None:
         super().__init__()
         self.config = config
@@ -368,6 +370,14 @@ class Eagle3Draft(nn.Module):
             raise ValueError(f"{directory}: tensors do not match the EAGLE-3 layout: missing {missing}, unexpected {unexpected}")
         check_draft_vocab(model.d2t, model.t2d)
         return model
+
+
+    @classmethod
+    def load(cls, directory: str | Path, target) -> "Eagle3Draft":
+        """A finished head for ``target`` (a Target or TargetMatrices), refused by name if it does not fit."""
+        head = cls.from_pretrained(directory, target_embeddings=target.embed_tokens.weight)
+        head.config.check_target(target.config)
+        return head
 
 
 def _shift_left(x: torch.Tensor, n: int, fill) -> torch.Tensor:

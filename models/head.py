@@ -1,27 +1,45 @@
-"""What every draft head sees (``Features``) and what the trainer asks of it (``DraftHead``).
+"""What every draft head sees (``Features``), what it declares it reads (``FeatureNeeds``) and what
+the trainer asks of it (``DraftHead``).
 
-Online capture and the offline feature store both produce ``Features``; the trainer only calls the
-methods of ``DraftHead``. Everything particular to one head stays in that head's file.
+Online capture and the offline feature store both produce ``Features``, filling exactly the fields
+the head's ``needs`` ask for (the others stay None), so nothing is computed or stored that the
+chosen head does not use. The trainer only calls the methods of ``DraftHead``. Everything
+particular to one head stays in that head's file.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
+
+
+@dataclass(frozen=True)
+class FeatureNeeds:
+    """Which target tensors a head reads."""
+
+    aux_hidden_states: bool = False
+    """The residual streams at the aux layer ids (EAGLE-3)."""
+    last_hidden_state: bool = False
+    """The final hidden state, after the target's final norm: what its lm_head reads (Medusa, MTP)."""
+    draft_vocab_logits: bool = False
+    """The target's logits on the head's vocab (``target_vocab_ids``) and whether its full-vocab
+    argmax lies in that vocab (EAGLE-3's soft labels)."""
 
 
 @dataclass
 class Features:
     input_ids: torch.Tensor  # [B, T] int64
     loss_mask: torch.Tensor  # [B, T] 1 where the token is trained (assistant tokens), 0 elsewhere and on padding
-    aux_hidden_states: torch.Tensor  # [B, T, n*H_t] target residual streams at the aux layer ids
-    target_logits: torch.Tensor  # [B, T, V_d] target logits at each position, restricted to the draft vocab
-    target_in_draft: torch.Tensor  # [B, T] bool: the target's full-vocab argmax lies in the draft vocab
+    aux_hidden_states: torch.Tensor | None = None  # [B, T, n*H_t] target residual streams at the aux layer ids
+    last_hidden_state: torch.Tensor | None = None  # [B, T, H_t] the target's final (normed) hidden state
+    target_logits: torch.Tensor | None = None  # [B, T, V_d] target logits at each position, restricted to the draft vocab
+    target_in_draft: torch.Tensor | None = None  # [B, T] bool: the target's full-vocab argmax lies in the draft vocab
 
     def to(self, device: torch.device | str) -> "Features":
-        return Features(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+        return Features(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name).to(device)
+                           for f in fields(self)})
 
     @property
     def num_tokens(self) -> int:
@@ -30,6 +48,9 @@ class Features:
 
 @runtime_checkable
 class DraftHead(Protocol):
+    needs: ClassVar[FeatureNeeds]
+    """The target tensors ``loss`` reads; the feature pipeline computes (or stores) only these."""
+
     def target_vocab_ids(self) -> torch.Tensor:
         """[V_d] target token id of each draft-vocab entry: which target logits ``Features`` carries."""
 
@@ -38,5 +59,8 @@ class DraftHead(Protocol):
 
         ``forward`` must return the same, so that sharding wrappers see the call."""
 
-    def save_pretrained(self, directory: str) -> None:
+    def export_state_dict(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """The tensors a server loads, under its names (from ``state``, a gathered state dict, if given)."""
+
+    def save_pretrained(self, directory: str, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         """Write the head in the server format it is loaded from (config.json + model.safetensors)."""

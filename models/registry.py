@@ -1,4 +1,8 @@
-"""The explicit registry of draft heads: a name in the config picks a builder; unknown names fail."""
+"""The explicit registry of draft heads: a name in the config picks a head type; unknown names fail.
+
+A head type is its module class (which declares ``needs`` and loads a finished head with
+``load(directory, target)``) and a builder that makes a fresh head for a target and its data.
+"""
 
 from __future__ import annotations
 
@@ -22,11 +26,25 @@ class DraftConfig:
     config: str | None = None
     """Draft config JSON (server format); None derives one from the target config."""
     draft_vocab_size: int = 32000
-    """Size of the draft vocab (most frequent trained tokens); capped at the target vocab."""
+    """Size of the draft vocab (most frequent trained tokens); capped at the target vocab (EAGLE-3)."""
     ttt_steps: int = 7
     """Training-time-test unroll length (EAGLE-3)."""
     step_weight: float = 0.8
-    """Loss weight of TTT step k is step_weight**k."""
+    """Loss weight of TTT step k (EAGLE-3), or of Medusa head k+1, is step_weight**k."""
+    num_heads: int = 4
+    """Medusa heads K: head i predicts the token i+1 positions after the next one."""
+    num_layers: int = 1
+    """ResBlocks per Medusa head."""
+    labels: str = "target"
+    """What Medusa heads learn: target (the target's own distribution, self-distillation) | data (the data's tokens)."""
+
+
+@dataclass(frozen=True)
+class HeadType:
+    cls: type
+    """The head's module class: its ``needs`` and ``load(directory, target)``."""
+    build: Callable[[DraftConfig, Target, torch.Tensor], DraftHead]
+    """(config, target, loss-masked token counts [V]) -> a fresh head for that target."""
 
 
 def build_eagle3(config: DraftConfig, target: Target, token_counts: torch.Tensor) -> Eagle3Draft:
@@ -44,10 +62,19 @@ def build_eagle3(config: DraftConfig, target: Target, token_counts: torch.Tensor
     return head
 
 
-HEADS: dict[str, Callable[[DraftConfig, Target, torch.Tensor], DraftHead]] = {"eagle3": build_eagle3}
+HEADS: dict[str, HeadType] = {"eagle3": HeadType(Eagle3Draft, build_eagle3)}
+
+
+def head_type(name: str) -> HeadType:
+    if name not in HEADS:
+        raise ValueError(f"unknown draft head {name!r}; registered heads: {sorted(HEADS)}")
+    return HEADS[name]
 
 
 def build_head(config: DraftConfig, target: Target, token_counts: torch.Tensor) -> DraftHead:
-    if config.head not in HEADS:
-        raise ValueError(f"unknown draft head {config.head!r}; registered heads: {sorted(HEADS)}")
-    return HEADS[config.head](config, target, token_counts)
+    return head_type(config.head).build(config, target, token_counts)
+
+
+def load_head(name: str, directory: str, target) -> DraftHead:
+    """A finished head of type ``name`` from its exported directory, checked against ``target``."""
+    return head_type(name).cls.load(directory, target)

@@ -37,8 +37,13 @@ class TargetConfig:
 
 @dataclass
 class TargetOutput:
-    aux_hidden_states: torch.Tensor  # [B, T, n*H], layers in ascending order
+    aux_hidden_states: torch.Tensor | None  # [B, T, n*H], layers in ascending order (None when not asked for)
     last_hidden_state: torch.Tensor  # [B, T, H], after the final norm
+
+    def select(self, index) -> "TargetOutput":
+        """The states of the positions ``index`` (a slice, list or tensor over dim 1)."""
+        aux = None if self.aux_hidden_states is None else self.aux_hidden_states[:, index]
+        return TargetOutput(aux_hidden_states=aux, last_hidden_state=self.last_hidden_state[:, index])
 
 
 def default_aux_layer_ids(num_layers: int) -> tuple[int, ...]:
@@ -129,11 +134,12 @@ class Target(nn.Module):
         attention_mask: torch.Tensor | None = None,  # [B, T] 1 = real token, or a prepared 4D mask
         position_ids: torch.Tensor | None = None,
         past_key_values=None,  # an HF Cache the new tokens are written to (decoding), or None
+        with_aux: bool = True,  # False: the head reads no aux states, so none are concatenated
     ) -> TargetOutput:
         self._captured.clear()
         out = self.base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                         past_key_values=past_key_values, use_cache=past_key_values is not None)
-        aux = torch.cat([self._captured[k] for k in self.aux_layer_ids], dim=-1)  # [B, T, n*H]
+        aux = torch.cat([self._captured[k] for k in self.aux_layer_ids], dim=-1) if with_aux else None  # [B, T, n*H]
         self._captured.clear()
         return TargetOutput(aux_hidden_states=aux, last_hidden_state=out.last_hidden_state)
 

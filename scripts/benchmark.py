@@ -25,21 +25,22 @@ import torch
 from bench_common import append_section
 from headstart.decode.benchmark import first_per_category, markdown_table, plot_acceptance, read_questions, run_benchmark
 from headstart.decode.draft_model import DraftModelDrafter
-from headstart.decode.eagle3_drafter import Eagle3Drafter
+from headstart.decode.drafters import drafter_for
 from headstart.decode.generate import Sampling
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.predict import measure_step_times, predict_speedups, recommend_k, round_overhead
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import DynamicTree, StaticTree
-from headstart.models.eagle3 import Eagle3Draft
+from headstart.models.registry import HEADS, load_head
 from headstart.models.target import Target, TargetConfig, load_causal_lm, load_tokenizer
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True)
-    p.add_argument("--method", choices=["eagle3", "ngram", "draft-model"], required=True)
-    p.add_argument("--draft", help="EAGLE-3 head directory (flat server layout) or the draft model's HF directory")
+    p.add_argument("--method", choices=[*sorted(HEADS), "ngram", "draft-model"], required=True,
+                   help="a trained head type (its exported directory in --draft), n-gram lookup, or a draft model")
+    p.add_argument("--draft", help="the head's exported directory, or the draft model's HF directory")
     p.add_argument("--questions", required=True)
     p.add_argument("--num-speculative-tokens", type=int, default=4)
     p.add_argument("--tree", action="store_true", help="draft a dynamic (EAGLE-2) tree instead of a chain")
@@ -77,12 +78,11 @@ def main() -> int:
     max_len = 4096
     runner = TargetRunner(target, max_len=max_len)
     vocab_size = target.lm_head.weight.shape[0]
-    if args.method == "eagle3":
+    if args.method in HEADS:
         if not args.draft:
-            p.error("--method eagle3 needs --draft")
-        head = Eagle3Draft.from_pretrained(args.draft, target_embeddings=target.embed_tokens.weight).to(device)
-        head.config.check_target(target.config)
-        make = lambda: Eagle3Drafter(head, max_len)  # noqa: E731
+            p.error(f"--method {args.method} needs --draft (the head's directory)")
+        head = load_head(args.method, args.draft, target).to(device)
+        make = lambda: drafter_for(head, max_len)  # noqa: E731
     elif args.method == "draft-model":
         if not args.draft:
             p.error("--method draft-model needs --draft (an HF causal LM directory)")

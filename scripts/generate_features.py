@@ -5,8 +5,9 @@
     torchrun --nproc_per_node 2 scripts/train_eagle3.py --config configs/demo/eagle3.yaml \
         --features.path=runs/demo-features                     # trains without running the target
 
-The recipe is the training one: target (path, dtype, aux layer ids), data and the ``features``
-section (storage: ``aux`` fp8|bf16, ``target_dist`` topk|hidden, ``topk``). Rank r takes rows
+The recipe is the training one: target (path, dtype, aux layer ids), data, the head (``draft.head``:
+only the tensors it reads are stored) and the ``features`` section (storage: ``aux`` fp8|bf16,
+``hidden`` bf16|fp8, ``target_dist`` topk|hidden, ``topk``). Rank r takes rows
 r, r+N, ...; each rank writes its shards atomically, a restarted job skips finished shards, and
 rank 0 writes manifest.json last. See trainer/feature_store.py for the format.
 """
@@ -24,6 +25,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from headstart.models.registry import head_type
 from headstart.models.target import Target
 from headstart.trainer.batches import collate
 from headstart.trainer.config import load_config
@@ -59,14 +61,14 @@ def generate(config) -> dict | None:
     fc = config.features
     if not fc.path:
         raise ValueError("set features.path: the directory the features are written to")
-    storage = Storage(fc.aux, fc.target_dist, fc.topk)
+    storage = Storage.for_head(head_type(config.draft.head).cls.needs, fc.aux, fc.target_dist, fc.topk, fc.hidden)
     out = Path(fc.path)
     dataset = _tokenized_data(config, info)
     target = Target.from_pretrained(replace(config.target, device=str(info.device)))
     identity = target_identity(config.target.path, target.aux_layer_ids, config.target.dtype)
     plan = {"world_size": info.world_size, "samples_per_shard": fc.samples_per_shard, "num_rows": len(dataset),
             "data_fingerprint": dataset._fingerprint, "target": identity,
-            "storage": {"aux": storage.aux, "target_dist": storage.target_dist, "topk": storage.topk}}
+            "storage": storage.to_dict()}
     check_plan(out, plan, info.is_main)
 
     rows = list(range(info.rank, len(dataset), info.world_size))
@@ -89,11 +91,12 @@ def generate(config) -> dict | None:
             batch = collate(dataset, batch_rows)
             ids, mask = batch["input_ids"].to(info.device), batch["attention_mask"].to(info.device)
             with torch.no_grad():
-                result = target(ids, attention_mask=mask)
+                result = target(ids, attention_mask=mask, with_aux=storage.aux is not None)
             for b in range(len(batch_rows)):
                 n = int(mask[b].sum())
-                samples.append(encode_sample(ids[b, :n], batch["loss_mask"][b, :n], result.aux_hidden_states[b, :n],
-                                             result.last_hidden_state[b, :n], full_vocab, storage, n_aux))
+                aux = None if result.aux_hidden_states is None else result.aux_hidden_states[b, :n]
+                samples.append(encode_sample(ids[b, :n], batch["loss_mask"][b, :n], aux, result.last_hidden_state[b, :n],
+                                             full_vocab, storage, n_aux))
                 bar.update(n)
         write_shard(out, name, shard_rows, samples)
     bar.close()

@@ -28,7 +28,7 @@ def test_demo_head_fits_the_demo_target_and_beats_chance(tmp_path):
     data = tmp_path / "gsm8k8.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in rows))
     ds, _ = build_dataset(DataConfig(files=(str(data),), max_length=256), load_tokenizer(str(TARGET)))
-    features = OnlineFeatures(target, head.target_vocab_ids(), head.t2d)(collate(ds, list(range(8))))
+    features = OnlineFeatures(target, head.needs, head.target_vocab_ids())(collate(ds, list(range(8))))
     with torch.no_grad():
         _, metrics = head.loss(features)
     # An untrained head scores ~1/4096 here; the committed one must have learned the target.

@@ -64,14 +64,15 @@ def test_drafter_steps_reproduce_the_ttt_logits_position_by_position():
     head.set_draft_vocab(*build_draft_vocab(torch.randint(0, 9, (128,)), 48))
     head.load_target_embeddings(target.embed_tokens.weight)
     ids = torch.randint(3, 128, (1, 14), generator=torch.Generator().manual_seed(6))
-    aux = target(ids).aux_hidden_states
+    out = target(ids)
+    aux = out.aux_hidden_states
     features = Features(input_ids=ids, loss_mask=torch.ones_like(ids), aux_hidden_states=aux,
                         target_logits=torch.zeros(1, 14, 48), target_in_draft=torch.ones(1, 14, dtype=torch.bool))
     with torch.no_grad():
         ttt = list(head.unroll(features))  # 4 x [1, 14, 48]
     for t in (3, 6, 9):
         drafter = Eagle3Drafter(head, 64)
-        drafter.begin(ids[:, : t + 1], aux[:, : t + 1], int(ids[0, t + 1]))
+        drafter.begin(ids[:, : t + 1], out.select(slice(0, t + 1)), int(ids[0, t + 1]))
         torch.testing.assert_close(drafter.last_logits[0], ttt[0][0, t], rtol=1e-4, atol=1e-4)
         hidden = drafter.last_hidden
         for i in range(1, 4):

@@ -50,13 +50,13 @@ class OracleDrafter:
     def __init__(self, continuation: list[int]) -> None:
         self.continuation, self.pos = continuation, 0
 
-    def begin(self, prompt_ids, aux_hidden, next_token):
+    def begin(self, prompt_ids, states, next_token):
         self.pos = 1
 
     def propose(self, k):
         return torch.tensor(self.continuation[self.pos : self.pos + k], dtype=torch.long)
 
-    def update(self, emitted, aux_hidden):
+    def update(self, emitted, states):
         self.pos += len(emitted)
 
 

@@ -43,7 +43,8 @@ def test_rollback_leaves_no_trace_and_aux_states_match_a_fresh_forward():
     runner.forward(seq[:, :8])
     runner.commit(8)
     runner.forward(torch.randint(3, 128, (1, 4)))  # a rejected speculative block: written, never committed
-    logits, aux = runner.forward(seq[:, 8:])  # overwrites the stale slots
+    logits, states = runner.forward(seq[:, 8:])  # overwrites the stale slots
+    aux = states.aux_hidden_states
     fresh = target(seq)
     torch.testing.assert_close(aux, fresh.aux_hidden_states[:, 8:], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(logits, target.logits(fresh.last_hidden_state)[:, 8:], rtol=1e-5, atol=1e-5)
@@ -58,7 +59,8 @@ def test_tree_block_scores_each_branch_as_its_own_sequence_and_keep_compacts_the
     # Tree: root a; children b, c of a; d child of c.   order [a, b, c, d], depths [0, 1, 1, 2]
     a, b, c, d = 11, 22, 33, 44
     tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
-    logits, aux = runner.forward(torch.tensor([[a, b, c, d]]), tree_mask=tree, depths=torch.tensor([0, 1, 1, 2]))
+    logits, states = runner.forward(torch.tensor([[a, b, c, d]]), tree_mask=tree, depths=torch.tensor([0, 1, 1, 2]))
+    aux = states.aux_hidden_states
     for node, path in {1: [a, b], 3: [a, c, d]}.items():
         fresh = target(torch.cat([prefix, torch.tensor([path])], dim=1))
         torch.testing.assert_close(logits[:, node], target.logits(fresh.last_hidden_state)[:, -1], rtol=1e-5, atol=1e-5)

@@ -144,8 +144,8 @@ def make_drafter(kind, world):
 def test_eagle3_tree_of_width_one_is_its_chain(world):
     _, runner, head, _, prompt = world
     drafter = Eagle3Drafter(head, 192)
-    _, aux = runner.forward(prompt)
-    drafter.begin(prompt, aux, 17)
+    _, states = runner.forward(prompt)
+    drafter.begin(prompt, states, 17)
     chain = drafter.propose(5)
     tree = build_dynamic_tree(drafter, DynamicTree(5, 1, 5), max_depth=10)
     assert torch.equal(tree.tokens, chain) and tree.parents.tolist() == [-1, 0, 1, 2, 3]

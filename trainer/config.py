@@ -81,7 +81,10 @@ class FeaturesConfig:
     aux: str = "fp8"
     """Aux hidden states on disk: fp8 (e4m3, a bf16 scale per token and layer) | bf16 (lossless for a bf16 target)."""
     target_dist: str = "topk"
-    """The target's distribution on disk: topk (top-k probabilities over the full vocab) | hidden (final hidden state)."""
+    """EAGLE-3's target distribution on disk: topk (top-k probabilities over the full vocab) | hidden (final hidden state)."""
+    hidden: str = "bf16"
+    """The final hidden state on disk, when stored (Medusa, MTP, target_dist=hidden): bf16 (lossless for a bf16
+    target) | fp8 (e4m3, a bf16 scale per token)."""
     topk: int = 32
     samples_per_shard: int = 256
     batch_size: int = 4

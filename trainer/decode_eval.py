@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from headstart.decode.eagle3_drafter import Eagle3Drafter
+from headstart.decode.drafters import drafter_for
 from headstart.decode.generate import speculative_generate
 from headstart.decode.target_runner import TargetRunner
 from headstart.models.target import Target
@@ -44,6 +44,8 @@ class DecodeEval:
             raise ValueError("train.decode_eval_prompts > 0 but no held-out row has a prompt before its first trained token")
         # A plain copy of the head (before any FSDP/DeepSpeed wrapping) that receives the current weights.
         self.head = copy.deepcopy(head).to(info.device) if (info.is_main or collective) else None
+        if self.head is not None:
+            drafter_for(self.head, 1)  # refuse a head no drafter reads now, not at the first evaluation
         self.max_len = max(p.shape[1] for p in self.prompts) + max_new_tokens + k + 2
 
     @torch.no_grad()
@@ -64,7 +66,7 @@ class DecodeEval:
         runner = TargetRunner(self.target, self.max_len)
         tokens = forwards = 0
         for prompt in self.prompts:
-            out = speculative_generate(runner, Eagle3Drafter(self.head, self.max_len), prompt.to(self.info.device),
+            out = speculative_generate(runner, drafter_for(self.head, self.max_len), prompt.to(self.info.device),
                                        self.max_new_tokens, self.eos_ids, self.k)
             tokens += len(out.tokens) - 1
             forwards += out.target_forwards

@@ -7,11 +7,13 @@ Layout of a store directory::
     shard-r000-00000.json             its sidecar: rows, offsets, byte size, crc32 (written after the shard)
     manifest.json                     written last: the target's identity, storage, every shard
 
-A shard holds, per token: ``input_ids`` int32, ``loss_mask`` uint8, the aux hidden states
-(``aux`` [N, n, H] bf16, or fp8 e4m3 with a bf16 scale per token and layer in ``aux_scale``) and what
-training needs of the target's distribution: the final hidden state (``hidden`` [N, H], the
-lm_head is applied at training time, exact in bf16) or its top-k probabilities over the full vocab
-(``topk_ids`` int32, ``topk_probs`` fp16), which serve any head's draft vocab.
+A shard holds, per token, ``input_ids`` int32 and ``loss_mask`` uint8, and of the target's tensors
+only what the head reads (``Storage.for_head``): the aux hidden states (``aux`` [N, n, H] bf16, or
+fp8 e4m3 with a bf16 scale per token and layer in ``aux_scale``) for EAGLE-3; the final hidden state
+(``hidden`` [N, H] bf16 -- exact, the lm_head is applied at training time -- or fp8 with a bf16
+scale per token in ``hidden_scale``) for heads that read it (Medusa, MTP) or as EAGLE-3's source of
+the target distribution; or, for EAGLE-3, the target's top-k probabilities over the full vocab
+(``topk_ids`` int32, ``topk_probs`` fp16), which serve any draft vocab.
 
 Shards appear atomically (temp file + rename, sidecar after the shard, manifest last), so a killed
 job restarts by skipping finished shards. A reader checks each shard's size and crc32 on first use
@@ -31,7 +33,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-FORMAT_VERSION = 1
+from headstart.models.head import FeatureNeeds
+
+FORMAT_VERSION = 2  # 2: aux / hidden / top-k each optional, chosen by what the head reads
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
 
@@ -74,13 +78,42 @@ def target_identity(target_path: str, aux_layer_ids: tuple[int, ...], dtype: str
 
 @dataclass(frozen=True)
 class Storage:
-    aux: str = "fp8"  # fp8 | bf16
-    target_dist: str = "topk"  # topk | hidden
-    topk: int = 32
+    """What a store keeps per token besides ids and mask; None = not stored."""
+
+    aux: str | None = "fp8"  # fp8 | bf16 | None: the aux hidden states
+    hidden: str | None = None  # bf16 | fp8 | None: the final hidden state
+    topk: int | None = 32  # k of the stored top-k probabilities, or None
 
     def __post_init__(self) -> None:
-        if self.aux not in ("fp8", "bf16") or self.target_dist not in ("topk", "hidden") or self.topk < 1:
-            raise ValueError(f"feature storage: aux must be fp8|bf16, target_dist topk|hidden, topk >= 1; got {self}")
+        if self.aux not in ("fp8", "bf16", None) or self.hidden not in ("fp8", "bf16", None) or (
+                self.topk is not None and self.topk < 1):
+            raise ValueError(f"feature storage: aux and hidden must be fp8|bf16, topk >= 1; got {self}")
+
+    @classmethod
+    def for_head(cls, needs: FeatureNeeds, aux: str = "fp8", target_dist: str = "topk", topk: int = 32,
+                 hidden: str = "bf16") -> "Storage":
+        """Exactly what a head with ``needs`` reads. Its draft-vocab distribution comes from stored top-k
+        probabilities (``target_dist=topk``) or from the final hidden state (``hidden``)."""
+        if target_dist not in ("topk", "hidden"):
+            raise ValueError(f"features.target_dist must be topk or hidden, got {target_dist!r}")
+        dist_from_hidden = needs.draft_vocab_logits and target_dist == "hidden"
+        return cls(aux=aux if needs.aux_hidden_states else None,
+                   hidden=hidden if needs.last_hidden_state or dist_from_hidden else None,
+                   topk=topk if needs.draft_vocab_logits and not dist_from_hidden else None)
+
+    def to_dict(self) -> dict:
+        return {"aux": self.aux, "hidden": self.hidden, "topk": self.topk}
+
+    def check_serves(self, needs: FeatureNeeds, where: Path) -> None:
+        """Refuse, by name, a store that lacks a tensor the head reads."""
+        missing = [what for what, needed, have in (
+            ("aux hidden states", needs.aux_hidden_states, self.aux is not None),
+            ("final hidden states", needs.last_hidden_state, self.hidden is not None),
+            ("the target distribution (top-k or final hidden states)", needs.draft_vocab_logits,
+             self.hidden is not None or self.topk is not None)) if needed and not have]
+        if missing:
+            raise ValueError(f"features in {where} hold no {' and no '.join(missing)}, which this head reads; they "
+                             "were generated for another head: run scripts/generate_features.py with this run's draft.head")
 
 
 def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,19 +126,20 @@ def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> 
     return (q.float() * scale.float().unsqueeze(-1)).to(dtype)
 
 
-def encode_sample(input_ids: torch.Tensor, loss_mask: torch.Tensor, aux: torch.Tensor, last_hidden: torch.Tensor,
+def encode_sample(input_ids: torch.Tensor, loss_mask: torch.Tensor, aux: torch.Tensor | None, last_hidden: torch.Tensor,
                   target_logits_fn, storage: Storage, n_aux: int) -> dict[str, torch.Tensor]:
-    """One sample's tensors ([T] ids/mask, aux [T, n*H], last hidden [T, H]) in storage form."""
+    """One sample's tensors ([T] ids/mask, aux [T, n*H] or None, last hidden [T, H]) in storage form."""
     T = input_ids.numel()
-    aux = aux.reshape(T, n_aux, -1)
     out = {"input_ids": input_ids.to(torch.int32), "loss_mask": loss_mask.to(torch.uint8)}
     if storage.aux == "fp8":
-        out["aux"], out["aux_scale"] = quantize_fp8(aux)
-    else:
-        out["aux"] = aux.to(torch.bfloat16)
-    if storage.target_dist == "hidden":
+        out["aux"], out["aux_scale"] = quantize_fp8(aux.reshape(T, n_aux, -1))
+    elif storage.aux == "bf16":
+        out["aux"] = aux.reshape(T, n_aux, -1).to(torch.bfloat16)
+    if storage.hidden == "fp8":
+        out["hidden"], out["hidden_scale"] = quantize_fp8(last_hidden)
+    elif storage.hidden == "bf16":
         out["hidden"] = last_hidden.to(torch.bfloat16)
-    else:
+    if storage.topk is not None:
         ids, probs = [], []
         for chunk in last_hidden.split(1024):  # [1024, V] float32 at a time, not [T, V]
             top = torch.softmax(target_logits_fn(chunk).float(), dim=-1).topk(storage.topk, dim=-1)
@@ -155,7 +189,7 @@ def write_manifest(directory: Path, identity: dict, storage: Storage, hidden_siz
     manifest = {
         "format_version": FORMAT_VERSION,
         "target": identity,
-        "storage": {"aux": storage.aux, "target_dist": storage.target_dist, "topk": storage.topk},
+        "storage": storage.to_dict(),
         "hidden_size": hidden_size,
         "num_aux_layers": n_aux,
         "data_fingerprint": data_fingerprint,
@@ -182,8 +216,7 @@ class FeatureStore:
         self.manifest = json.loads(path.read_text())
         if self.manifest.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"{path}: feature format {self.manifest.get('format_version')} (this headstart reads {FORMAT_VERSION})")
-        s = self.manifest["storage"]
-        self.storage = Storage(s["aux"], s["target_dist"], s["topk"])
+        self.storage = Storage(**self.manifest["storage"])
         self.index: dict[int, tuple[int, int, int]] = {}  # row -> (shard, start, end)
         for i, shard in enumerate(self.manifest["shards"]):
             offsets = shard["offsets"]

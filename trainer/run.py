@@ -82,8 +82,6 @@ def build_trainer(config: RunConfig, info: DistInfo | None = None) -> Trainer:
     if config.train.decode_eval_prompts > 0:
         if eval_data is None:
             raise ValueError("train.decode_eval_prompts needs held-out rows: set train.eval_fraction > 0")
-        if config.draft.head != "eagle3":
-            raise ValueError(f"train.decode_eval_prompts: speculative decoding supports eagle3 heads, not {config.draft.head!r}")
         tokenizer = load_tokenizer(config.target.path, config.target.trust_remote_code)
         eos = {t for t in (tokenizer.eos_token_id, target.model.generation_config.eos_token_id) if isinstance(t, int)}
         t = config.train
@@ -92,10 +90,10 @@ def build_trainer(config: RunConfig, info: DistInfo | None = None) -> Trainer:
     backend = make_backend(head, config.train, config.parallel, info)
     module = backend.module
     if offline:
-        features = OfflineFeatures(store, target, module.target_vocab_ids().to(info.device), module.t2d.to(info.device),
+        features = OfflineFeatures(store, target, module.needs, module.target_vocab_ids().to(info.device),
                                    _dtype(config.target.dtype))
     else:
-        features = OnlineFeatures(target, module.target_vocab_ids().to(info.device), module.t2d.to(info.device))
+        features = OnlineFeatures(target, module.needs, module.target_vocab_ids().to(info.device))
 
     def export_draft(state: dict[str, torch.Tensor], directory: Path) -> None:
         tmp = directory.with_name(f".tmp-{directory.name}")
