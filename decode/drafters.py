@@ -12,9 +12,11 @@ from torch import nn
 
 from headstart.decode.eagle3_drafter import Eagle3Drafter
 from headstart.decode.generate import Drafter
+from headstart.decode.medusa_drafter import MedusaDrafter
 from headstart.models.eagle3 import Eagle3Draft
+from headstart.models.medusa import MedusaHeads
 
-DRAFTERS: dict[type, Callable[[nn.Module, int], Drafter]] = {Eagle3Draft: Eagle3Drafter}
+DRAFTERS: dict[type, Callable[[nn.Module, int], Drafter]] = {Eagle3Draft: Eagle3Drafter, MedusaHeads: MedusaDrafter}
 
 
 def drafter_for(head: nn.Module, max_len: int) -> Drafter:

@@ -15,6 +15,8 @@ Drafters that build trees expose three calls, all without host syncs:
 from __future__ import annotations
 
 import functools
+import heapq
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -211,3 +213,32 @@ class ExpandedNodes:
         rows = torch.cat([parent_rows, torch.eye(m, dtype=torch.bool, device=device)], dim=1)
         self.anc = torch.cat([torch.cat([self.anc, rows.new_zeros(done, m)], dim=1), rows])
         return rows
+
+
+def best_static_tree(accuracy: torch.Tensor, num_nodes: int) -> list[tuple[int, ...]]:
+    """The Medusa paper's tree construction: the ``num_nodes`` rank paths of highest expected acceptance.
+
+    ``accuracy[d, r]`` is the measured probability that level d+1's rank-r candidate is right (for
+    Medusa, head d+1's rank-r token; ``decode.medusa_drafter.rank_accuracy``). Treating levels as
+    independent, a path is accepted with the product of its levels' accuracies, and the expected
+    number of accepted drafts is the sum of that over the tree's nodes. A child never scores above
+    its parent, so adding the best node adjacent to the tree each time is optimal and keeps every
+    prefix in the tree. Returns the paths, shallow first."""
+    depth, ranks = accuracy.shape
+    acc = accuracy.double().tolist()
+    frontier = [(-acc[0][r], (r,)) for r in range(ranks)]
+    heapq.heapify(frontier)
+    chosen: list[tuple[int, ...]] = []
+    while frontier and len(chosen) < num_nodes:
+        score, path = heapq.heappop(frontier)
+        chosen.append(path)
+        if len(path) < depth:
+            for r in range(ranks):
+                heapq.heappush(frontier, (score * acc[len(path)][r], path + (r,)))
+    return sorted(chosen, key=lambda p: (len(p), p))
+
+
+def expected_accept_length(paths: list[tuple[int, ...]], accuracy: torch.Tensor) -> float:
+    """1 + the expected number of accepted drafts of a static tree under ``accuracy`` (see best_static_tree)."""
+    acc = accuracy.double().tolist()
+    return 1.0 + sum(math.prod(acc[d][r] for d, r in enumerate(p)) for p in paths)

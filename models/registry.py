@@ -6,7 +6,9 @@ A head type is its module class (which declares ``needs`` and loads a finished h
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -14,6 +16,7 @@ import torch
 from headstart.models.draft_vocab import build_draft_vocab
 from headstart.models.eagle3 import Eagle3Config, Eagle3Draft
 from headstart.models.head import DraftHead
+from headstart.models.medusa import MedusaConfig, MedusaHeads
 from headstart.models.target import Target
 
 
@@ -62,7 +65,19 @@ def build_eagle3(config: DraftConfig, target: Target, token_counts: torch.Tensor
     return head
 
 
-HEADS: dict[str, HeadType] = {"eagle3": HeadType(Eagle3Draft, build_eagle3)}
+def build_medusa(config: DraftConfig, target: Target, token_counts: torch.Tensor) -> MedusaHeads:
+    if config.config:
+        medusa_config = MedusaConfig.from_hf_dict(json.loads(Path(config.config).read_text()), config.config)
+    else:
+        medusa_config = MedusaConfig.from_target(target.config, config.num_heads, config.num_layers)
+    medusa_config.check_target(target.config)
+    head = MedusaHeads(medusa_config, step_weight=config.step_weight, labels=config.labels)
+    head.load_target_lm_head(target.lm_head_weight)
+    head.set_teacher(target.vocab_head())
+    return head
+
+
+HEADS: dict[str, HeadType] = {"eagle3": HeadType(Eagle3Draft, build_eagle3), "medusa": HeadType(MedusaHeads, build_medusa)}
 
 
 def head_type(name: str) -> HeadType:

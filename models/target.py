@@ -127,6 +127,11 @@ class Target(nn.Module):
     def lm_head(self) -> nn.Linear:
         return self.model.get_output_embeddings()
 
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        """[V, H] (``TargetMatrices`` has the same attribute, read from the safetensors)."""
+        return self.lm_head.weight
+
     @torch.no_grad()
     def forward(
         self,

@@ -57,6 +57,40 @@ def test_bf16_store_feeds_the_head_exactly_what_the_target_does(tmp_path):
     assert loss_offline == pytest.approx(loss_online, abs=1e-6)
 
 
+def test_medusa_stores_only_the_final_hidden_state_and_bf16_equals_online(tmp_path):
+    overrides = setup(tmp_path, "--target.dtype=bfloat16", "--draft.head=medusa", "--draft.num_heads=3")
+    manifest = generate(overrides, tmp_path / "store")
+    assert manifest["storage"] == {"aux": None, "hidden": "bf16", "topk": None}
+    shard = FeatureStore(tmp_path / "store").get(0)
+    assert set(shard) == {"input_ids", "loss_mask", "hidden"}  # nothing the heads do not read
+    H, n = manifest["hidden_size"], manifest["num_tokens"]
+    assert 0 < manifest["bytes"] - (2 * H + 4 + 1) * n < 1000 * len(manifest["shards"])  # 2H+5 bytes/token
+    online, offline = trainers(overrides, tmp_path / "store", tmp_path)
+    for rows in ([0], [3], [17]):
+        batch = collate(online.train_data, rows)
+        a, b = online.features(batch), offline.features(batch)
+        assert a.aux_hidden_states is b.aux_hidden_states is None and a.target_logits is b.target_logits is None
+        for name in ("input_ids", "loss_mask", "last_hidden_state"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert offline.train_step()["loss"] == pytest.approx(online.train_step()["loss"], abs=1e-6)
+
+
+def test_fp8_final_hidden_states_are_half_the_bytes_and_close(tmp_path):
+    overrides = setup(tmp_path, "--draft.head=medusa", "--features.hidden=fp8")
+    manifest = generate(overrides, tmp_path / "store")
+    H, n = manifest["hidden_size"], manifest["num_tokens"]
+    assert 0 < manifest["bytes"] - (H + 2 + 4 + 1) * n < 1000 * len(manifest["shards"])  # fp8 + bf16 scale: H+7
+    online, offline = trainers(overrides, tmp_path / "store", tmp_path)
+    batch = collate(online.train_data, [0, 1])
+    valid = batch["attention_mask"].bool()
+    a, b = online.features(batch).last_hidden_state[valid], offline.features(batch).last_hidden_state[valid]
+    assert 0 < ((a - b).norm() / a.norm()) < 0.05
+    # A store made for Medusa lacks what EAGLE-3 reads: refused by name, not trained on zeros.
+    with pytest.raises(ValueError, match="hold no aux hidden states"):
+        build_trainer(load_config(None, [*setup(tmp_path), f"--output_dir={tmp_path / 'e'}",
+                                         f"--features.path={tmp_path / 'store'}"]))
+
+
 def test_default_store_is_at_most_half_of_specforge_and_trains_close_to_online(tmp_path):
     overrides = setup(tmp_path)  # fp8 aux + top-32 probabilities
     manifest = generate(overrides, tmp_path / "store")

@@ -11,11 +11,13 @@ from tiny_models import tiny_causal_lm
 from headstart.decode.draft_model import DraftModelDrafter
 from headstart.decode.eagle3_drafter import Eagle3Drafter
 from headstart.decode.generate import Sampling, speculative_generate
+from headstart.decode.medusa_drafter import MedusaDrafter
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import DynamicTree, StaticTree
 from headstart.models.draft_vocab import build_draft_vocab
 from headstart.models.eagle3 import Eagle3Config, Eagle3Draft
+from headstart.models.medusa import MedusaConfig, MedusaHeads
 from headstart.models.target import Target
 
 V = 8
@@ -76,11 +78,22 @@ def sample_pairs(runner, make_drafter, n: int, seed: int, tree=None) -> list[tup
     return pairs
 
 
+def medusa_heads(model) -> MedusaHeads:
+    heads = MedusaHeads(MedusaConfig.from_target(model.config, 3))
+    heads.load_target_lm_head(model.lm_head.weight)
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for block in heads.blocks:
+            block.layers[0].weight.normal_(0, 0.3)
+    return heads
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("drafter", ["eagle3", "ngram"])
+@pytest.mark.parametrize("drafter", ["eagle3", "medusa", "ngram"])
 def test_speculative_samples_follow_the_target(world, drafter):
     model, runner, head = world
-    make = (lambda: Eagle3Drafter(head, 32)) if drafter == "eagle3" else NgramDrafter
+    heads = medusa_heads(model)
+    make = {"eagle3": lambda: Eagle3Drafter(head, 32), "medusa": lambda: MedusaDrafter(heads), "ngram": NgramDrafter}[drafter]
     stat, critical = chi2_vs(sample_pairs(runner, make, 2500, seed=0), exact_joint(model))
     assert stat < critical
 
@@ -101,12 +114,14 @@ def test_misreported_draft_probabilities_are_detected(world):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("drafter", ["eagle3", "draft-model"])
+@pytest.mark.parametrize("drafter", ["eagle3", "medusa", "draft-model"])
 @pytest.mark.parametrize("tree", [DynamicTree(depth=3, topk=3, total_tokens=8), StaticTree(((0,), (1,), (0, 0), (1, 0), (0, 0, 0)))])
 def test_tree_speculative_samples_follow_the_target(world, drafter, tree):
     model, runner, head = world
     small = tiny_causal_lm("llama", num_hidden_layers=2, vocab_size=V)
-    make = (lambda: Eagle3Drafter(head, 32)) if drafter == "eagle3" else (lambda: DraftModelDrafter(small, 32, V))
+    heads = medusa_heads(model)
+    make = {"eagle3": lambda: Eagle3Drafter(head, 32), "medusa": lambda: MedusaDrafter(heads),
+            "draft-model": lambda: DraftModelDrafter(small, 32, V)}[drafter]
     pairs = sample_pairs(runner, make, 2500, seed=0, tree=tree)
     stat, critical = chi2_vs(pairs, exact_joint(model))
     assert stat < critical

@@ -12,8 +12,10 @@ from tiny_models import random_eagle3_head, tiny_causal_lm
 from headstart.decode.draft_model import DraftModelDrafter
 from headstart.decode.eagle3_drafter import Eagle3Drafter
 from headstart.decode.generate import greedy_generate, speculative_generate
+from headstart.decode.medusa_drafter import MedusaDrafter
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import DraftTree, DynamicTree, StaticTree, build_dynamic_tree, build_static_tree, verify_tree
+from headstart.models.medusa import MedusaConfig, MedusaHeads
 from headstart.models.target import Target
 
 
@@ -134,10 +136,23 @@ def world():
     return model, runner, head, small, prompt
 
 
+def random_medusa_heads(target, num_heads: int = 4) -> MedusaHeads:
+    heads = MedusaHeads(MedusaConfig.from_target(target.config, num_heads))
+    heads.load_target_lm_head(target.lm_head_weight)
+    torch.manual_seed(5)
+    with torch.no_grad():
+        for block in heads.blocks:
+            for layer in block.layers:
+                layer.weight.normal_(0, 0.2)
+    return heads
+
+
 def make_drafter(kind, world):
-    model, _, head, small, _ = world
+    model, runner, head, small, _ = world
     if kind == "eagle3":
         return Eagle3Drafter(head, 192)
+    if kind == "medusa":
+        return MedusaDrafter(random_medusa_heads(runner.target))
     return DraftModelDrafter(model if kind == "self-draft" else small, 192, model.config.vocab_size)
 
 
@@ -164,7 +179,7 @@ def test_draft_model_chain_equals_its_own_greedy_decoding(world):
 TREES = {"dynamic": DynamicTree(depth=4, topk=3, total_tokens=12), "static": StaticTree(((0,), (1,), (0, 0), (0, 1), (0, 0, 0)))}
 
 
-@pytest.mark.parametrize("kind", ["eagle3", "draft-model", "self-draft"])
+@pytest.mark.parametrize("kind", ["eagle3", "medusa", "draft-model", "self-draft"])
 @pytest.mark.parametrize("tree", list(TREES))
 @pytest.mark.parametrize("max_new", [1, 2, 9, 40])
 def test_tree_speculation_equals_greedy(world, kind, tree, max_new):
@@ -177,10 +192,10 @@ def test_tree_speculation_equals_greedy(world, kind, tree, max_new):
         assert out.accepted[:5] == [3] * 5
 
 
-@pytest.mark.parametrize("kind", ["eagle3", "draft-model"])
+@pytest.mark.parametrize("kind", ["eagle3", "medusa", "draft-model"])
 def test_chain_speculation_equals_greedy(world, kind):
     _, runner, _, _, prompt = world
-    for k in (1, 4):
+    for k in (1, 4, 6):  # medusa: k = 6 > its 4 heads proposes 4
         out = speculative_generate(runner, make_drafter(kind, world), prompt, 30, set(), k=k)
         assert out.tokens == greedy_generate(runner, prompt, 30, set()).tokens
 
@@ -192,3 +207,19 @@ def test_eos_inside_an_accepted_tree_path_stops_exactly_there(world):
     p = next(p for p in range(1, 40) if p % 4 != 0 and reference.index(reference[p]) == p)
     out = speculative_generate(runner, make_drafter("self-draft", world), prompt, 40, {reference[p]}, k=0, tree=tree)
     assert out.tokens == reference[: p + 1]
+
+
+def test_medusa_drafts_are_each_heads_ranks_whatever_the_parent(world):
+    _, runner, _, _, prompt = world
+    heads = random_medusa_heads(runner.target, num_heads=3)
+    drafter = MedusaDrafter(heads)
+    _, states = runner.forward(prompt)
+    drafter.begin(prompt, states, 17)
+    logits = heads.head_logits(states.last_hidden_state[0, -1])  # [3, V]
+    assert drafter.propose(5).tolist() == logits.argmax(-1).tolist()  # capped at 3 heads
+    tree = build_static_tree(drafter, StaticTree(((0,), (1,), (0, 0), (1, 0), (1, 2), (1, 2, 0))), max_depth=10)
+    top = logits.topk(3, -1).indices
+    assert tree.tokens.tolist() == [top[0, 0], top[0, 1], top[1, 0], top[1, 0], top[1, 2], top[2, 0]]
+    assert tree.parents.tolist() == [-1, -1, 0, 1, 1, 4]
+    with pytest.raises(ValueError, match="predict 3 tokens ahead"):
+        build_static_tree(drafter, StaticTree(((0,), (0, 0), (0, 0, 0), (0, 0, 0, 0))), max_depth=10)

@@ -1,0 +1,83 @@
+"""Medusa drafting: head i's prediction for token t+i+1 from the target's final hidden state at t.
+
+After every verification the target's state at the last accepted position (the one that produced
+the token just emitted) is read once; all K heads run on it, and their logits serve the whole
+round. The heads do not see each other's tokens, so a chain is the top-1 of heads 1..k, and a tree
+node at depth d with rank r is head d's rank-r token whatever its parent (Medusa's static trees);
+``tree_expand`` therefore runs nothing.
+
+``rank_accuracy`` measures, on the target's own greedy outputs, how often head i's rank-r token is
+the target's next-but-i token: the input of ``decode.tree.best_static_tree``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from headstart.decode.generate import plain_generate
+from headstart.decode.target_runner import TargetRunner
+from headstart.models.medusa import MedusaHeads
+from headstart.models.target import TargetOutput
+
+
+class MedusaDrafter:
+    def __init__(self, heads: MedusaHeads, max_len: int = 0) -> None:  # max_len: no cache to size
+        self.heads = heads.eval()
+        self.num_heads = heads.config.num_heads
+        self.logits: torch.Tensor | None = None  # [K, V]: head i's logits for the token after the next one
+
+    @torch.no_grad()
+    def _read(self, states: TargetOutput) -> None:
+        self.logits = self.heads.head_logits(states.last_hidden_state[0, -1]).float()  # [K, V]
+
+    def begin(self, prompt_ids: torch.Tensor, states: TargetOutput, next_token: int) -> None:
+        self._read(states)
+
+    def update(self, emitted: list[int], states: TargetOutput) -> None:
+        self._read(states)
+
+    def propose(self, k: int) -> torch.Tensor:
+        """The top-1 of heads 1..min(k, K)."""
+        return self.logits[: min(k, self.num_heads)].argmax(-1)
+
+    # -- trees (decode/tree.py) ------------------------------------------------------------------
+    def to_target(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids
+
+    def tree_root(self) -> torch.Tensor:
+        return self.logits[0]
+
+    def tree_expand(self, parents: torch.Tensor, tokens: torch.Tensor, depth: int) -> torch.Tensor:
+        """The children of m nodes at ``depth`` are head depth+1's candidates, the same for every node."""
+        if depth >= self.num_heads:
+            raise ValueError(f"these Medusa heads predict {self.num_heads} tokens ahead; a tree deeper than "
+                             f"{self.num_heads} levels cannot be drafted (shorten the tree paths or --tree-depth)")
+        return self.logits[depth].expand(tokens.numel(), -1)
+
+
+@torch.no_grad()
+def rank_accuracy(runner: TargetRunner, heads: MedusaHeads, prompts: list[torch.Tensor], max_new_tokens: int,
+                  eos_ids: set[int], max_rank: int = 10) -> torch.Tensor:
+    """[K, max_rank]: share of positions where head i's rank-r token (0 = its argmax) is the token the
+    target's greedy decoding emits i+1 tokens after the next one, over the continuations of ``prompts``."""
+    K = heads.config.num_heads
+    hits = torch.zeros(K, max_rank, dtype=torch.float64)
+    counts = torch.zeros(K, dtype=torch.float64)
+    for prompt in prompts:
+        out = plain_generate(runner, prompt, max_new_tokens, eos_ids)
+        sequence = torch.cat([prompt[0], torch.tensor(out.tokens, device=prompt.device)]).unsqueeze(0)
+        runner.reset()
+        _, states = runner.forward(sequence)
+        start = prompt.shape[1] - 1  # the position that predicts the first generated token
+        logits = heads.head_logits(states.last_hidden_state[0, start:]).float()  # [K, n, V]
+        n = logits.shape[1]
+        for i in range(K):
+            m = n - i - 2  # positions t whose token t+i+2 (head i+1's target) lies inside the sequence
+            if m <= 0:
+                continue
+            truth = sequence[0, start + i + 2 : start + i + 2 + m]  # [m]
+            scores = logits[i, :m]
+            rank = (scores > scores.gather(1, truth[:, None])).sum(-1)  # [m] rank of the true token
+            hits[i] += torch.bincount(rank.clamp(max=max_rank), minlength=max_rank + 1)[:max_rank].double().cpu()
+            counts[i] += m
+    return hits / counts.clamp(min=1)[:, None]

@@ -1,0 +1,266 @@
+"""Medusa-1 heads on a frozen target, in exactly the layout vLLM loads (docs/FORMATS.md section C).
+
+    h_t               = the target's final hidden state at t (after its final norm: what its lm_head reads)
+    head i (1..K):    x = blocks[i-1](h_t),  each of ``num_layers`` ResBlocks  x <- x + SiLU(W x + b)
+                      logits_i = lm_heads[i-1](x)          # predicts token t+i+1 (the target's lm_head: t+1)
+
+W and b start at zero, so every head starts as the identity, and every lm_head starts as a copy of
+the target's: head i begins by guessing token t+1 for t+i+1 and learns the shift.
+
+Training (Medusa-1, frozen target): per-head cross-entropy against the target's own distribution
+at t+i (self-distillation; the target's lm_head over its final hidden state at t+i, which predicts
+token t+i+1) or against the data's token t+i+1 (``labels="data"``), on assistant tokens, head i
+weighted ``step_weight**(i-1)``. The vocab is the target's full vocab (V = 128k-150k for real
+targets), so logits are computed a chunk of positions at a time and recomputed in backward: no
+[B, T, V] float32 tensor exists, for any head.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from headstart.models.head import FeatureNeeds, Features
+
+CHUNK_TOKENS = 1024  # positions per [chunk, V] float32 logits block in the loss
+
+
+@dataclass(frozen=True)
+class MedusaConfig:
+    """The heads' shape; serialised as vLLM's Medusa config.json."""
+
+    hidden_size: int  # the target's hidden size H
+    vocab_size: int  # the target vocab V
+    num_heads: int = 4
+    num_layers: int = 1  # ResBlocks per head
+
+    def __post_init__(self) -> None:
+        if self.num_heads < 1 or self.num_layers < 1:
+            raise ValueError(f"Medusa needs num_heads >= 1 and num_layers >= 1, got {self.num_heads} / {self.num_layers}")
+
+    @classmethod
+    def from_target(cls, target_config, num_heads: int = 4, num_layers: int = 1) -> "MedusaConfig":
+        tc = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+        return cls(hidden_size=tc.hidden_size, vocab_size=tc.vocab_size, num_heads=num_heads, num_layers=num_layers)
+
+    def to_hf_dict(self) -> dict:
+        """vLLM's MedusaConfig. vLLM renames every top-level key containing "num" and "heads" (or
+        "layers"), so no other such key is written."""
+        return {
+            "architectures": ["MedusaModel"],
+            "model_type": "medusa",
+            "hidden_size": self.hidden_size,
+            "vocab_size": self.vocab_size,
+            "num_heads": self.num_heads,
+            "num_hidden_layers": self.num_layers,
+            "truncated_vocab_size": self.vocab_size,  # no token_map: every head predicts the full vocab
+            "medusa_fc_bias": True,
+            "original_lm_head": False,  # one lm_head per head
+            "torch_dtype": "bfloat16",
+        }
+
+    @classmethod
+    def from_hf_dict(cls, d: dict, where: str = "config.json") -> "MedusaConfig":
+        if d.get("architectures") != ["MedusaModel"] or d.get("model_type") != "medusa":
+            raise ValueError(f"{where}: not a Medusa config (architectures={d.get('architectures')}, "
+                             f"model_type={d.get('model_type')!r})")
+        missing = [k for k in ("hidden_size", "vocab_size", "num_heads", "num_hidden_layers") if d.get(k) is None]
+        if missing:
+            raise ValueError(f"{where}: Medusa config lacks {missing}")
+        if d.get("truncated_vocab_size", d["vocab_size"]) != d["vocab_size"]:
+            raise ValueError(f"{where}: truncated_vocab_size {d['truncated_vocab_size']} < vocab_size {d['vocab_size']} "
+                             "(a token_map head); headstart reads full-vocab Medusa heads only")
+        if not d.get("medusa_fc_bias", False) or d.get("original_lm_head", False):
+            raise ValueError(f"{where}: headstart's Medusa heads have ResBlock biases and one lm_head per head "
+                             "(medusa_fc_bias true, original_lm_head false)")
+        return cls(hidden_size=d["hidden_size"], vocab_size=d["vocab_size"], num_heads=d["num_heads"],
+                   num_layers=d["num_hidden_layers"])
+
+    def check_target(self, target_config) -> None:
+        """Refuse, by name, heads made for a target of another hidden size or vocab."""
+        tc = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+        problems = []
+        if self.hidden_size != tc.hidden_size:
+            problems.append(f"hidden_size {self.hidden_size} != target hidden_size {tc.hidden_size}")
+        if self.vocab_size != tc.vocab_size:
+            problems.append(f"vocab_size {self.vocab_size} != target vocab_size {tc.vocab_size}")
+        if problems:
+            raise ValueError("the Medusa heads do not fit the target:\n  " + "\n  ".join(problems))
+
+
+class ResidualBlock(nn.Module):
+    """``num_layers`` times x <- x + SiLU(W x + b); the module names are vLLM's (``layers.{j}``)."""
+
+    def __init__(self, hidden_size: int, num_layers: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(hidden_size, hidden_size, bias=True) for _ in range(num_layers))
+        for layer in self.layers:  # zero: the block starts as the identity
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = x + F.silu(layer(x))
+        return x
+
+
+class MedusaHeads(nn.Module):
+    """K Medusa heads. ``teacher`` (the target's lm_head as a function [..., H] -> [..., V]) is set for
+    training with the target's distribution; it is not a parameter and is never saved."""
+
+    needs = FeatureNeeds(last_hidden_state=True)
+
+    def __init__(self, config: MedusaConfig, step_weight: float = 0.8, labels: str = "target") -> None:
+        super().__init__()
+        if labels not in ("target", "data"):
+            raise ValueError(f"Medusa labels must be 'target' (self-distillation) or 'data', got {labels!r}")
+        self.config, self.step_weight, self.labels = config, step_weight, labels
+        H, V = config.hidden_size, config.vocab_size
+        self.blocks = nn.ModuleList(ResidualBlock(H, config.num_layers) for _ in range(config.num_heads))
+        self.lm_heads = nn.ModuleList(nn.Linear(H, V, bias=False) for _ in range(config.num_heads))
+        self.teacher: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    def set_teacher(self, vocab_head: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """The target's lm_head as a function [..., H] -> logits [..., V] (``Target.vocab_head()``)."""
+        self.teacher = vocab_head
+
+    def load_target_lm_head(self, weight: torch.Tensor) -> None:
+        """Every head's vocab projection starts as the target's lm_head [V, H]."""
+        if tuple(weight.shape) != (self.config.vocab_size, self.config.hidden_size):
+            raise ValueError(f"target lm_head is {tuple(weight.shape)}, the heads expect "
+                             f"{(self.config.vocab_size, self.config.hidden_size)}")
+        with torch.no_grad():
+            for lm_head in self.lm_heads:
+                lm_head.weight.copy_(weight.to(lm_head.weight.dtype))
+
+    def target_vocab_ids(self) -> torch.Tensor:
+        return torch.arange(self.config.vocab_size, device=self.lm_heads[0].weight.device)
+
+    # -- inference ------------------------------------------------------------------------------
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., H] -> every head's logits [K, ..., V] (row i-1 predicts token t+i+1)."""
+        hidden = hidden.to(self.lm_heads[0].weight.dtype)
+        return torch.stack([lm_head(block(hidden)) for block, lm_head in zip(self.blocks, self.lm_heads)])
+
+    # -- training -------------------------------------------------------------------------------
+    def forward(self, features: Features) -> tuple[torch.Tensor, dict[str, float]]:
+        # Training goes through forward so FSDP2 / ZeRO-3 hooks gather the parameters.
+        return self.loss(features)
+
+    def loss(self, f: Features) -> tuple[torch.Tensor, dict[str, float]]:
+        """Sum over heads of step_weight**(i-1) x (mean cross-entropy of head i over its trained positions)."""
+        if f.last_hidden_state is None:
+            raise ValueError("Medusa heads read the target's final hidden state; the features carry none")
+        if self.teacher is None:
+            raise ValueError("Medusa training needs the target's lm_head (set_teacher) for soft labels and metrics")
+        hidden = f.last_hidden_state  # [B, T, H]
+        T = hidden.shape[1]
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        head_stats, chain = [], None  # chain [B, T]: heads 1..i all right at t (a greedy chain accepts them all)
+        for i in range(1, self.config.num_heads + 1):
+            # Position t trains head i when token t+i+1 is an assistant token; the target's
+            # distribution at t+i predicts that token.
+            valid = torch.zeros_like(f.loss_mask, dtype=torch.bool)
+            if i + 1 < T:
+                valid[:, : T - i - 1] = f.loss_mask[:, i + 1 :].bool()
+            src = valid.nonzero(as_tuple=True)  # (b, t) of the trained positions
+            x = hidden[src].to(self.lm_heads[0].weight.dtype)  # [N, H]
+            teacher_h = hidden[src[0], src[1] + i]  # [N, H] target state at t+i
+            labels = f.input_ids[src[0], src[1] + i + 1]  # [N] the data's token t+i+1
+            step_loss, correct, top5 = self._head_loss(i - 1, x, teacher_h, labels)
+            total = total + (self.step_weight ** (i - 1)) * step_loss
+            right = torch.zeros_like(valid)
+            right[src] = correct
+            chain = right if chain is None else chain & right
+            n = valid.sum().clamp(min=1)
+            head_stats.append(torch.stack([step_loss.detach(), correct.sum() / n, top5.sum() / n, chain.sum() / n]))
+        *stats, (n_valid, _, _, _) = torch.cat([torch.stack(head_stats), f.loss_mask.sum().float().expand(1, 4)]).tolist()
+        metrics: dict[str, float] = {"valid_tokens": n_valid}
+        sim_len = 1.0
+        for k, (step_loss, acc, acc5, chained) in enumerate(stats):
+            metrics.update({f"loss_{k}": step_loss, f"acc_{k}": acc, f"top5_{k}": acc5})
+            sim_len += chained
+        metrics["sim_accept_len"] = sim_len  # 1 + sum_i P(heads 1..i all right): a greedy chain's tau under teacher forcing
+        return total, metrics
+
+    def _head_loss(self, k: int, x: torch.Tensor, teacher_h: torch.Tensor, labels: torch.Tensor):
+        """Head k+1 on N positions, CHUNK_TOKENS at a time, each chunk's [n, V] logits recomputed in
+        backward. Returns (mean loss, top-1 correct [N] bool, target argmax in top-5 [N] bool)."""
+        block, lm_head = self.blocks[k], self.lm_heads[k]
+        N = x.shape[0]
+        loss_sum = x.new_zeros((), dtype=torch.float32)
+        correct, top5 = [], []
+        # An empty batch still runs one (empty) chunk, so every parameter gets a (zero) gradient on every rank.
+        for start in range(0, max(N, 1), CHUNK_TOKENS):
+            xc, hc, yc = x[start : start + CHUNK_TOKENS], teacher_h[start : start + CHUNK_TOKENS], labels[start : start + CHUNK_TOKENS]
+            with torch.no_grad():
+                teacher_logits = self.teacher(hc).float()  # [n, V]
+                target_top1 = teacher_logits.argmax(-1)
+                p = torch.softmax(teacher_logits, -1) if self.labels == "target" else None
+                del teacher_logits
+            if torch.is_grad_enabled():  # keep only the chunk's inputs; backward recomputes its logits
+                chunk_loss, top = checkpoint(_chunk_loss, block, lm_head, xc, p, yc, use_reentrant=False)
+            else:
+                chunk_loss, top = _chunk_loss(block, lm_head, xc, p, yc)
+            loss_sum = loss_sum + chunk_loss
+            correct.append(top[:, 0] == target_top1)
+            top5.append((top == target_top1[:, None]).any(-1))
+        return loss_sum / max(N, 1), torch.cat(correct), torch.cat(top5)
+
+    # -- checkpoint -----------------------------------------------------------------------------
+    def export_state_dict(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """Tensors under vLLM's names: blocks.{i}.layers.{j}.{weight,bias}, lm_heads.{i}.weight."""
+        return {name: t.detach().to("cpu").contiguous() for name, t in (self.state_dict() if state is None else state).items()}
+
+    def save_pretrained(self, directory: str | Path, dtype: torch.dtype = torch.bfloat16,
+                        state_dict: dict[str, torch.Tensor] | None = None) -> None:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        tensors = state_dict if state_dict is not None else self.export_state_dict()
+        save_file({k: v.to(dtype) for k, v in tensors.items()}, str(directory / "model.safetensors"), metadata={"format": "pt"})
+        (directory / "config.json").write_text(json.dumps(self.config.to_hf_dict(), indent=2))
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, **kwargs) -> "MedusaHeads":
+        directory = Path(directory)
+        if not (directory / "config.json").is_file() or not (directory / "model.safetensors").is_file():
+            raise FileNotFoundError(f"{directory}: expected config.json and model.safetensors of Medusa heads")
+        config = MedusaConfig.from_hf_dict(json.loads((directory / "config.json").read_text()), str(directory / "config.json"))
+        model = cls(config, **kwargs)
+        tensors = load_file(str(directory / "model.safetensors"))
+        expected = dict(model.state_dict())
+        missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
+        if missing or unexpected:
+            raise ValueError(f"{directory}: tensors do not match the Medusa layout of its config.json: missing {missing}, "
+                             f"unexpected {unexpected}")
+        bad = [k for k, v in tensors.items() if tuple(v.shape) != tuple(expected[k].shape)]
+        if bad:
+            raise ValueError(f"{directory}: tensors of the wrong shape: "
+                             + ", ".join(f"{k} {tuple(tensors[k].shape)} (expected {tuple(expected[k].shape)})" for k in bad))
+        model.load_state_dict({k: v.to(expected[k].dtype) for k, v in tensors.items()})
+        return model
+
+    @classmethod
+    def load(cls, directory: str | Path, target) -> "MedusaHeads":
+        """Finished heads for ``target`` (a Target or TargetMatrices), refused by name if they do not fit."""
+        config_path = Path(directory) / "config.json"
+        if config_path.is_file():  # check the shape before reading tensors of the wrong size
+            MedusaConfig.from_hf_dict(json.loads(config_path.read_text()), str(config_path)).check_target(target.config)
+        return cls.from_pretrained(directory)
+
+
+def _chunk_loss(block: nn.Module, lm_head: nn.Linear, x: torch.Tensor, p: torch.Tensor | None, labels: torch.Tensor):
+    """Summed cross-entropy of one head on n positions (soft labels ``p`` [n, V], or the data's tokens)
+    and its top-5 ids [n, 5]."""
+    logits = lm_head(block(x)).float()  # [n, V]
+    logq = torch.log_softmax(logits, -1)
+    loss = -(p * logq).sum() if p is not None else F.nll_loss(logq, labels, reduction="sum")
+    return loss, logits.detach().topk(min(5, logits.shape[-1]), -1).indices

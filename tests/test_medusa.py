@@ -1,0 +1,181 @@
+"""Medusa heads: the loss against a dense reference, the vLLM layout, the tree construction, training."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tiny_models import tiny_causal_lm
+from trainer_fixtures import make_setup, train_losses
+
+import headstart.models.medusa as medusa_module
+from headstart.decode.medusa_drafter import MedusaDrafter, rank_accuracy
+from headstart.decode.target_runner import TargetRunner
+from headstart.decode.tree import best_static_tree, expected_accept_length
+from headstart.models.head import Features
+from headstart.models.medusa import MedusaConfig, MedusaHeads
+from headstart.models.target import Target
+from headstart.trainer.batches import collate
+from headstart.trainer.config import load_config
+from headstart.trainer.run import build_trainer
+
+
+@pytest.fixture(scope="module")
+def target():
+    return Target(tiny_causal_lm("llama", num_hidden_layers=8))
+
+
+def heads_for(target, num_heads=3, num_layers=2, seed=0, **kwargs) -> MedusaHeads:
+    heads = MedusaHeads(MedusaConfig.from_target(target.config, num_heads, num_layers), **kwargs)
+    heads.load_target_lm_head(target.lm_head_weight)
+    heads.set_teacher(target.vocab_head())
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # away from the identity start, so every head differs
+        for block in heads.blocks:
+            for layer in block.layers:
+                layer.weight.normal_(0, 0.3, generator=g)
+                layer.bias.normal_(0, 0.3, generator=g)
+    return heads
+
+
+def batch(target, B=2, T=21, seed=1) -> Features:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 128, (B, T), generator=g)
+    mask = (torch.rand(B, T, generator=g) > 0.3).long()
+    mask[1, 15:] = 0  # padding-like tail
+    return Features(input_ids=ids, loss_mask=mask, last_hidden_state=target(ids).last_hidden_state)
+
+
+def dense_reference(heads: MedusaHeads, target, f: Features, labels: str):
+    """Per-head loss and top-1 accuracy, written the obvious way with full [B, T, V] tensors."""
+    h = f.last_hidden_state
+    logits_all = heads.head_logits(h).float()  # [K, B, T, V]
+    teacher = target.logits(h).float()  # [B, T, V]
+    B, T = f.input_ids.shape
+    total, accs = 0.0, []
+    for k in range(heads.config.num_heads):
+        i = k + 1
+        losses, right = [], []
+        for b, t in itertools.product(range(B), range(T - i - 1)):
+            if not f.loss_mask[b, t + i + 1]:
+                continue
+            logq = torch.log_softmax(logits_all[k, b, t], -1)
+            if labels == "target":
+                losses.append(-(torch.softmax(teacher[b, t + i], -1) * logq).sum())
+            else:
+                losses.append(-logq[f.input_ids[b, t + i + 1]])
+            right.append(float(logits_all[k, b, t].argmax() == teacher[b, t + i].argmax()))
+        total = total + heads.step_weight**k * torch.stack(losses).mean()
+        accs.append(sum(right) / len(right))
+    return total, accs
+
+
+@pytest.mark.parametrize("labels", ["target", "data"])
+def test_chunked_loss_and_gradients_equal_the_dense_reference(target, monkeypatch, labels):
+    monkeypatch.setattr(medusa_module, "CHUNK_TOKENS", 7)  # several chunks per head, a ragged last one
+    f = batch(target)
+    heads = heads_for(target, labels=labels)
+    loss, metrics = heads.loss(f)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in heads.named_parameters()}
+    heads.zero_grad()
+    ref, accs = dense_reference(heads, target, f, labels)
+    ref.backward()
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
+    for n, p in heads.named_parameters():
+        torch.testing.assert_close(grads[n], p.grad, rtol=1e-4, atol=1e-6, msg=n)
+    for k, acc in enumerate(accs):
+        assert metrics[f"acc_{k}"] == pytest.approx(acc, abs=1e-6)
+        assert metrics[f"acc_{k}"] <= metrics[f"top5_{k}"] <= 1.0
+    assert 1.0 <= metrics["sim_accept_len"] <= 1.0 + sum(accs) + 1e-6
+
+
+def test_fresh_heads_start_as_the_targets_lm_head(target):
+    heads = MedusaHeads(MedusaConfig.from_target(target.config, 4, 1))
+    heads.load_target_lm_head(target.lm_head_weight)
+    h = torch.randn(5, 32)
+    for row in heads.head_logits(h):
+        torch.testing.assert_close(row, target.logits(h))
+
+
+def test_export_is_vllms_medusa_layout_and_round_trips(target, tmp_path):
+    heads = heads_for(target, num_heads=3, num_layers=2)
+    heads.save_pretrained(tmp_path / "m", dtype=torch.float32)
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert config["architectures"] == ["MedusaModel"] and config["model_type"] == "medusa"
+    assert (config["num_heads"], config["num_hidden_layers"], config["medusa_fc_bias"]) == (3, 2, True)
+    assert config["truncated_vocab_size"] == config["vocab_size"] == 128
+    # vLLM renames every key holding "num" and "heads"/"layers": only the two canonical ones may.
+    assert [k for k in config if "num" in k] == ["num_heads", "num_hidden_layers"]
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(tmp_path / "m" / "model.safetensors"))
+    expected = {f"blocks.{i}.layers.{j}.{w}" for i in range(3) for j in range(2) for w in ("weight", "bias")}
+    assert set(tensors) == expected | {f"lm_heads.{i}.weight" for i in range(3)}
+    again = MedusaHeads.load(tmp_path / "m", target)
+    for name, tensor in heads.state_dict().items():
+        assert torch.equal(again.state_dict()[name], tensor), name
+
+
+def test_heads_for_another_target_are_refused_by_name(target, tmp_path):
+    heads_for(target).save_pretrained(tmp_path / "m")
+    other = Target(tiny_causal_lm("llama", num_hidden_layers=8, hidden_size=48, vocab_size=96))
+    with pytest.raises(ValueError, match=r"hidden_size 32 != target hidden_size 48[\s\S]*vocab_size 128 != target vocab_size 96"):
+        MedusaHeads.load(tmp_path / "m", other)
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**config, "num_heads": 4}))
+    with pytest.raises(ValueError, match=r"missing \['blocks.3.layers.0.bias"):
+        MedusaHeads.load(tmp_path / "m", target)
+
+
+def test_best_static_tree_is_the_brute_force_optimum():
+    acc = torch.tensor([[0.6, 0.2, 0.1], [0.4, 0.2, 0.1], [0.3, 0.1, 0.05]])
+    nodes = [p for d in (1, 2, 3) for p in itertools.product(range(3), repeat=d)]
+    for n in (1, 4, 7):
+        tree = best_static_tree(acc, n)
+        assert len(tree) == n and all(p[:-1] in tree for p in tree if len(p) > 1)  # prefix-closed
+        best = max(expected_accept_length(list(c), acc) for c in itertools.combinations(nodes, n)
+                   if all(p[:-1] in c for p in c if len(p) > 1))
+        assert expected_accept_length(tree, acc) == pytest.approx(best)
+    assert best_static_tree(acc, 3) == [(0,), (1,), (0, 0)]  # 0.6, 0.24 (0.6 x 0.4) > 0.2 > 0.18
+
+
+def test_rank_accuracy_counts_the_targets_own_continuation(target):
+    """Fresh heads all equal the target's lm_head, so head i's rank of token t+i+2 is the target's own
+    rank of it at t: recomputed here from one plain forward over prompt + greedy continuation."""
+    from headstart.decode.generate import greedy_generate
+
+    heads = MedusaHeads(MedusaConfig.from_target(target.config, 2, 1))
+    heads.load_target_lm_head(target.lm_head_weight)
+    runner = TargetRunner(target, 128)
+    prompt = torch.tensor([[5, 9, 17, 4, 9, 17, 4]])
+    acc = rank_accuracy(runner, heads, [prompt], 30, set(), max_rank=40)
+    seq = torch.tensor(prompt[0].tolist() + greedy_generate(runner, prompt, 30, set()).tokens)
+    logits = target.logits(target(seq[None]).last_hidden_state)[0]  # [L, V]
+    start = prompt.shape[1] - 1
+    for i in (0, 1):
+        t = torch.arange(start, len(seq) - i - 2)
+        ranks = (logits[t] > logits[t, seq[t + i + 2]][:, None]).sum(-1)
+        expected = torch.bincount(ranks, minlength=200)[:40].double() / len(t)
+        torch.testing.assert_close(acc[i], expected)
+    assert acc[:, :40].sum() > 0.5  # non-trivial: most true tokens rank in the top 40 of 128
+
+
+def test_medusa_trains_through_the_shared_trainer(tmp_path):
+    overrides = make_setup(tmp_path) + ["--draft.head=medusa", "--draft.num_heads=3", "--train.max_steps=4",
+                                        "--train.lr=3e-3"]
+    trainer = build_trainer(load_config(None, overrides))
+    assert trainer.features.needs == MedusaHeads.needs
+    f = trainer.features(collate(trainer.train_data, [0, 1]))
+    assert f.aux_hidden_states is None and f.target_logits is None and f.last_hidden_state is not None
+    final = trainer.train()
+    assert {"acc_0", "acc_2", "top5_1", "sim_accept_len"} <= set(final)
+    losses = train_losses(tmp_path / "run" / "metrics.jsonl")
+    assert len(losses) == 4 and all(torch.isfinite(torch.tensor(losses)))
+    exported = MedusaHeads.load(tmp_path / "run" / "final", trainer.features.target)
+    assert exported.config.num_heads == 3
+    drafter = MedusaDrafter(exported)
+    assert drafter.num_heads == 3
