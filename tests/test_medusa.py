@@ -7,7 +7,6 @@ import json
 
 import pytest
 import torch
-import torch.nn.functional as F
 from tiny_models import tiny_causal_lm
 from trainer_fixtures import make_setup, train_losses
 
