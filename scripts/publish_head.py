@@ -12,6 +12,23 @@ from pathlib import Path
 
 from headstart.trainer.checkpoint import latest_checkpoint
 
+# What a card says of each exported layout: title, layout note, the unit one metric row describes.
+LAYOUTS = {
+    "LlamaForCausalLMEagle3": ("EAGLE-3 head", "Flat EAGLE-3 server layout (config.json + model.safetensors with d2t/t2d; no "
+                               "embed_tokens: the target's are used).", "TTT step k"),
+    "MedusaModel": ("Medusa heads", "vLLM's Medusa layout (config.json with num_heads / num_hidden_layers, "
+                    "blocks.{i}.layers.{j} and lm_heads.{i} in model.safetensors).", "head k+1 (predicts token t+k+2)"),
+}
+COLUMNS = {"acc": "top-1 accuracy (draft argmax = target argmax)", "top5": "top-5 accuracy (target argmax in draft top-5)",
+           "accept": "expected acceptance sum min(p, q)"}
+
+
+def recipe_line(draft: dict) -> str:
+    if draft["head"] == "medusa":
+        return (f"{draft['num_heads']} heads x {draft['num_layers']} ResBlock(s), labels: {draft['labels']}, "
+                f"head weights {draft['step_weight']}^k")
+    return f"draft vocab {draft['draft_vocab_size']}, {draft['ttt_steps']} TTT steps"
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -37,24 +54,25 @@ def main() -> None:
     (out / "eval_metrics.json").write_text(json.dumps({"evals": evals, "run_config": run_config}, indent=2))
     last = evals[-1]
     steps = sorted(int(k.split("_")[1]) for k in last if k.startswith("acc_"))
-    rows = "\n".join(f"| {k} | {last[f'acc_{k}']:.3f} | {last[f'accept_{k}']:.3f} |" for k in steps)
+    columns = [c for c in COLUMNS if f"{c}_0" in last]
+    title, layout, unit = LAYOUTS[json.loads((final / "config.json").read_text())["architectures"][0]]
+    header = f"| {unit} | " + " | ".join(COLUMNS[c] for c in columns) + " |\n|---|" + "---|" * len(columns)
+    rows = "\n".join(f"| {k} | " + " | ".join(f"{last[f'{c}_{k}']:.3f}" for c in columns) + " |" for k in steps)
     t = run_config["train"]
-    (out / "README.md").write_text(f"""# EAGLE-3 head for the headstart demo target
+    (out / "README.md").write_text(f"""# {title} for the headstart demo target
 
-Flat EAGLE-3 server layout (config.json + model.safetensors with d2t/t2d; no embed_tokens: the
-target's are used). Trained online against `{run_config['target']['path']}` by
+{layout} Trained online against `{run_config['target']['path']}` by
 
 ```bash
 torchrun --nproc_per_node {world} scripts/train_eagle3.py --config {recipe}
 ```
 
-{t['max_steps']} steps x {t['batch_size']} sequences x {world} ranks, lr {t['lr']}, draft vocab
-{run_config['draft']['draft_vocab_size']}, {run_config['draft']['ttt_steps']} TTT steps. Held-out evaluation at step
-{last['step']} ({run_config['train']['eval_fraction']:.0%} of the conversations): loss {last['loss']:.3f}, simulated
-acceptance length **{last['sim_accept_len']:.3f}** (1 + sum_k prod_{{i<=k}} acc_i, bonus token included).
+{t['max_steps']} steps x {t['batch_size']} sequences x {world} ranks, lr {t['lr']}, {recipe_line(run_config['draft'])}.
+Held-out evaluation at step {last['step']} ({run_config['train']['eval_fraction']:.0%} of the conversations): loss
+{last['loss']:.3f}, simulated acceptance length **{last['sim_accept_len']:.3f}** (a greedy chain's tokens per target
+forward under teacher forcing, bonus token included).
 
-| TTT step k | accuracy (draft argmax = target argmax) | expected acceptance sum min(p, q) |
-|---|---|---|
+{header}
 {rows}
 
 All eval records: `eval_metrics.json`.
@@ -67,9 +85,9 @@ All eval records: `eval_metrics.json`.
                 f"`torchrun --nproc_per_node {world} scripts/train_eagle3.py --config {recipe}` "
                 f"({t['max_steps']} steps, batch {t['batch_size']}/rank, lr {t['lr']}); "
                 f"eval loss {last['loss']:.3f}, simulated acceptance length **{last['sim_accept_len']:.3f}** "
-                "(1 + sum_k prod acc_i; the decoder's measured tau comes with the decode issue).\n\n"
-                "| TTT step k | accuracy | expected acceptance |\n|---|---|---|\n" + rows + "\n")
-        append_section(args.benchmarks, "Demo EAGLE-3 head: per-step accuracy", body)
+                "(a greedy chain's tokens per target forward under teacher forcing).\n\n"
+                + header + "\n" + rows + "\n")
+        append_section(args.benchmarks, f"Demo {title}: per-step accuracy", body)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
-"""Train an EAGLE-3 head online against a frozen HF target.
+"""Train a draft head (``draft.head``: eagle3 | medusa) against a frozen HF target, online or from stored
+features (``features.path``). One trainer for every head; the name is historical.
 
     torchrun --nproc_per_node 2 scripts/train_eagle3.py --config configs/demo/eagle3.yaml
+    torchrun --nproc_per_node 2 scripts/train_eagle3.py --config configs/demo/medusa.yaml
     python scripts/train_eagle3.py --config my.yaml --train.lr=3e-4 --parallel.backend=deepspeed --resume
 
 Any config key can be overridden as --section.key=value; an unknown key is an error.

@@ -86,3 +86,28 @@ def test_decode_evaluation_under_sharding(runs, variant):
     records = [json.loads(line) for line in (runs[variant] / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if r["split"] == "eval"]
     assert evals and all(1.0 <= r["decode_tau"] <= 5.0 and r["decode_tokens"] == 2 * 7 for r in evals)
+
+
+def test_medusa_heads_train_alike_on_fsdp_and_zero3_with_decode_evaluation(tmp_path):
+    """The same trainer and backends carry Medusa: 2-rank FSDP2 and ZeRO-3 agree step for step, the
+    integrated decode evaluation drafts with the Medusa drafter, and both export vLLM's Medusa layout."""
+    needs("zero3")
+    base = make_setup(tmp_path) + ["--train.batch_size=1", "--train.grad_accum=2", "--train.max_steps=3",
+                                   "--train.save_every=2", "--draft.head=medusa", "--draft.num_heads=2", *DECODE_EVAL]
+    runs = {"fsdp": [], "zero3": VARIANTS["zero3"][:2]}
+    for name, extra in runs.items():
+        torchrun(base + [f"--output_dir={tmp_path / name}", *extra], cwd=tmp_path)
+    reference = train_losses(tmp_path / "fsdp" / "metrics.jsonl")
+    assert len(reference) == 3 and all(x > 0 for x in reference)
+    assert train_losses(tmp_path / "zero3" / "metrics.jsonl") == pytest.approx(reference, rel=1e-5, abs=1e-6)
+    from safetensors.torch import load_file
+
+    for name in runs:
+        records = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        evals = [r for r in records if r["split"] == "eval"]
+        assert evals and all(1.0 <= r["decode_tau"] <= 3.0 for r in evals)  # 2 heads: at most 2 drafts + bonus
+        config = json.loads((tmp_path / name / "final" / "config.json").read_text())
+        assert config["architectures"] == ["MedusaModel"] and config["num_heads"] == 2
+        assert set(load_file(str(tmp_path / name / "final" / "model.safetensors"))) == {
+            "blocks.0.layers.0.weight", "blocks.0.layers.0.bias", "blocks.1.layers.0.weight", "blocks.1.layers.0.bias",
+            "lm_heads.0.weight", "lm_heads.1.weight"}

@@ -16,7 +16,7 @@ from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import best_static_tree, expected_accept_length
 from headstart.models.head import Features
 from headstart.models.medusa import MedusaConfig, MedusaHeads
-from headstart.models.target import Target
+from headstart.models.target import Target, TargetConfig
 from headstart.trainer.batches import collate
 from headstart.trainer.config import load_config
 from headstart.trainer.run import build_trainer
@@ -178,3 +178,26 @@ def test_medusa_trains_through_the_shared_trainer(tmp_path):
     assert exported.config.num_heads == 3
     drafter = MedusaDrafter(exported)
     assert drafter.num_heads == 3
+
+
+def test_medusa_tree_script_writes_a_tree_the_benchmark_reads(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from headstart.decode.tree import StaticTree
+
+    make_setup(tmp_path)
+    target = Target.from_pretrained(TargetConfig(path=str(tmp_path / "target"), dtype="float32"))
+    heads_for(target, num_heads=3, num_layers=1).save_pretrained(tmp_path / "heads")
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("\n".join(json.dumps({"turns": [q]}) for q in ["What is 2+3?", "Say hello.", "Name a colour."]))
+    script = Path(__file__).resolve().parents[1] / "scripts" / "medusa_tree.py"
+    result = subprocess.run([sys.executable, str(script), "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "heads"),
+                             "--questions", str(questions), "--max-new-tokens", "12", "--nodes", "6", "--max-rank", "4",
+                             "--out", str(tmp_path / "tree.json")], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    paths = [tuple(p) for p in json.loads((tmp_path / "tree.json").read_text())]
+    tree = StaticTree(tuple(paths))  # prefix-closed and unique, or this raises
+    assert len(tree.paths) == 6 and max(map(len, paths)) <= 3 and max(max(p) for p in paths) < 4
+    assert "expected tau" in result.stdout and "| 3 |" in result.stdout
