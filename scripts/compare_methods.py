@@ -1,0 +1,57 @@
+"""One table from several ``scripts/benchmark.py`` runs (their ``results.json``): tau, acceptance by
+position, tokens/s and speed-up per method, side by side; optionally appended to BENCHMARKS.md.
+
+    python scripts/compare_methods.py runs/bench-medusa-chain runs/bench-eagle3-chain ... --benchmarks BENCHMARKS.md \
+        --title "Heads side by side" --note "why the ranking comes out as it does"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from bench_common import append_section
+
+
+def shape(args: dict) -> str:
+    if args.get("tree_paths"):
+        return f"static tree `{Path(args['tree_paths']).name}` ({len(json.loads(Path(args['tree_paths']).read_text()))} nodes)"
+    if args.get("tree"):
+        return f"dynamic tree (depth {args['tree_depth']}, top-{args['tree_topk']}, {args['tree_total_tokens']} tokens)"
+    return f"chain k={args['num_speculative_tokens']}"
+
+
+def table(runs: list[Path]) -> str:
+    lines = ["| method | draft | shape | tau | acceptance by position | spec tok/s | plain tok/s | speed-up |",
+             "|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        report = json.loads((run / "results.json").read_text())
+        a, r = report["args"], report["results"]["overall"]
+        acc = " ".join("-" if x is None else f"{x:.2f}" for x in r["acceptance_by_position"][:6])
+        lines.append(f"| {a['method']} | `{a.get('draft') or '-'}` | {shape(a)} | {r['tau']:.2f} | {acc} | "
+                     f"{r['spec_tokens_per_s']:.1f} | {r['plain_tokens_per_s']:.1f} | {r['speedup']:.2f}x |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", nargs="+", type=Path, help="--out directories of scripts/benchmark.py runs")
+    p.add_argument("--benchmarks", default=None)
+    p.add_argument("--title", default="Drafters side by side")
+    p.add_argument("--note", default="", help="a sentence placed under the table")
+    args = p.parse_args()
+    text = table(args.runs)
+    print(text)
+    if args.benchmarks:
+        first = json.loads((args.runs[0] / "results.json").read_text())["args"]
+        setting = (f"`{first['questions']}`, {'first ' + str(first['per_category']) + ' per category' if first.get('per_category') else 'all'}"
+                   f" (all turns), max {first['max_new_tokens']} new tokens, "
+                   f"{'greedy' if not first.get('temperature') else 'T=' + str(first['temperature'])}, target `{first['target']}`, "
+                   "each method a separate `scripts/benchmark.py` run in one sequence with nothing else running "
+                   "(`scripts/bench_heads.sh`); speed-up = plain / speculative time on the same runner.")
+        append_section(args.benchmarks, args.title, setting + "\n\n" + text + ("\n\n" + args.note if args.note else ""))
+
+
+if __name__ == "__main__":
+    main()
