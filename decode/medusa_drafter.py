@@ -69,15 +69,15 @@ def rank_accuracy(runner: TargetRunner, heads: MedusaHeads, prompts: list[torch.
         runner.reset()
         _, states = runner.forward(sequence)
         start = prompt.shape[1] - 1  # the position that predicts the first generated token
-        logits = heads.head_logits(states.last_hidden_state[0, start:]).float()  # [K, n, V]
-        n = logits.shape[1]
+        hidden = states.last_hidden_state[0]  # [L, H]
+        L = hidden.shape[0]
         for i in range(K):
-            m = n - i - 2  # positions t whose token t+i+2 (head i+1's target) lies inside the sequence
-            if m <= 0:
-                continue
-            truth = sequence[0, start + i + 2 : start + i + 2 + m]  # [m]
-            scores = logits[i, :m]
-            rank = (scores > scores.gather(1, truth[:, None])).sum(-1)  # [m] rank of the true token
-            hits[i] += torch.bincount(rank.clamp(max=max_rank), minlength=max_rank + 1)[:max_rank].double().cpu()
-            counts[i] += m
+            # positions t >= start whose token t+i+2 (head i+1's target) lies inside the sequence
+            for first in range(start, L - i - 2, 256):  # [K, 256, V] float32 at a time, not [K, L, V]
+                t = torch.arange(first, min(first + 256, L - i - 2), device=hidden.device)
+                scores = heads.logits_of(i, hidden[t]).float()  # [m, V]
+                truth = sequence[0, t + i + 2]
+                rank = (scores > scores.gather(1, truth[:, None])).sum(-1)  # [m] rank of the true token
+                hits[i] += torch.bincount(rank.clamp(max=max_rank), minlength=max_rank + 1)[:max_rank].double().cpu()
+                counts[i] += t.numel()
     return hits / counts.clamp(min=1)[:, None]

@@ -22,7 +22,8 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 class TargetRunner:
-    def __init__(self, target: Target, max_len: int) -> None:
+    def __init__(self, target: Target, max_len: int, with_aux: bool = True) -> None:
+        """``with_aux``: whether drafters read the aux hidden states (EAGLE-3); others skip building them."""
         window = getattr(target.config, "sliding_window", None)
         if window is not None and window < max_len and any(
             t == "sliding_attention" for t in getattr(target.config, "layer_types", None) or ["sliding_attention"]
@@ -33,6 +34,7 @@ class TargetRunner:
             )
         self.target = target
         self.max_len = max_len
+        self.with_aux = with_aux
         self.cache = PositionalKVCache(target.num_layers, max_len)
         self._dtype = next(target.model.parameters()).dtype
 
@@ -68,5 +70,6 @@ class TargetRunner:
         offsets = torch.arange(n, device=device) if depths is None else depths
         position_ids = (start + offsets).unsqueeze(0)
         self.cache.begin()
-        out = self.target(input_ids, attention_mask=mask, position_ids=position_ids, past_key_values=self.cache)
+        out = self.target(input_ids, attention_mask=mask, position_ids=position_ids, past_key_values=self.cache,
+                          with_aux=self.with_aux)
         return self.target.logits(out.last_hidden_state), out

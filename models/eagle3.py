@@ -28,7 +28,7 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, Lla
 
 from headstart.models.draft_vocab import check_draft_vocab
 from headstart.models.head import FeatureNeeds, Features
-from headstart.models.target import check_aux_layer_ids, default_aux_layer_ids
+from headstart.models.target import check_aux_layer_ids, default_aux_layer_ids, text_config
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class Eagle3Config:
     @classmethod
     def from_target(cls, target_config, draft_vocab_size: int = 32000, aux_layer_ids=None) -> "Eagle3Config":
         """Derive a draft config from any HF decoder config (hidden size, heads, rope, vocab)."""
-        tc = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+        tc = text_config(target_config)
         n_layers = tc.num_hidden_layers
         ids = check_aux_layer_ids(default_aux_layer_ids(n_layers) if aux_layer_ids is None else aux_layer_ids, n_layers)
         rope_theta, rope_scaling = _rope_of(tc)
@@ -137,7 +137,7 @@ class Eagle3Config:
 
     def check_target(self, target_config) -> None:
         """Refuse, before any training, a draft config that does not fit the target."""
-        tc = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+        tc = text_config(target_config)
         problems = []
         if self.target_hidden_size != tc.hidden_size:
             problems.append(f"target_hidden_size {self.target_hidden_size} != target hidden_size {tc.hidden_size}")

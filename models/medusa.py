@@ -26,11 +26,10 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from headstart.models.head import FeatureNeeds, Features
-
-CHUNK_TOKENS = 1024  # positions per [chunk, V] float32 logits block in the loss
+from headstart.models.target import text_config
+from headstart.models.vocab_loss import chunked_vocab_loss
 
 
 @dataclass(frozen=True)
@@ -48,10 +47,10 @@ class MedusaConfig:
 
     @classmethod
     def from_target(cls, target_config, num_heads: int = 4, num_layers: int = 1) -> "MedusaConfig":
-        tc = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+        tc = text_config(target_config)
         return cls(hidden_size=tc.hidden_size, vocab_size=tc.vocab_size, num_heads=num_heads, num_layers=num_layers)
 
-    def to_hf_dict(self) -> dict:
+    def to_hf_dict(self, dtype: torch.dtype = torch.bfloat16) -> dict:
         """vLLM's MedusaConfig. vLLM renames every top-level key containing "num" and "heads" (or
         "layers"), so no other such key is written."""
         return {
@@ -64,7 +63,7 @@ class MedusaConfig:
             "truncated_vocab_size": self.vocab_size,  # no token_map: every head predicts the full vocab
             "medusa_fc_bias": True,
             "original_lm_head": False,  # one lm_head per head
-            "torch_dtype": "bfloat16",
+            "torch_dtype": str(dtype).removeprefix("torch."),
         }
 
     @classmethod
@@ -76,24 +75,24 @@ class MedusaConfig:
         if missing:
             raise ValueError(f"{where}: Medusa config lacks {missing}")
         if d.get("truncated_vocab_size", d["vocab_size"]) != d["vocab_size"]:
-            raise ValueError(f"{where}: truncated_vocab_size {d['truncated_vocab_size']} < vocab_size {d['vocab_size']} "
-                             "(a token_map head); headstart reads full-vocab Medusa heads only")
+            raise ValueError(f"{where}: truncated_vocab_size {d['truncated_vocab_size']} differs from vocab_size "
+                             f"{d['vocab_size']} (a token_map head); headstart reads full-vocab Medusa heads only")
         if not d.get("medusa_fc_bias", False) or d.get("original_lm_head", False):
             raise ValueError(f"{where}: headstart's Medusa heads have ResBlock biases and one lm_head per head "
                              "(medusa_fc_bias true, original_lm_head false)")
         return cls(hidden_size=d["hidden_size"], vocab_size=d["vocab_size"], num_heads=d["num_heads"],
                    num_layers=d["num_hidden_layers"])
 
-    def check_target(self, target_config) -> None:
+    def check_target(self, target_config, where: str = "the Medusa config") -> None:
         """Refuse, by name, heads made for a target of another hidden size or vocab."""
-        tc = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+        tc = text_config(target_config)
         problems = []
         if self.hidden_size != tc.hidden_size:
             problems.append(f"hidden_size {self.hidden_size} != target hidden_size {tc.hidden_size}")
         if self.vocab_size != tc.vocab_size:
             problems.append(f"vocab_size {self.vocab_size} != target vocab_size {tc.vocab_size}")
         if problems:
-            raise ValueError("the Medusa heads do not fit the target:\n  " + "\n  ".join(problems))
+            raise ValueError(f"{where}: the Medusa heads do not fit the target:\n  " + "\n  ".join(problems))
 
 
 class ResidualBlock(nn.Module):
@@ -118,11 +117,12 @@ class MedusaHeads(nn.Module):
 
     needs = FeatureNeeds(last_hidden_state=True)
 
-    def __init__(self, config: MedusaConfig, step_weight: float = 0.8, labels: str = "target") -> None:
+    def __init__(self, config: MedusaConfig, step_weight: float = 0.8, labels: str = "target",
+                 chunk_tokens: int = 1024) -> None:
         super().__init__()
         if labels not in ("target", "data"):
             raise ValueError(f"Medusa labels must be 'target' (self-distillation) or 'data', got {labels!r}")
-        self.config, self.step_weight, self.labels = config, step_weight, labels
+        self.config, self.step_weight, self.labels, self.chunk_tokens = config, step_weight, labels, chunk_tokens
         H, V = config.hidden_size, config.vocab_size
         self.blocks = nn.ModuleList(ResidualBlock(H, config.num_layers) for _ in range(config.num_heads))
         self.lm_heads = nn.ModuleList(nn.Linear(H, V, bias=False) for _ in range(config.num_heads))
@@ -147,8 +147,11 @@ class MedusaHeads(nn.Module):
     # -- inference ------------------------------------------------------------------------------
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., H] -> every head's logits [K, ..., V] (row i-1 predicts token t+i+1)."""
-        hidden = hidden.to(self.lm_heads[0].weight.dtype)
-        return torch.stack([lm_head(block(hidden)) for block, lm_head in zip(self.blocks, self.lm_heads)])
+        return torch.stack([self.logits_of(k, hidden) for k in range(self.config.num_heads)])
+
+    def logits_of(self, k: int, hidden: torch.Tensor) -> torch.Tensor:
+        """Head k+1's logits [..., V] for hidden [..., H]."""
+        return self.lm_heads[k](self.blocks[k](hidden.to(self.lm_heads[k].weight.dtype)))
 
     # -- training -------------------------------------------------------------------------------
     def forward(self, features: Features) -> tuple[torch.Tensor, dict[str, float]]:
@@ -164,7 +167,8 @@ class MedusaHeads(nn.Module):
         hidden = f.last_hidden_state  # [B, T, H]
         T = hidden.shape[1]
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        head_stats, chain = [], None  # chain [B, T]: heads 1..i all right at t (a greedy chain accepts them all)
+        head_stats = []
+        chain = chain_valid = None  # [B, T]: heads 1..i all right (all trained) at t -- a greedy chain accepts them all
         for i in range(1, self.config.num_heads + 1):
             # Position t trains head i when token t+i+1 is an assistant token; the target's
             # distribution at t+i predicts that token.
@@ -175,45 +179,25 @@ class MedusaHeads(nn.Module):
             x = hidden[src].to(self.lm_heads[0].weight.dtype)  # [N, H]
             teacher_h = hidden[src[0], src[1] + i]  # [N, H] target state at t+i
             labels = f.input_ids[src[0], src[1] + i + 1]  # [N] the data's token t+i+1
-            step_loss, correct, top5 = self._head_loss(i - 1, x, teacher_h, labels)
+            block, lm_head = self.blocks[i - 1], self.lm_heads[i - 1]
+            step_loss, correct, top5 = chunked_vocab_loss(lambda z, b=block, h=lm_head: h(b(z)), x, self.teacher, teacher_h,
+                                                          labels, self.labels == "target", self.chunk_tokens)
             total = total + (self.step_weight ** (i - 1)) * step_loss
             right = torch.zeros_like(valid)
             right[src] = correct
-            chain = right if chain is None else chain & right
+            chain, chain_valid = (right, valid) if chain is None else (chain & right, chain_valid & valid)
             n = valid.sum().clamp(min=1)
-            head_stats.append(torch.stack([step_loss.detach(), correct.sum() / n, top5.sum() / n, chain.sum() / n]))
+            head_stats.append(torch.stack([step_loss.detach(), correct.sum() / n, top5.sum() / n,
+                                           chain.sum() / chain_valid.sum().clamp(min=1)]))
         *stats, (n_valid, _, _, _) = torch.cat([torch.stack(head_stats), f.loss_mask.sum().float().expand(1, 4)]).tolist()
         metrics: dict[str, float] = {"valid_tokens": n_valid}
         sim_len = 1.0
         for k, (step_loss, acc, acc5, chained) in enumerate(stats):
             metrics.update({f"loss_{k}": step_loss, f"acc_{k}": acc, f"top5_{k}": acc5})
             sim_len += chained
-        metrics["sim_accept_len"] = sim_len  # 1 + sum_i P(heads 1..i all right): a greedy chain's tau under teacher forcing
+        # 1 + sum_i P(heads 1..i all right | all trained there): a greedy chain's tau under teacher forcing
+        metrics["sim_accept_len"] = sim_len
         return total, metrics
-
-    def _head_loss(self, k: int, x: torch.Tensor, teacher_h: torch.Tensor, labels: torch.Tensor):
-        """Head k+1 on N positions, CHUNK_TOKENS at a time, each chunk's [n, V] logits recomputed in
-        backward. Returns (mean loss, top-1 correct [N] bool, target argmax in top-5 [N] bool)."""
-        block, lm_head = self.blocks[k], self.lm_heads[k]
-        N = x.shape[0]
-        loss_sum = x.new_zeros((), dtype=torch.float32)
-        correct, top5 = [], []
-        # An empty batch still runs one (empty) chunk, so every parameter gets a (zero) gradient on every rank.
-        for start in range(0, max(N, 1), CHUNK_TOKENS):
-            xc, hc, yc = x[start : start + CHUNK_TOKENS], teacher_h[start : start + CHUNK_TOKENS], labels[start : start + CHUNK_TOKENS]
-            with torch.no_grad():
-                teacher_logits = self.teacher(hc).float()  # [n, V]
-                target_top1 = teacher_logits.argmax(-1)
-                p = torch.softmax(teacher_logits, -1) if self.labels == "target" else None
-                del teacher_logits
-            if torch.is_grad_enabled():  # keep only the chunk's inputs; backward recomputes its logits
-                chunk_loss, top = checkpoint(_chunk_loss, block, lm_head, xc, p, yc, use_reentrant=False)
-            else:
-                chunk_loss, top = _chunk_loss(block, lm_head, xc, p, yc)
-            loss_sum = loss_sum + chunk_loss
-            correct.append(top[:, 0] == target_top1)
-            top5.append((top == target_top1[:, None]).any(-1))
-        return loss_sum / max(N, 1), torch.cat(correct), torch.cat(top5)
 
     # -- checkpoint -----------------------------------------------------------------------------
     def export_state_dict(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
@@ -226,7 +210,7 @@ class MedusaHeads(nn.Module):
         directory.mkdir(parents=True, exist_ok=True)
         tensors = state_dict if state_dict is not None else self.export_state_dict()
         save_file({k: v.to(dtype) for k, v in tensors.items()}, str(directory / "model.safetensors"), metadata={"format": "pt"})
-        (directory / "config.json").write_text(json.dumps(self.config.to_hf_dict(), indent=2))
+        (directory / "config.json").write_text(json.dumps(self.config.to_hf_dict(dtype), indent=2))
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, **kwargs) -> "MedusaHeads":
@@ -253,14 +237,6 @@ class MedusaHeads(nn.Module):
         """Finished heads for ``target`` (a Target or TargetMatrices), refused by name if they do not fit."""
         config_path = Path(directory) / "config.json"
         if config_path.is_file():  # check the shape before reading tensors of the wrong size
-            MedusaConfig.from_hf_dict(json.loads(config_path.read_text()), str(config_path)).check_target(target.config)
+            MedusaConfig.from_hf_dict(json.loads(config_path.read_text()), str(config_path)).check_target(
+                target.config, str(config_path))
         return cls.from_pretrained(directory)
-
-
-def _chunk_loss(block: nn.Module, lm_head: nn.Linear, x: torch.Tensor, p: torch.Tensor | None, labels: torch.Tensor):
-    """Summed cross-entropy of one head on n positions (soft labels ``p`` [n, V], or the data's tokens)
-    and its top-5 ids [n, 5]."""
-    logits = lm_head(block(x)).float()  # [n, V]
-    logq = torch.log_softmax(logits, -1)
-    loss = -(p * logq).sum() if p is not None else F.nll_loss(logq, labels, reduction="sum")
-    return loss, logits.detach().topk(min(5, logits.shape[-1]), -1).indices

@@ -40,6 +40,8 @@ class DraftConfig:
     """ResBlocks per Medusa head."""
     labels: str = "target"
     """What Medusa heads learn: target (the target's own distribution, self-distillation) | data (the data's tokens)."""
+    loss_chunk_tokens: int = 1024
+    """Positions per [chunk, V] float32 logits block of full-vocab losses (Medusa); lower it to save memory."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ class HeadType:
     """The head's module class: its ``needs`` and ``load(directory, target)``."""
     build: Callable[[DraftConfig, Target, torch.Tensor], DraftHead]
     """(config, target, loss-masked token counts [V]) -> a fresh head for that target."""
+    fields: tuple[str, ...]
+    """The DraftConfig fields this head reads (its recipe, as cards and logs show it)."""
 
 
 def build_eagle3(config: DraftConfig, target: Target, token_counts: torch.Tensor) -> Eagle3Draft:
@@ -71,13 +75,17 @@ def build_medusa(config: DraftConfig, target: Target, token_counts: torch.Tensor
     else:
         medusa_config = MedusaConfig.from_target(target.config, config.num_heads, config.num_layers)
     medusa_config.check_target(target.config)
-    head = MedusaHeads(medusa_config, step_weight=config.step_weight, labels=config.labels)
+    head = MedusaHeads(medusa_config, step_weight=config.step_weight, labels=config.labels,
+                       chunk_tokens=config.loss_chunk_tokens)
     head.load_target_lm_head(target.lm_head_weight)
     head.set_teacher(target.vocab_head())
     return head
 
 
-HEADS: dict[str, HeadType] = {"eagle3": HeadType(Eagle3Draft, build_eagle3), "medusa": HeadType(MedusaHeads, build_medusa)}
+HEADS: dict[str, HeadType] = {
+    "eagle3": HeadType(Eagle3Draft, build_eagle3, ("draft_vocab_size", "ttt_steps", "step_weight")),
+    "medusa": HeadType(MedusaHeads, build_medusa, ("num_heads", "num_layers", "labels", "step_weight")),
+}
 
 
 def head_type(name: str) -> HeadType:

@@ -46,6 +46,11 @@ class TargetOutput:
         return TargetOutput(aux_hidden_states=aux, last_hidden_state=self.last_hidden_state[:, index])
 
 
+def text_config(config):
+    """The decoder's config: a multimodal config's text part, else the config itself."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
 def default_aux_layer_ids(num_layers: int) -> tuple[int, ...]:
     """EAGLE-3's low / middle / high layers, in vLLM ids."""
     return (2, num_layers // 2, num_layers - 3)

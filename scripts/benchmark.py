@@ -76,12 +76,13 @@ def main() -> int:
         questions = first_per_category(questions, args.per_category)
     eos = {t for t in [tokenizer.eos_token_id, target.model.generation_config.eos_token_id] if isinstance(t, int)}
     max_len = 4096
-    runner = TargetRunner(target, max_len=max_len)
     vocab_size = target.lm_head.weight.shape[0]
+    reads_aux = args.method in HEADS and HEADS[args.method].cls.needs.aux_hidden_states
+    runner = TargetRunner(target, max_len=max_len, with_aux=reads_aux)
     if args.method in HEADS:
         if not args.draft:
             p.error(f"--method {args.method} needs --draft (the head's directory)")
-        head = load_head(args.method, args.draft, target).to(device)
+        head = load_head(args.method, args.draft, target).to(device=device, dtype=target.lm_head_weight.dtype)
         make = lambda: drafter_for(head, max_len)  # noqa: E731
     elif args.method == "draft-model":
         if not args.draft:

@@ -70,10 +70,10 @@ def main() -> int:
                    for q in read_questions(args.questions)[: args.prompts]]
     target = Target.from_pretrained(TargetConfig(path=target_path, dtype="bfloat16" if device == "cuda" else "float32",
                                                  device=device))
-    heads = MedusaHeads.load(args.draft, target).to(device)
+    heads = MedusaHeads.load(args.draft, target).to(device=device, dtype=target.lm_head_weight.dtype)
     tokenizer = load_tokenizer(target_path)
     eos = {t for t in [tokenizer.eos_token_id, target.model.generation_config.eos_token_id] if isinstance(t, int)}
-    runner = TargetRunner(target, max_len=max(x.shape[1] for x in prompts) + args.max_new_tokens + 2)
+    runner = TargetRunner(target, max_len=max(x.shape[1] for x in prompts) + args.max_new_tokens + 2, with_aux=False)
     accuracy = rank_accuracy(runner, heads, [x.to(device) for x in prompts], args.max_new_tokens, eos, args.max_rank)
     paths = best_static_tree(accuracy, args.nodes)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ import json
 import shutil
 from pathlib import Path
 
+from headstart.models.registry import head_type
 from headstart.trainer.checkpoint import latest_checkpoint
 
 # What a card says of each exported layout: title, layout note, the unit one metric row describes.
@@ -24,10 +25,7 @@ COLUMNS = {"acc": "top-1 accuracy (draft argmax = target argmax)", "top5": "top-
 
 
 def recipe_line(draft: dict) -> str:
-    if draft["head"] == "medusa":
-        return (f"{draft['num_heads']} heads x {draft['num_layers']} ResBlock(s), labels: {draft['labels']}, "
-                f"head weights {draft['step_weight']}^k")
-    return f"draft vocab {draft['draft_vocab_size']}, {draft['ttt_steps']} TTT steps"
+    return f"{draft['head']}: " + ", ".join(f"{k} {draft[k]}" for k in head_type(draft["head"]).fields)
 
 
 def main() -> None:
@@ -55,7 +53,10 @@ def main() -> None:
     last = evals[-1]
     steps = sorted(int(k.split("_")[1]) for k in last if k.startswith("acc_"))
     columns = [c for c in COLUMNS if f"{c}_0" in last]
-    title, layout, unit = LAYOUTS[json.loads((final / "config.json").read_text())["architectures"][0]]
+    architecture = json.loads((final / "config.json").read_text())["architectures"][0]
+    if architecture not in LAYOUTS:
+        raise SystemExit(f"{final}/config.json: no card is known for architecture {architecture!r}; known: {sorted(LAYOUTS)}")
+    title, layout, unit = LAYOUTS[architecture]
     header = f"| {unit} | " + " | ".join(COLUMNS[c] for c in columns) + " |\n|---|" + "---|" * len(columns)
     rows = "\n".join(f"| {k} | " + " | ".join(f"{last[f'{c}_{k}']:.3f}" for c in columns) + " |" for k in steps)
     t = run_config["train"]

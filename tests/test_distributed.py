@@ -90,10 +90,12 @@ def test_decode_evaluation_under_sharding(runs, variant):
 
 def test_medusa_heads_train_alike_on_fsdp_and_zero3_with_decode_evaluation(tmp_path):
     """The same trainer and backends carry Medusa: 2-rank FSDP2 and ZeRO-3 agree step for step, the
-    integrated decode evaluation drafts with the Medusa drafter, and both export vLLM's Medusa layout."""
+    integrated decode evaluation drafts with the Medusa drafter, and both export vLLM's Medusa layout.
+    5-token loss chunks give the ranks different chunk counts: ZeRO-3 must still call in lockstep."""
     needs("zero3")
     base = make_setup(tmp_path) + ["--train.batch_size=1", "--train.grad_accum=2", "--train.max_steps=3",
-                                   "--train.save_every=2", "--draft.head=medusa", "--draft.num_heads=2", *DECODE_EVAL]
+                                   "--train.save_every=2", "--draft.head=medusa", "--draft.num_heads=2",
+                                   "--draft.loss_chunk_tokens=5", *DECODE_EVAL]
     runs = {"fsdp": [], "zero3": VARIANTS["zero3"][:2]}
     for name, extra in runs.items():
         torchrun(base + [f"--output_dir={tmp_path / name}", *extra], cwd=tmp_path)

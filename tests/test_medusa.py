@@ -10,7 +10,6 @@ import torch
 from tiny_models import tiny_causal_lm
 from trainer_fixtures import make_setup, train_losses
 
-import headstart.models.medusa as medusa_module
 from headstart.decode.medusa_drafter import MedusaDrafter, rank_accuracy
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import best_static_tree, expected_accept_length
@@ -54,10 +53,10 @@ def dense_reference(heads: MedusaHeads, target, f: Features, labels: str):
     logits_all = heads.head_logits(h).float()  # [K, B, T, V]
     teacher = target.logits(h).float()  # [B, T, V]
     B, T = f.input_ids.shape
-    total, accs = 0.0, []
+    total, accs, chains = 0.0, [], []
     for k in range(heads.config.num_heads):
         i = k + 1
-        losses, right = [], []
+        losses, right, chain = [], [], []
         for b, t in itertools.product(range(B), range(T - i - 1)):
             if not f.loss_mask[b, t + i + 1]:
                 continue
@@ -67,21 +66,24 @@ def dense_reference(heads: MedusaHeads, target, f: Features, labels: str):
             else:
                 losses.append(-logq[f.input_ids[b, t + i + 1]])
             right.append(float(logits_all[k, b, t].argmax() == teacher[b, t + i].argmax()))
+            # a greedy chain at t: heads 1..i all trained at t and all equal to the target's argmax
+            if all(f.loss_mask[b, t + j + 1] for j in range(1, i)):
+                chain.append(all(logits_all[j - 1, b, t].argmax() == teacher[b, t + j].argmax() for j in range(1, i + 1)))
         total = total + heads.step_weight**k * torch.stack(losses).mean()
         accs.append(sum(right) / len(right))
-    return total, accs
+        chains.append(sum(chain) / len(chain))
+    return total, accs, 1.0 + sum(chains)
 
 
 @pytest.mark.parametrize("labels", ["target", "data"])
-def test_chunked_loss_and_gradients_equal_the_dense_reference(target, monkeypatch, labels):
-    monkeypatch.setattr(medusa_module, "CHUNK_TOKENS", 7)  # several chunks per head, a ragged last one
+def test_chunked_loss_and_gradients_equal_the_dense_reference(target, labels):
     f = batch(target)
-    heads = heads_for(target, labels=labels)
+    heads = heads_for(target, labels=labels, chunk_tokens=7)  # several chunks per head, a ragged last one
     loss, metrics = heads.loss(f)
     loss.backward()
     grads = {n: p.grad.clone() for n, p in heads.named_parameters()}
     heads.zero_grad()
-    ref, accs = dense_reference(heads, target, f, labels)
+    ref, accs, sim_len = dense_reference(heads, target, f, labels)
     ref.backward()
     torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
     for n, p in heads.named_parameters():
@@ -89,7 +91,21 @@ def test_chunked_loss_and_gradients_equal_the_dense_reference(target, monkeypatc
     for k, acc in enumerate(accs):
         assert metrics[f"acc_{k}"] == pytest.approx(acc, abs=1e-6)
         assert metrics[f"acc_{k}"] <= metrics[f"top5_{k}"] <= 1.0
-    assert 1.0 <= metrics["sim_accept_len"] <= 1.0 + sum(accs) + 1e-6
+    assert metrics["sim_accept_len"] == pytest.approx(sim_len, abs=1e-6)
+
+
+def test_heads_that_match_the_target_everywhere_give_a_full_chain(target):
+    """A constant hidden state makes the target's argmax the same token everywhere, and fresh heads (the
+    target's lm_head) predict it: every head is right wherever it is trained, so a greedy chain accepts
+    all K drafts -- also at the start of an assistant turn, where the first heads are not trained."""
+    f = batch(target)
+    f.last_hidden_state = torch.randn(32).expand_as(f.last_hidden_state).clone()
+    heads = MedusaHeads(MedusaConfig.from_target(target.config, 4, 1))
+    heads.load_target_lm_head(target.lm_head_weight)
+    heads.set_teacher(target.vocab_head())
+    _, metrics = heads.loss(f)
+    assert [metrics[f"acc_{k}"] for k in range(4)] == [1.0] * 4
+    assert metrics["sim_accept_len"] == pytest.approx(5.0)
 
 
 def test_fresh_heads_start_as_the_targets_lm_head(target):

@@ -223,3 +223,30 @@ def test_medusa_drafts_are_each_heads_ranks_whatever_the_parent(world):
     assert tree.parents.tolist() == [-1, -1, 0, 1, 1, 4]
     with pytest.raises(ValueError, match="predict 3 tokens ahead"):
         build_static_tree(drafter, StaticTree(((0,), (0, 0), (0, 0, 0), (0, 0, 0, 0))), max_depth=10)
+
+
+class RecordingMedusaDrafter(MedusaDrafter):
+    """Records the context each read of the target's state should correspond to."""
+
+    def begin(self, prompt_ids, states, next_token):
+        self.context = prompt_ids[0].tolist() + [next_token]
+        self.reads = [(list(self.context), states.last_hidden_state[0, -1].clone())]
+        super().begin(prompt_ids, states, next_token)
+
+    def update(self, emitted, states):
+        self.context += emitted
+        self.reads.append((list(self.context), states.last_hidden_state[0, -1].clone()))
+        super().update(emitted, states)
+
+
+@pytest.mark.parametrize("tree", [None, "static"])
+def test_medusa_reads_the_state_that_produced_the_last_emitted_token(world, tree):
+    """After every round the drafter reads the target's final hidden state at the position whose
+    output is the token just emitted: what a fresh forward over the context gives at that position."""
+    _, runner, _, _, prompt = world
+    drafter = RecordingMedusaDrafter(random_medusa_heads(runner.target))
+    speculative_generate(runner, drafter, prompt, 30, set(), k=4, tree=None if tree is None else TREES[tree])
+    assert len(drafter.reads) > 3
+    for context, hidden in drafter.reads:
+        fresh = runner.target(torch.tensor([context[:-1]])).last_hidden_state[0, -1]
+        torch.testing.assert_close(hidden, fresh, rtol=1e-4, atol=1e-4)

@@ -216,7 +216,10 @@ class FeatureStore:
         self.manifest = json.loads(path.read_text())
         if self.manifest.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"{path}: feature format {self.manifest.get('format_version')} (this headstart reads {FORMAT_VERSION})")
-        self.storage = Storage(**self.manifest["storage"])
+        try:
+            self.storage = Storage(**self.manifest["storage"])
+        except TypeError as err:
+            raise ValueError(f"{path}: unreadable 'storage' entry {self.manifest['storage']!r} ({err})") from None
         self.index: dict[int, tuple[int, int, int]] = {}  # row -> (shard, start, end)
         for i, shard in enumerate(self.manifest["shards"]):
             offsets = shard["offsets"]

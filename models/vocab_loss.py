@@ -1,0 +1,59 @@
+"""Cross-entropy over a full target vocabulary (V = 128k-150k for real targets) without a [N, V]
+float32 tensor per head: positions go through in chunks, and each chunk's logits -- and the
+teacher's distribution -- are recomputed in backward (activation checkpointing), so only the
+chunk's [n, H] inputs are kept. Used by every head that predicts the target's full vocab.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+
+def lockstep_chunks(n: int, chunk_tokens: int, device: torch.device) -> int:
+    """Chunks to run for n positions: the most any rank needs. ZeRO-3 gathers a module's weights at
+    every call, collectively, so every rank must call the projection the same number of times."""
+    count = torch.tensor([max(1, -(-n // chunk_tokens))], device=device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    return int(count)
+
+
+def chunked_vocab_loss(project: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
+                       teacher: Callable[[torch.Tensor], torch.Tensor], teacher_h: torch.Tensor, labels: torch.Tensor,
+                       soft: bool, chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Mean cross-entropy of ``project(x)`` [N, V] against the teacher's distribution
+    ``softmax(teacher(teacher_h))`` (``soft``) or the ``labels`` [N]; also per position whether the
+    draft's argmax equals the teacher's, and whether the teacher's argmax is in the draft's top 5.
+
+    Empty chunks are run too (see ``lockstep_chunks``), so every parameter gets a gradient on every rank."""
+    N = x.shape[0]
+    loss_sum = torch.zeros((), dtype=torch.float32, device=x.device)
+    correct, top5 = [], []
+    for c in range(lockstep_chunks(N, chunk_tokens, x.device)):
+        part = slice(c * chunk_tokens, (c + 1) * chunk_tokens)
+        args = (project, teacher, x[part], teacher_h[part], labels[part], soft)
+        if torch.is_grad_enabled():  # keep only the chunk's inputs; backward recomputes its logits
+            chunk_loss, draft_top, target_top1 = checkpoint(_chunk, *args, use_reentrant=False)
+        else:
+            chunk_loss, draft_top, target_top1 = _chunk(*args)
+        loss_sum = loss_sum + chunk_loss
+        correct.append(draft_top[:, 0] == target_top1)
+        top5.append((draft_top == target_top1[:, None]).any(-1))
+    return loss_sum / max(N, 1), torch.cat(correct), torch.cat(top5)
+
+
+def _chunk(project, teacher, x: torch.Tensor, teacher_h: torch.Tensor, labels: torch.Tensor, soft: bool):
+    """Summed loss of n positions, the draft's top-5 ids [n, 5] and the teacher's argmax [n]."""
+    with torch.no_grad():
+        teacher_logits = teacher(teacher_h).float()  # [n, V]
+        target_top1 = teacher_logits.argmax(-1)
+        p = torch.softmax(teacher_logits, -1) if soft else None
+        del teacher_logits
+    logq = torch.log_softmax(project(x).float(), -1)  # [n, V]
+    loss = -(p * logq).sum() if soft else F.nll_loss(logq, labels, reduction="sum")
+    return loss, logq.detach().topk(min(5, logq.shape[-1]), -1).indices, target_top1
