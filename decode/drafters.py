@@ -13,10 +13,13 @@ from torch import nn
 from headstart.decode.eagle3_drafter import Eagle3Drafter
 from headstart.decode.generate import Drafter
 from headstart.decode.medusa_drafter import MedusaDrafter
+from headstart.decode.mtp_drafter import MTPDrafter
 from headstart.models.eagle3 import Eagle3Draft
 from headstart.models.medusa import MedusaHeads
+from headstart.models.mtp import MTPHead
 
-DRAFTERS: dict[type, Callable[[nn.Module, int], Drafter]] = {Eagle3Draft: Eagle3Drafter, MedusaHeads: MedusaDrafter}
+DRAFTERS: dict[type, Callable[[nn.Module, int], Drafter]] = {Eagle3Draft: Eagle3Drafter, MedusaHeads: MedusaDrafter,
+                                                               MTPHead: MTPDrafter}
 
 
 def drafter_for(head: nn.Module, max_len: int) -> Drafter:

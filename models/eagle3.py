@@ -27,7 +27,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from headstart.models.draft_vocab import check_draft_vocab
-from headstart.models.head import FeatureNeeds, Features
+from headstart.models.head import FeatureNeeds, Features, shift_left
 from headstart.models.target import check_aux_layer_ids, default_aux_layer_ids, text_config
 
 
@@ -284,7 +284,7 @@ class Eagle3Draft(nn.Module):
         base_pos = torch.arange(T, device=hidden.device).unsqueeze(0).expand(B, T)
         keys, values = [], []
         for k in range(self.ttt_steps):
-            ids_k = _shift_left(f.input_ids, 1 + k, 0)  # token_{t+1+k}
+            ids_k = shift_left(f.input_ids, 1 + k, 0)  # token_{t+1+k}
             embeds = self.embed_tokens(ids_k).to(hidden.dtype)
             cos, sin = self.rotary_emb(hidden, base_pos + k)
             x = self.midlayer.attn_input(embeds, hidden)
@@ -303,8 +303,8 @@ class Eagle3Draft(nn.Module):
         total = torch.zeros((), dtype=torch.float32, device=f.input_ids.device)
         step_stats = []  # per step: [loss, acc, accept]; moved to the host once, after the loop
         for k, logits in enumerate(self.unroll(f)):  # logits [B, T, V_d]
-            tgt_k = _shift_left(f.target_logits, 1 + k, 0.0)  # target logits at t+1+k: predicts t+2+k
-            valid_k = _shift_left(valid, 1 + k, False)
+            tgt_k = shift_left(f.target_logits, 1 + k, 0.0)  # target logits at t+1+k: predicts t+2+k
+            valid_k = shift_left(valid, 1 + k, False)
             logq = torch.log_softmax(logits, dim=-1)
             p = torch.softmax(tgt_k.float(), dim=-1)  # target restricted to the draft vocab, renormalised
             n_valid = valid_k.sum().clamp(min=1)
@@ -379,10 +379,3 @@ class Eagle3Draft(nn.Module):
         head.config.check_target(target.config)
         return head
 
-
-def _shift_left(x: torch.Tensor, n: int, fill) -> torch.Tensor:
-    """x[:, t] <- x[:, t + n], filling the last n positions (dim 1) with ``fill``."""
-    out = torch.full_like(x, fill)
-    if n < x.shape[1]:
-        out[:, : x.shape[1] - n] = x[:, n:]
-    return out

@@ -64,3 +64,12 @@ class DraftHead(Protocol):
 
     def save_pretrained(self, directory: str, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         """Write the head in the server format it is loaded from (config.json + model.safetensors)."""
+
+
+def shift_left(x: torch.Tensor, n: int, fill) -> torch.Tensor:
+    """x[:, t] <- x[:, t + n], filling the last n positions (dim 1) with ``fill``: what position t
+    predicts n tokens ahead (EAGLE-3's and MTP's unrolled steps)."""
+    out = torch.full_like(x, fill)
+    if n < x.shape[1]:
+        out[:, : x.shape[1] - n] = x[:, n:]
+    return out

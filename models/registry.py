@@ -17,6 +17,7 @@ from headstart.models.draft_vocab import build_draft_vocab
 from headstart.models.eagle3 import Eagle3Config, Eagle3Draft
 from headstart.models.head import DraftHead
 from headstart.models.medusa import MedusaConfig, MedusaHeads
+from headstart.models.mtp import MTPHead, build_mtp
 from headstart.models.target import Target
 
 
@@ -31,9 +32,9 @@ class DraftConfig:
     draft_vocab_size: int = 32000
     """Size of the draft vocab (most frequent trained tokens); capped at the target vocab (EAGLE-3)."""
     ttt_steps: int = 7
-    """Training-time-test unroll length (EAGLE-3)."""
+    """Training-time-test unroll length (EAGLE-3), or MTP's unrolled recurrent steps."""
     step_weight: float = 0.8
-    """Loss weight of TTT step k (EAGLE-3), or of Medusa head k+1, is step_weight**k."""
+    """Loss weight of TTT / MTP step k (EAGLE-3, MTP), or of Medusa head k+1, is step_weight**k."""
     num_heads: int = 4
     """Medusa heads K: head i predicts the token i+1 positions after the next one."""
     num_layers: int = 1
@@ -85,6 +86,8 @@ def build_medusa(config: DraftConfig, target: Target, token_counts: torch.Tensor
 HEADS: dict[str, HeadType] = {
     "eagle3": HeadType(Eagle3Draft, build_eagle3, ("draft_vocab_size", "ttt_steps", "step_weight")),
     "medusa": HeadType(MedusaHeads, build_medusa, ("num_heads", "num_layers", "labels", "step_weight")),
+    "mtp": HeadType(MTPHead, lambda c, t, _: build_mtp(t, c.ttt_steps, c.step_weight, c.loss_chunk_tokens),
+                    ("ttt_steps", "step_weight")),
 }
 
 

@@ -106,7 +106,16 @@ class Target(nn.Module):
     @classmethod
     def from_pretrained(cls, config: TargetConfig) -> "Target":
         model = load_causal_lm(config)
-        return cls(model, config.aux_layer_ids)
+        target = cls(model, config.aux_layer_ids)
+        target.path = config.path
+        return target
+
+    path: str | None = None
+    """The checkpoint directory the target was loaded from (None when built from a model in memory)."""
+
+    def layer_state(self, index: int) -> dict[str, torch.Tensor]:
+        """Decoder layer ``index``'s tensors (``TargetMatrices`` reads the same from the safetensors)."""
+        return self.layers[index].state_dict()
 
     @property
     def config(self):

@@ -76,6 +76,21 @@ class TargetMatrices:
         bias_name = head_name[: -len("weight")] + "bias" if head_name else None
         self.lm_head_bias = read(bias_name) if bias_name in files else None
         self.softcap = getattr(text, "final_logit_softcapping", None)
+        self.path, self._files, self._dtype, self._device = str(root), files, dtype, device
+
+    def layer_state(self, index: int) -> dict[str, torch.Tensor]:
+        """Decoder layer ``index``'s tensors (names relative to the layer), read from the safetensors."""
+        marker = f"layers.{index}."
+        # A multimodal checkpoint may number several towers' layers; the language model's is the one.
+        prefixes = sorted({n[: n.index(marker) + len(marker)] for n in self._files if marker in n},
+                          key=lambda p: ("language_model" not in p, len(p)))
+        if not prefixes:
+            raise ValueError(f"{self.path}: no tensors of decoder layer {index} in its safetensors")
+        out = {}
+        for n in (n for n in self._files if n.startswith(prefixes[0])):
+            with safe_open(str(self._files[n]), framework="pt") as f:
+                out[n[len(prefixes[0]):]] = f.get_tensor(n).to(device=self._device, dtype=self._dtype)
+        return out
 
     @property
     def vocab_size(self) -> int:

@@ -12,12 +12,14 @@ from headstart.decode.draft_model import DraftModelDrafter
 from headstart.decode.eagle3_drafter import Eagle3Drafter
 from headstart.decode.generate import Sampling, speculative_generate
 from headstart.decode.medusa_drafter import MedusaDrafter
+from headstart.decode.mtp_drafter import MTPDrafter
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import DynamicTree, StaticTree
 from headstart.models.draft_vocab import build_draft_vocab
 from headstart.models.eagle3 import Eagle3Config, Eagle3Draft
 from headstart.models.medusa import MedusaConfig, MedusaHeads
+from headstart.models.mtp import build_mtp
 from headstart.models.target import Target
 
 V = 8
@@ -89,11 +91,12 @@ def medusa_heads(model) -> MedusaHeads:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("drafter", ["eagle3", "medusa", "ngram"])
+@pytest.mark.parametrize("drafter", ["eagle3", "medusa", "mtp", "ngram"])
 def test_speculative_samples_follow_the_target(world, drafter):
     model, runner, head = world
-    heads = medusa_heads(model)
-    make = {"eagle3": lambda: Eagle3Drafter(head, 32), "medusa": lambda: MedusaDrafter(heads), "ngram": NgramDrafter}[drafter]
+    heads, mtp = medusa_heads(model), build_mtp(runner.target)
+    make = {"eagle3": lambda: Eagle3Drafter(head, 32), "medusa": lambda: MedusaDrafter(heads),
+            "mtp": lambda: MTPDrafter(mtp, 32), "ngram": NgramDrafter}[drafter]
     stat, critical = chi2_vs(sample_pairs(runner, make, 2500, seed=0), exact_joint(model))
     assert stat < critical
 
@@ -114,14 +117,14 @@ def test_misreported_draft_probabilities_are_detected(world):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("drafter", ["eagle3", "medusa", "draft-model"])
+@pytest.mark.parametrize("drafter", ["eagle3", "medusa", "mtp", "draft-model"])
 @pytest.mark.parametrize("tree", [DynamicTree(depth=3, topk=3, total_tokens=8), StaticTree(((0,), (1,), (0, 0), (1, 0), (0, 0, 0)))])
 def test_tree_speculative_samples_follow_the_target(world, drafter, tree):
     model, runner, head = world
     small = tiny_causal_lm("llama", num_hidden_layers=2, vocab_size=V)
-    heads = medusa_heads(model)
+    heads, mtp = medusa_heads(model), build_mtp(runner.target)
     make = {"eagle3": lambda: Eagle3Drafter(head, 32), "medusa": lambda: MedusaDrafter(heads),
-            "draft-model": lambda: DraftModelDrafter(small, 32, V)}[drafter]
+            "mtp": lambda: MTPDrafter(mtp, 32), "draft-model": lambda: DraftModelDrafter(small, 32, V)}[drafter]
     pairs = sample_pairs(runner, make, 2500, seed=0, tree=tree)
     stat, critical = chi2_vs(pairs, exact_joint(model))
     assert stat < critical

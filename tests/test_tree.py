@@ -13,9 +13,11 @@ from headstart.decode.draft_model import DraftModelDrafter
 from headstart.decode.eagle3_drafter import Eagle3Drafter
 from headstart.decode.generate import greedy_generate, speculative_generate
 from headstart.decode.medusa_drafter import MedusaDrafter
+from headstart.decode.mtp_drafter import MTPDrafter
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import DraftTree, DynamicTree, StaticTree, build_dynamic_tree, build_static_tree, verify_tree
 from headstart.models.medusa import MedusaConfig, MedusaHeads
+from headstart.models.mtp import build_mtp
 from headstart.models.target import Target
 
 
@@ -153,6 +155,8 @@ def make_drafter(kind, world):
         return Eagle3Drafter(head, 192)
     if kind == "medusa":
         return MedusaDrafter(random_medusa_heads(runner.target))
+    if kind == "mtp":  # a fresh layer: the target's last layer behind random fusion weights
+        return MTPDrafter(build_mtp(runner.target), 192)
     return DraftModelDrafter(model if kind == "self-draft" else small, 192, model.config.vocab_size)
 
 
@@ -179,7 +183,7 @@ def test_draft_model_chain_equals_its_own_greedy_decoding(world):
 TREES = {"dynamic": DynamicTree(depth=4, topk=3, total_tokens=12), "static": StaticTree(((0,), (1,), (0, 0), (0, 1), (0, 0, 0)))}
 
 
-@pytest.mark.parametrize("kind", ["eagle3", "medusa", "draft-model", "self-draft"])
+@pytest.mark.parametrize("kind", ["eagle3", "medusa", "mtp", "draft-model", "self-draft"])
 @pytest.mark.parametrize("tree", list(TREES))
 @pytest.mark.parametrize("max_new", [1, 2, 9, 40])
 def test_tree_speculation_equals_greedy(world, kind, tree, max_new):
@@ -192,7 +196,7 @@ def test_tree_speculation_equals_greedy(world, kind, tree, max_new):
         assert out.accepted[:5] == [3] * 5
 
 
-@pytest.mark.parametrize("kind", ["eagle3", "medusa", "draft-model"])
+@pytest.mark.parametrize("kind", ["eagle3", "medusa", "mtp", "draft-model"])
 def test_chain_speculation_equals_greedy(world, kind):
     _, runner, _, _, prompt = world
     for k in (1, 4, 6):  # medusa: k = 6 > its 4 heads proposes 4

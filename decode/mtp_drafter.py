@@ -1,0 +1,100 @@
+"""MTP drafting at inference, consistent with its unrolled training.
+
+Draft pair j is (the target's final hidden state at j, token x_{j+1}) at rotary position j+1, as the
+servers number it; committed pairs live in the layer's own KV cache (one layer). To propose k
+tokens from the last committed pair, step i (i >= 1) feeds back the layer's previous output with the
+token just drafted, one position further, attending to the committed keys and its own earlier
+steps -- the attention pattern and positions of training step i. Trees expand top-k children the
+same way, each node attending to the committed context, its expanded ancestors and itself.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from headstart.decode.kv_cache import PositionalKVCache
+from headstart.decode.target_runner import additive_mask
+from headstart.decode.tree import ExpandedNodes
+from headstart.models.mtp import MTPHead
+from headstart.models.target import TargetOutput
+
+
+class MTPDrafter:
+    def __init__(self, head: MTPHead, max_len: int) -> None:
+        self.head = head.eval()
+        self.max_len = max_len
+        self.cache = PositionalKVCache(1, max_len)
+        self.device = head.eh_proj.weight.device
+        self.last_hidden: torch.Tensor | None = None  # [1, 1, H] the layer's output at the last committed pair
+        self.last_logits: torch.Tensor | None = None  # [V]
+
+    @torch.no_grad()
+    def _step(self, hidden: torch.Tensor, tokens: torch.Tensor, start: int, positions: torch.Tensor | None = None,
+              allowed: torch.Tensor | None = None) -> torch.Tensor:
+        """The layer on n pairs (hidden [1, n, H], tokens [1, n]) written at slots [start, start+n).
+        Defaults: slot s at rotary position s+1 and causal attention over every earlier slot; a tree
+        passes its own ``positions`` [n] and ``allowed`` [n, start+n]. Returns the outputs [1, n, H]."""
+        n = tokens.shape[1]
+        end = start + n
+        if end > self.max_len:
+            raise ValueError(f"MTP KV cache overflow: {end} > max_len {self.max_len}")
+        if positions is None:
+            positions = torch.arange(start + 1, end + 1, device=self.device)
+        if allowed is None:
+            allowed = torch.ones(n, end, dtype=torch.bool, device=self.device)
+            allowed[:, start:] = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+        positions = positions.view(1, n)
+        self.cache.begin(start)
+        x = self.head.fuse(tokens, hidden, positions)
+        return self.head.layer(x, positions, additive_mask(allowed, x.dtype), self.cache)
+
+    def _commit(self, hidden: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Pairs (h_j, x_{j+1}) for the next n positions: hidden [1, n, H], tokens [1, n]."""
+        start = self.cache.length
+        out = self._step(hidden, tokens, start)
+        self.cache.rollback(start + tokens.shape[1])
+        self.last_hidden = out[:, -1:]
+        self.last_logits = self.head.logits(self.last_hidden)[0, -1].float()
+
+    def begin(self, prompt_ids: torch.Tensor, states: TargetOutput, next_token: int) -> None:
+        self.cache.rollback(0)
+        tokens = torch.cat([prompt_ids[:, 1:], torch.tensor([[next_token]], device=prompt_ids.device)], dim=1)
+        self._commit(states.last_hidden_state, tokens.to(self.device))
+
+    def update(self, emitted: list[int], states: TargetOutput) -> None:
+        self._commit(states.last_hidden_state, torch.tensor([emitted], device=self.device))
+
+    @torch.no_grad()
+    def propose(self, k: int) -> torch.Tensor:
+        """k greedy drafts: step i feeds back step i-1's output and draft."""
+        tokens, hidden, logits = [], self.last_hidden, self.last_logits
+        length = self.cache.length
+        for i in range(k):
+            if i > 0:  # speculative slots after the committed ones; overwritten by the next commit
+                hidden = self._step(hidden, tokens[-1].view(1, 1), length - 1 + i)
+                logits = self.head.logits(hidden)[0, -1]
+            tokens.append(logits.argmax(-1).view(1))
+        return torch.cat(tokens) if tokens else torch.empty(0, dtype=torch.long, device=self.device)
+
+    # -- trees (decode/tree.py) ------------------------------------------------------------------
+    def to_target(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids
+
+    def tree_root(self) -> torch.Tensor:
+        self._tree_hidden = self.last_hidden.new_zeros(0, self.last_hidden.shape[-1])  # outputs of expanded nodes
+        self._expanded = ExpandedNodes(self.device)
+        return self.last_logits
+
+    @torch.no_grad()
+    def tree_expand(self, parents: torch.Tensor, tokens: torch.Tensor, depth: int) -> torch.Tensor:
+        """m nodes at ``depth`` (pair: the parent's output, the node's token), at the position of
+        training step ``depth``; returns their children's logits [m, V]."""
+        m, done, committed = tokens.numel(), self._expanded.count, self.cache.length
+        pool = torch.cat([self.last_hidden[0], self._tree_hidden])  # row 0: the root's output
+        hidden = pool[parents + 1].unsqueeze(0)  # [1, m, H]
+        new_anc = self._expanded.add(parents)  # [m, done+m]
+        allowed = torch.cat([torch.ones(m, committed, dtype=torch.bool, device=self.device), new_anc], dim=1)
+        positions = torch.full((m,), committed + depth, device=self.device)
+        out = self._step(hidden, tokens.view(1, m), committed + done, positions, allowed)
+        self._tree_hidden = torch.cat([self._tree_hidden, out[0]])
+        return self.head.logits(out)[0].float()

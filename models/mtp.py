@@ -1,0 +1,280 @@
+"""MTP: a DeepSeek-V3-style multi-token-prediction layer trained against the frozen target.
+
+    step j (j = 0..K-1), at position t, rotary position t+1+j (the servers' position of the pair):
+        x        = eh_proj(cat(enorm(embed(token_{t+1+j})), hnorm(h_j)))     # [B, T, H] from [B, T, 2H]
+        h_{j+1}  = block(x)           one decoder layer of the target's own architecture and HF class
+        logits_j = lm_head(norm(h_{j+1}))                                    # predicts token t+2+j
+    h_0 = the target's final hidden state at t (after its final norm, as vLLM and SGLang pass it);
+    embed and lm_head are the target's, frozen and shared; an embedding at position 0 is zeroed.
+
+Recurrent drafting (k > 1 reuses the layer and feeds h_{j+1} back) is trained the way it is used:
+``unroll`` steps, a query of step j at t attending to step 0's keys at positions <= t and to its
+own position in steps 1..j -- the pattern the drafter sees at inference (EAGLE-3's training-time
+test) -- with the steps' keys kept in a cache, as at inference. The loss is the target's own
+distribution at t+1+j over its full vocab (models/vocab_loss.py: chunked, recomputed in backward).
+
+Layouts (docs/FORMATS.md section D): a target that ships MTP tensors -- DeepSeek-V3
+(``model.layers.{N}.*``, N = num_hidden_layers) or Qwen3-Next (``mtp.*``) -- is read from and
+written back to its own checkpoint (models/mtp_checkpoint.py); a fresh layer for a dense target is
+saved in headstart's own layout (``HeadstartMTP``: config.json + model.safetensors), which no
+server loads (see the README).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import AutoModelForCausalLM, DynamicCache
+
+from headstart.models.head import FeatureNeeds, Features, shift_left
+from headstart.models.target import text_config
+from headstart.models.vocab_loss import chunked_vocab_loss
+
+NEG = -1.0e30  # additive mask value for a key a query may not see
+
+
+@dataclass(frozen=True)
+class MTPConfig:
+    hidden_size: int
+    vocab_size: int
+    layer_index: int  # N = the target's num_hidden_layers: where DeepSeek numbers its MTP layer
+    layout: str = "headstart"  # deepseek | qwen3_next | headstart (a dense target's fresh layer)
+
+    def __post_init__(self) -> None:
+        if self.layout not in ("deepseek", "qwen3_next", "headstart"):
+            raise ValueError(f"MTP layout must be deepseek, qwen3_next or headstart, got {self.layout!r}")
+
+    @classmethod
+    def from_target(cls, target_config, layout: str = "headstart") -> "MTPConfig":
+        tc = text_config(target_config)
+        return cls(tc.hidden_size, tc.vocab_size, tc.num_hidden_layers, layout)
+
+    def check_target(self, target_config, where: str = "the MTP config") -> None:
+        tc = text_config(target_config)
+        problems = [f"{k} {mine} != target {k} {theirs}" for k, mine, theirs in (
+            ("hidden_size", self.hidden_size, tc.hidden_size), ("vocab_size", self.vocab_size, tc.vocab_size),
+            ("num_hidden_layers", self.layer_index, tc.num_hidden_layers)) if mine != theirs]
+        if problems:
+            raise ValueError(f"{where}: the MTP layer does not fit the target:\n  " + "\n  ".join(problems))
+
+
+def block_config(target_config, layer_index: int):
+    """The target's text config, extended so that a decoder layer at ``layer_index`` can be built
+    (a per-layer ``layer_types`` list gets full attention there, as MTP layers use)."""
+    cfg = copy.deepcopy(text_config(target_config))
+    types = getattr(cfg, "layer_types", None)
+    if isinstance(types, list) and len(types) <= layer_index:
+        cfg.layer_types = types + ["full_attention"] * (layer_index + 1 - len(types))
+    if getattr(cfg, "_attn_implementation", None) not in ("sdpa", "eager"):
+        cfg._attn_implementation = "sdpa"  # an explicit mask is needed: the TTT pattern is not causal
+    return cfg
+
+
+class MTPHead(nn.Module):
+    """One MTP layer. ``layer_cls``, ``norm_cls`` and ``rotary_cls`` are the target's own HF classes."""
+
+    needs = FeatureNeeds(last_hidden_state=True)
+
+    def __init__(self, config: MTPConfig, target_config, layer_cls: type, norm_cls: type, rotary_cls: type,
+                 unroll: int = 3, step_weight: float = 0.8, chunk_tokens: int = 1024) -> None:
+        super().__init__()
+        if unroll < 1:
+            raise ValueError(f"MTP unroll (draft.ttt_steps) must be >= 1, got {unroll}")
+        self.config, self.unroll_steps, self.step_weight, self.chunk_tokens = config, unroll, step_weight, chunk_tokens
+        cfg = block_config(target_config, config.layer_index)
+        H, eps = config.hidden_size, getattr(cfg, "rms_norm_eps", 1e-6)
+        self.embed_tokens = nn.Embedding(config.vocab_size, H)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.enorm, self.hnorm, self.norm = norm_cls(H, eps=eps), norm_cls(H, eps=eps), norm_cls(H, eps=eps)
+        self.eh_proj = nn.Linear(2 * H, H, bias=False)
+        self.block = layer_cls(cfg, layer_idx=config.layer_index)  # MoE, attention type etc. as layer N would be
+        for module in self.block.modules():  # its KV lives at index 0 of the head's own one-layer cache
+            if hasattr(module, "layer_idx"):
+                module.layer_idx = 0
+        self.rotary_emb = rotary_cls(config=cfg)
+        self.lm_head: Callable[[torch.Tensor], torch.Tensor] | None = None  # the target's, shared and frozen
+        self.lm_head_dtype = torch.float32
+        self.source: str | None = None  # the target checkpoint a native layer was read from (written back into a copy)
+
+    @classmethod
+    def for_target(cls, target, config: MTPConfig | None = None, **kwargs) -> "MTPHead":
+        """Built from a ``Target``'s own classes, its embedding and lm_head attached."""
+        config = config or MTPConfig.from_target(target.config)
+        config.check_target(target.config)
+        head = cls(config, target.config, *target_classes(target), **kwargs)
+        with torch.no_grad():
+            head.embed_tokens.weight.copy_(target.embed_tokens.weight.to(head.embed_tokens.weight.dtype))
+        head.set_lm_head(target.vocab_head(), target.lm_head_weight.dtype)
+        return head
+
+    def set_lm_head(self, vocab_head: Callable[[torch.Tensor], torch.Tensor], dtype: torch.dtype) -> None:
+        """The target's lm_head as a function [..., H] -> [..., V] and its dtype."""
+        self.lm_head, self.lm_head_dtype = vocab_head, dtype
+
+    def target_vocab_ids(self) -> torch.Tensor:
+        return torch.arange(self.config.vocab_size, device=self.eh_proj.weight.device)
+
+    # -- the layer ------------------------------------------------------------------------------
+    def fuse(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """eh_proj(cat(enorm(embed(tokens)), hnorm(hidden))): tokens [B, n], hidden [B, n, H], positions [B, n]."""
+        embeds = self.embed_tokens(tokens).to(self.eh_proj.weight.dtype)
+        embeds = embeds.masked_fill((positions == 0).unsqueeze(-1), 0.0)  # as the servers do at position 0
+        return self.eh_proj(torch.cat([self.enorm(embeds), self.hnorm(hidden.to(self.eh_proj.weight.dtype))], dim=-1))
+
+    def layer(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
+        """The decoder block on x [B, n, H] at rotary ``positions`` [B, n] under an additive ``mask``
+        [B or 1, 1, n, S] over the cache's keys (its new ones included)."""
+        out = self.block(x, attention_mask=mask.to(x.dtype), position_ids=positions, past_key_values=cache, use_cache=True,
+                         position_embeddings=self.rotary_emb(x, positions))
+        return out[0] if isinstance(out, tuple) else out
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., H] -> the target's lm_head over norm(hidden): [..., V]."""
+        return self.lm_head(self.norm(hidden).to(self.lm_head_dtype))
+
+    # -- training -------------------------------------------------------------------------------
+    def forward(self, features: Features) -> tuple[torch.Tensor, dict[str, float]]:
+        return self.loss(features)
+
+    def unroll(self, f: Features):
+        """Yield each step's layer output h_{j+1} [B, T, H]: at position t, step j read token t+1+j and
+        h_j (h_0 = the target's final hidden state); its logits predict token t+2+j."""
+        B, T = f.input_ids.shape
+        device = f.input_ids.device
+        base = torch.arange(T, device=device).unsqueeze(0).expand(B, T)
+        causal = torch.zeros(T, T, device=device).masked_fill(~torch.ones(T, T, dtype=torch.bool, device=device).tril(), NEG)
+        diagonal = torch.full((T, T), NEG, device=device).fill_diagonal_(0.0)
+        cache, hidden = DynamicCache(), f.last_hidden_state
+        for j in range(self.unroll_steps):
+            positions = base + 1 + j
+            mask = torch.cat([causal] + [diagonal] * j, dim=1)[None, None]  # [1, 1, T, (j+1)T]
+            hidden = self.layer(self.fuse(shift_left(f.input_ids, 1 + j, 0), hidden, positions), positions, mask, cache)
+            yield hidden
+
+    def loss(self, f: Features) -> tuple[torch.Tensor, dict[str, float]]:
+        if f.last_hidden_state is None:
+            raise ValueError("the MTP layer reads the target's final hidden state; the features carry none")
+        if self.lm_head is None:
+            raise ValueError("the MTP layer needs the target's lm_head (set_lm_head)")
+        target_h = f.last_hidden_state  # [B, T, H]
+        T = target_h.shape[1]
+        total = torch.zeros((), dtype=torch.float32, device=target_h.device)
+        stats, chain, chain_valid = [], None, None
+        for j, hidden in enumerate(self.unroll(f)):
+            # Position t is trained at step j when token t+2+j is an assistant token; the target's
+            # distribution at t+1+j predicts it.
+            valid = torch.zeros_like(f.loss_mask, dtype=torch.bool)
+            if j + 2 < T:
+                valid[:, : T - j - 2] = f.loss_mask[:, j + 2 :].bool()
+            src = valid.nonzero(as_tuple=True)
+            step_loss, correct, top5 = chunked_vocab_loss(self.logits, hidden[src], self.lm_head, target_h[src[0], src[1] + 1 + j],
+                                                          f.input_ids[src[0], src[1] + 2 + j], True, self.chunk_tokens)
+            total = total + (self.step_weight**j) * step_loss
+            right = torch.zeros_like(valid)
+            right[src] = correct
+            chain, chain_valid = (right, valid) if chain is None else (chain & right, chain_valid & valid)
+            n = valid.sum().clamp(min=1)
+            stats.append(torch.stack([step_loss.detach(), correct.sum() / n, top5.sum() / n,
+                                      chain.sum() / chain_valid.sum().clamp(min=1)]))
+        *rows, (n_valid, _, _, _) = torch.cat([torch.stack(stats), f.loss_mask.sum().float().expand(1, 4)]).tolist()
+        metrics: dict[str, float] = {"valid_tokens": n_valid}
+        sim_len = 1.0
+        for j, (step_loss, acc, acc5, chained) in enumerate(rows):
+            metrics.update({f"loss_{j}": step_loss, f"acc_{j}": acc, f"top5_{j}": acc5})
+            sim_len += chained
+        metrics["sim_accept_len"] = sim_len  # a greedy chain of `unroll` drafts under teacher forcing
+        return total, metrics
+
+    # -- headstart's own layout (dense targets) --------------------------------------------------
+    def export_state_dict(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """The trained tensors (the target's embedding is not the head's to save)."""
+        state = self.state_dict() if state is None else state
+        return {k: v.detach().to("cpu").contiguous() for k, v in state.items() if not k.startswith("embed_tokens.")}
+
+    def save_pretrained(self, directory: str | Path, dtype: torch.dtype = torch.bfloat16,
+                        state_dict: dict[str, torch.Tensor] | None = None) -> None:
+        """Native layouts are written back into a copy of the target (models/mtp_checkpoint.py);
+        a dense target's layer goes to headstart's own layout."""
+        tensors = state_dict if state_dict is not None else self.export_state_dict()
+        if self.config.layout != "headstart":
+            from headstart.models.mtp_checkpoint import write_target_with_mtp
+
+            write_target_with_mtp(self.source, directory, tensors, self.config.layout, self.config.layer_index)
+            return
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()},
+                  str(directory / "model.safetensors"), metadata={"format": "pt"})
+        (directory / "config.json").write_text(json.dumps({
+            "architectures": ["HeadstartMTP"], "model_type": "headstart_mtp", "hidden_size": self.config.hidden_size,
+            "vocab_size": self.config.vocab_size, "layer_index": self.config.layer_index, "unroll": self.unroll_steps,
+            "torch_dtype": str(dtype).removeprefix("torch."),
+            "note": "headstart's own layout for an MTP layer on a dense target; no server loads it (see README)"}, indent=2))
+
+    @classmethod
+    def load(cls, directory: str | Path, target) -> "MTPHead":
+        """An MTP layer for ``target``: from a target checkpoint that carries one (native layouts) or
+        from headstart's own layout; refused by name if it does not fit."""
+        from headstart.models.mtp_checkpoint import find_native_layout, read_native_mtp
+
+        directory = Path(directory)
+        if find_native_layout(directory, text_config(target.config).num_hidden_layers) is not None:
+            return read_native_mtp(directory, target)
+        path = directory / "config.json"
+        if not path.is_file() or not (directory / "model.safetensors").is_file():
+            raise FileNotFoundError(f"{directory}: neither a target checkpoint with MTP tensors nor an MTP layer in "
+                                    "headstart's layout (config.json + model.safetensors)")
+        d = json.loads(path.read_text())
+        if d.get("architectures") != ["HeadstartMTP"]:
+            raise ValueError(f"{path}: not an MTP layer in headstart's layout (architectures={d.get('architectures')})")
+        config = MTPConfig(d["hidden_size"], d["vocab_size"], d["layer_index"], "headstart")
+        config.check_target(target.config, str(path))
+        head = cls.for_target(target, config, unroll=d.get("unroll", 3))
+        load_tensors(head, load_file(str(directory / "model.safetensors")), str(directory / "model.safetensors"))
+        return head
+
+
+def load_tensors(head: MTPHead, tensors: dict[str, torch.Tensor], where: str) -> None:
+    """Strictly: every trained tensor present with its shape, nothing unknown."""
+    expected = head.export_state_dict()
+    missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
+    bad = [k for k in set(expected) & set(tensors) if tuple(tensors[k].shape) != tuple(expected[k].shape)]
+    if missing or unexpected or bad:
+        raise ValueError(f"{where}: tensors do not match this target's MTP layer: missing {missing[:6]}, unexpected "
+                         f"{unexpected[:6]}, wrong shape {bad[:6]}")
+    head.load_state_dict({k: v.to(expected[k].dtype) for k, v in tensors.items()}, strict=False)
+
+
+
+def target_classes(target) -> tuple[type, type, type]:
+    """The target's decoder layer, norm and rotary classes. A ``TargetMatrices`` (offline: no model)
+    builds the architecture on the meta device, which allocates nothing, to learn them."""
+    model = getattr(target, "model", None)
+    if model is None:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(target.config)
+    base = getattr(model, model.base_model_prefix)
+    return type(base.layers[-1]), type(base.norm), type(base.rotary_emb)
+
+
+def build_mtp(target, unroll: int = 3, step_weight: float = 0.8, chunk_tokens: int = 1024) -> MTPHead:
+    """The MTP layer to train for ``target``: the one its checkpoint ships (DeepSeek-V3, Qwen3-Next
+    layouts), or a fresh one whose decoder block starts as a copy of the target's last layer."""
+    from headstart.models.mtp_checkpoint import find_native_layout, read_native_mtp
+
+    n_layers = text_config(target.config).num_hidden_layers
+    if target.path and find_native_layout(target.path, n_layers) is not None:
+        return read_native_mtp(target.path, target, unroll=unroll, step_weight=step_weight, chunk_tokens=chunk_tokens)
+    head = MTPHead.for_target(target, unroll=unroll, step_weight=step_weight, chunk_tokens=chunk_tokens)
+    last = target.layer_state(n_layers - 1)
+    mine = head.block.state_dict()
+    if set(last) == set(mine) and all(last[k].shape == mine[k].shape for k in mine):
+        head.block.load_state_dict(last)  # else (the last layer is another type) the block keeps HF's init
+    return head
