@@ -12,7 +12,7 @@ import torch
 from transformers import PreTrainedModel
 
 from headstart.decode.kv_cache import PositionalKVCache
-from headstart.decode.target_runner import additive_mask
+from headstart.models.target import additive_mask
 from headstart.decode.tree import ExpandedNodes
 
 

@@ -1,7 +1,7 @@
 """MTP drafting at inference, consistent with its unrolled training.
 
-Draft pair j is (the target's final hidden state at j, token x_{j+1}) at rotary position j+1, as the
-servers number it; committed pairs live in the layer's own KV cache (one layer). To propose k
+Draft pair j is (the target's final hidden state at j, token x_{j+1}) at rotary position j, as
+vLLM numbers it; committed pairs live in the layer's own KV cache (one layer). To propose k
 tokens from the last committed pair, step i (i >= 1) feeds back the layer's previous output with the
 token just drafted, one position further, attending to the committed keys and its own earlier
 steps -- the attention pattern and positions of training step i. Trees expand top-k children the
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from headstart.decode.kv_cache import PositionalKVCache
-from headstart.decode.target_runner import additive_mask
+from headstart.models.target import additive_mask
 from headstart.decode.tree import ExpandedNodes
 from headstart.models.mtp import MTPHead
 from headstart.models.target import TargetOutput
@@ -32,14 +32,14 @@ class MTPDrafter:
     def _step(self, hidden: torch.Tensor, tokens: torch.Tensor, start: int, positions: torch.Tensor | None = None,
               allowed: torch.Tensor | None = None) -> torch.Tensor:
         """The layer on n pairs (hidden [1, n, H], tokens [1, n]) written at slots [start, start+n).
-        Defaults: slot s at rotary position s+1 and causal attention over every earlier slot; a tree
+        Defaults: slot s at rotary position s and causal attention over every earlier slot; a tree
         passes its own ``positions`` [n] and ``allowed`` [n, start+n]. Returns the outputs [1, n, H]."""
         n = tokens.shape[1]
         end = start + n
         if end > self.max_len:
             raise ValueError(f"MTP KV cache overflow: {end} > max_len {self.max_len}")
         if positions is None:
-            positions = torch.arange(start + 1, end + 1, device=self.device)
+            positions = torch.arange(start, end, device=self.device)
         if allowed is None:
             allowed = torch.ones(n, end, dtype=torch.bool, device=self.device)
             allowed[:, start:] = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
@@ -94,7 +94,7 @@ class MTPDrafter:
         hidden = pool[parents + 1].unsqueeze(0)  # [1, m, H]
         new_anc = self._expanded.add(parents)  # [m, done+m]
         allowed = torch.cat([torch.ones(m, committed, dtype=torch.bool, device=self.device), new_anc], dim=1)
-        positions = torch.full((m,), committed + depth, device=self.device)
+        positions = torch.full((m,), committed - 1 + depth, device=self.device)
         out = self._step(hidden, tokens.view(1, m), committed + done, positions, allowed)
         self._tree_hidden = torch.cat([self._tree_hidden, out[0]])
         return self.head.logits(out)[0].float()

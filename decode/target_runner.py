@@ -12,13 +12,7 @@ from __future__ import annotations
 import torch
 
 from headstart.decode.kv_cache import PositionalKVCache
-from headstart.models.target import Target, TargetOutput
-
-
-def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """[n, S] bool (True = may attend) -> the [1, 1, n, S] additive mask HF attention takes."""
-    mask = torch.zeros(1, 1, *allowed.shape, dtype=dtype, device=allowed.device)
-    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+from headstart.models.target import Target, TargetOutput, additive_mask
 
 
 class TargetRunner:

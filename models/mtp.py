@@ -1,11 +1,13 @@
 """MTP: a DeepSeek-V3-style multi-token-prediction layer trained against the frozen target.
 
-    step j (j = 0..K-1), at position t, rotary position t+1+j (the servers' position of the pair):
+    step j (j = 0..K-1), at position t, rotary position t+j (vLLM's proposer keeps the target's
+    positions and shifts the tokens: the pair (h_t, x_{t+1}) sits at t, and one further per step):
         x        = eh_proj(cat(enorm(embed(token_{t+1+j})), hnorm(h_j)))     # [B, T, H] from [B, T, 2H]
         h_{j+1}  = block(x)           one decoder layer of the target's own architecture and HF class
         logits_j = lm_head(norm(h_{j+1}))                                    # predicts token t+2+j
     h_0 = the target's final hidden state at t (after its final norm, as vLLM and SGLang pass it);
-    embed and lm_head are the target's, frozen and shared; an embedding at position 0 is zeroed.
+    embed and lm_head are the target's, frozen and shared; the embedding at position 0 (the first
+    pair, x_1) is zeroed, as vLLM's and SGLang's DeepSeek MTP do.
 
 Recurrent drafting (k > 1 reuses the layer and feeds h_{j+1} back) is trained the way it is used:
 ``unroll`` steps, a query of step j at t attending to step 0's keys at positions <= t and to its
@@ -34,11 +36,8 @@ from torch import nn
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from headstart.models.head import FeatureNeeds, Features, shift_left
-from headstart.models.target import text_config
+from headstart.models.target import additive_mask, text_config
 from headstart.models.vocab_loss import chunked_vocab_loss
-
-NEG = -1.0e30  # additive mask value for a key a query may not see
-
 
 @dataclass(frozen=True)
 class MTPConfig:
@@ -149,12 +148,12 @@ class MTPHead(nn.Module):
         B, T = f.input_ids.shape
         device = f.input_ids.device
         base = torch.arange(T, device=device).unsqueeze(0).expand(B, T)
-        causal = torch.zeros(T, T, device=device).masked_fill(~torch.ones(T, T, dtype=torch.bool, device=device).tril(), NEG)
-        diagonal = torch.full((T, T), NEG, device=device).fill_diagonal_(0.0)
+        causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()  # step 0: causal
+        diagonal = torch.eye(T, dtype=torch.bool, device=device)  # steps 1..j: the own position only
         cache, hidden = DynamicCache(), f.last_hidden_state
         for j in range(self.unroll_steps):
-            positions = base + 1 + j
-            mask = torch.cat([causal] + [diagonal] * j, dim=1)[None, None]  # [1, 1, T, (j+1)T]
+            positions = base + j
+            mask = additive_mask(torch.cat([causal] + [diagonal] * j, dim=1), self.eh_proj.weight.dtype)  # [1, 1, T, (j+1)T]
             hidden = self.layer(self.fuse(shift_left(f.input_ids, 1 + j, 0), hidden, positions), positions, mask, cache)
             yield hidden
 

@@ -46,6 +46,12 @@ class TargetOutput:
         return TargetOutput(aux_hidden_states=aux, last_hidden_state=self.last_hidden_state[:, index])
 
 
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[n, S] bool (True = may attend) -> the [1, 1, n, S] additive mask HF attention takes."""
+    mask = torch.zeros(1, 1, *allowed.shape, dtype=dtype, device=allowed.device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+
+
 def text_config(config):
     """The decoder's config: a multimodal config's text part, else the config itself."""
     return config.get_text_config() if hasattr(config, "get_text_config") else config
