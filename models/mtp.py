@@ -36,7 +36,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from headstart.models.head import FeatureNeeds, Features, shift_left
-from headstart.models.target import additive_mask, text_config
+from headstart.models.target import _decoder_layers, additive_mask, text_config
 from headstart.models.vocab_loss import chunked_vocab_loss
 
 @dataclass(frozen=True)
@@ -259,21 +259,30 @@ def target_classes(target) -> tuple[type, type, type]:
     if model is None:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(target.config)
-    base = getattr(model, model.base_model_prefix)
-    return type(base.layers[-1]), type(base.norm), type(base.rotary_emb)
+    layers = _decoder_layers(model)
+    base = next(m for m in model.modules() if any(c is layers for c in m.children()))  # the module holding the layers
+    return type(layers[-1]), type(base.norm), type(base.rotary_emb)
 
 
 def build_mtp(target, unroll: int = 3, step_weight: float = 0.8, chunk_tokens: int = 1024) -> MTPHead:
     """The MTP layer to train for ``target``: the one its checkpoint ships (DeepSeek-V3, Qwen3-Next
     layouts), or a fresh one whose decoder block starts as a copy of the target's last layer."""
-    from headstart.models.mtp_checkpoint import find_native_layout, read_native_mtp
+    from headstart.models.mtp_checkpoint import find_native_layout, fuse_experts, read_native_mtp
 
     n_layers = text_config(target.config).num_hidden_layers
     if target.path and find_native_layout(target.path, n_layers) is not None:
         return read_native_mtp(target.path, target, unroll=unroll, step_weight=step_weight, chunk_tokens=chunk_tokens)
     head = MTPHead.for_target(target, unroll=unroll, step_weight=step_weight, chunk_tokens=chunk_tokens)
-    last = target.layer_state(n_layers - 1)
+    last = fuse_experts(target.layer_state(n_layers - 1))  # read from safetensors (offline), experts are per-expert
     mine = head.block.state_dict()
     if set(last) == set(mine) and all(last[k].shape == mine[k].shape for k in mine):
-        head.block.load_state_dict(last)  # else (the last layer is another type) the block keeps HF's init
+        head.block.load_state_dict(last)
+    else:  # the last layer is of another kind (e.g. linear attention): HF's initialisation, stated
+        std = getattr(text_config(target.config), "initializer_range", 0.02)
+        with torch.no_grad():
+            for p in head.block.parameters():
+                if p.dim() >= 2:  # matrices and fused experts (allocated uninitialised by their class)
+                    p.normal_(0.0, std)
+        print(f"MTP: the target's last layer does not match the MTP block (differs in "
+              f"{sorted(set(last) ^ set(mine))[:4]}); the block starts from a normal({std}) initialisation")
     return head

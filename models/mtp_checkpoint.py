@@ -9,12 +9,18 @@ of their own under their original names, and an updated ``model.safetensors.inde
         model.layers.{N}.shared_head.norm.weight, model.layers.{N}.<decoder layer>; N = num_hidden_layers
         (model.layers.{N}.embed_tokens / shared_head.head are copies of the target's: kept as they are)
     Qwen3-Next:  mtp.fc.weight, mtp.pre_fc_norm_{embedding,hidden}.weight, mtp.norm.weight, mtp.layers.0.<layer>
+
+MoE experts are stored one tensor per expert (``mlp.experts.{e}.{gate,up,down}_proj.weight``) while
+transformers holds them fused (``mlp.experts.gate_up_proj`` [E, 2I, H] = cat(gate, up) on dim 1,
+``mlp.experts.down_proj`` [E, H, I]): ``split_experts`` / ``fuse_experts`` convert between the two.
+FP8 block-quantized layers (``weight_scale_inv``) are refused: dequantize such a checkpoint first.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -36,11 +42,60 @@ NATIVE = {
 MARKER = {"deepseek": "model.layers.{N}.eh_proj.weight", "qwen3_next": "mtp.fc.weight"}
 
 
+def split_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Fused expert tensors (transformers' in-memory form) -> one tensor per expert (the checkpoint's)."""
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith("mlp.experts.gate_up_proj"):
+            stem = name[: -len("gate_up_proj")]
+            gate, up = t.chunk(2, dim=1)
+            for e in range(t.shape[0]):
+                out[f"{stem}{e}.gate_proj.weight"], out[f"{stem}{e}.up_proj.weight"] = gate[e].contiguous(), up[e].contiguous()
+        elif name.endswith("mlp.experts.down_proj"):
+            stem = name[: -len("down_proj")]
+            for e in range(t.shape[0]):
+                out[f"{stem}{e}.down_proj.weight"] = t[e].contiguous()
+        else:
+            out[name] = t
+    return out
+
+
+def fuse_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One tensor per expert -> transformers' fused expert tensors (the inverse of ``split_experts``)."""
+    pattern = re.compile(r"^(.*mlp\.experts\.)(\d+)\.(gate|up|down)_proj\.weight$")
+    out, experts = {}, {}
+    for name, t in tensors.items():
+        m = pattern.match(name)
+        if m is None:
+            out[name] = t
+        else:
+            experts.setdefault(m.group(1), {})[(int(m.group(2)), m.group(3))] = t
+    for stem, parts in experts.items():
+        n = 1 + max(e for e, _ in parts)
+        try:
+            gate, up, down = ([parts[(e, kind)] for e in range(n)] for kind in ("gate", "up", "down"))
+        except KeyError as err:
+            raise ValueError(f"expert tensors under {stem!r} are incomplete: no {err.args[0]}") from None
+        out[f"{stem}gate_up_proj"] = torch.cat([torch.stack(gate), torch.stack(up)], dim=1)
+        out[f"{stem}down_proj"] = torch.stack(down)
+    return out
+
+
 def native_name(name: str, layout: str, layer_index: int) -> str:
     for prefix, native in NATIVE[layout].items():
         if name.startswith(prefix):
             return native.format(N=layer_index) + name[len(prefix):]
     raise KeyError(f"MTP tensor {name!r} has no {layout} name")
+
+
+def head_name(native: str, layout: str, layer_index: int) -> str | None:
+    """The head's name of a native MTP tensor (the longest matching prefix), or None if it is not one."""
+    matches = [(len(n.format(N=layer_index)), prefix, n.format(N=layer_index)) for prefix, n in NATIVE[layout].items()
+               if native.startswith(n.format(N=layer_index))]
+    if not matches:
+        return None
+    _, prefix, stem = max(matches)
+    return prefix + native[len(stem):]
 
 
 def find_native_layout(directory: str | Path, layer_index: int) -> str | None:
@@ -66,17 +121,22 @@ def read_native_mtp(directory: str | Path, target, **kwargs):
         raise ValueError(f"{root}: no MTP tensors of a known layout ({', '.join(m.format(N=n_layers) for m in MARKER.values())})")
     head = MTPHead.for_target(target, MTPConfig.from_target(target.config, layout), **kwargs)
     files = _weight_files(root)
-    tensors, missing = {}, []
-    for name in head.export_state_dict():
-        native = native_name(name, layout, n_layers)
-        if native not in files:
-            missing.append(native)
-            continue
-        with safe_open(str(files[native]), framework="pt") as f:
-            tensors[name] = f.get_tensor(native)
-    if missing:
-        raise ValueError(f"{root}: the {layout} MTP layer lacks {missing[:6]}{' ...' if len(missing) > 6 else ''}")
-    load_tensors(head, tensors, str(root))
+    mine = {n: head_name(n, layout, n_layers) for n in files}
+    mine = {native: name for native, name in mine.items() if name is not None}
+    quantized = [n for n in mine if n.endswith("weight_scale_inv")]
+    if quantized:
+        raise ValueError(f"{root}: the MTP layer is FP8 block-quantized ({quantized[0]}); headstart trains it in "
+                         "bf16 -- dequantize the checkpoint first")
+    by_file: dict[Path, list[str]] = {}
+    for native in mine:
+        by_file.setdefault(files[native], []).append(native)
+    tensors = {}
+    for path, names in by_file.items():  # one open per shard
+        with safe_open(str(path), framework="pt") as f:
+            for native in names:
+                tensors[mine[native]] = f.get_tensor(native)
+    expected = head.export_state_dict()
+    load_tensors(head, {k: v for k, v in fuse_experts(tensors).items() if k in expected}, f"{root} ({layout} MTP layer)")
     head.source = str(root.resolve())
     return head
 
@@ -90,7 +150,10 @@ def write_target_with_mtp(source: str | Path, out: str | Path, tensors: dict[str
     the source stored them in; other files (config, tokenizer) are copied."""
     source, out = Path(source), Path(out)
     files = _weight_files(source)
-    replaced = {native_name(k, layout, layer_index): v for k, v in tensors.items()}
+    if out.resolve() == source.resolve() or any(out.resolve() in p.resolve().parents for p in files.values()):
+        raise ValueError(f"{out}: writing the target with its new MTP layer there would overwrite the files it is read "
+                         f"from ({source}); choose another directory")
+    replaced = split_experts({native_name(k, layout, layer_index): v for k, v in tensors.items()})
     unknown = sorted(set(replaced) - set(files))
     if unknown:
         raise ValueError(f"{source} has no tensors named {unknown[:6]}: the MTP layer was not read from this checkpoint")

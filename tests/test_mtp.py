@@ -17,7 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from headstart.decode.mtp_drafter import MTPDrafter
 from headstart.models.head import Features
 from headstart.models.mtp import MTPHead, build_mtp
-from headstart.models.mtp_checkpoint import find_native_layout, native_name
+from headstart.models.mtp_checkpoint import find_native_layout, native_name, split_experts
 from headstart.models.target import Target, TargetConfig
 from headstart.trainer.config import load_config
 from headstart.trainer.run import build_trainer
@@ -133,7 +133,19 @@ def native_checkpoint(root, layout: str, shards: bool):
     model.save_pretrained(root, max_shard_size="200KB" if shards else "1GB")
     target = Target.from_pretrained(TargetConfig(path=str(root), dtype="float32"))
     mtp = randomized(build_mtp(target), seed=3)  # the checkpoint has no MTP yet: a fresh layer to plant
-    planted = {native_name(k, layout, 8): v.contiguous() for k, v in mtp.export_state_dict().items()}
+    planted = split_experts({native_name(k, layout, 8): v.contiguous() for k, v in mtp.export_state_dict().items()})
+    # The planted layer is named exactly as transformers itself saves such a layer (experts one by one):
+    # DeepSeek's layer 8 mirrors saved layer 7, Qwen3-Next's mtp.layers.0 mirrors saved full-attention layer 3.
+    if shards:
+        saved = list(json.loads((root / "model.safetensors.index.json").read_text())["weight_map"])
+    else:
+        with safe_open(str(root / "model.safetensors"), framework="pt") as fh:
+            saved = list(fh.keys())
+    own, like = ("model.layers.8.", "model.layers.7.") if layout == "deepseek" else ("mtp.layers.0.", "model.layers.3.")
+    block_names = {n[len(own):] for n in planted if n.startswith(own)} - {"enorm.weight", "hnorm.weight", "eh_proj.weight",
+                                                                       "shared_head.norm.weight"}
+    assert block_names == {n[len(like):] for n in saved if n.startswith(like)}
+    assert ("mlp.experts.0.gate_proj.weight" in block_names and "mlp.experts.3.down_proj.weight" in block_names)
     if layout == "deepseek":  # DeepSeek also stores copies of the embedding and head with its MTP layer
         planted["model.layers.8.embed_tokens.weight"] = target.embed_tokens.weight.detach().clone()
         planted["model.layers.8.shared_head.head.weight"] = target.lm_head_weight.detach().clone()
@@ -220,3 +232,43 @@ def test_mtp_trains_through_the_shared_trainer_online_and_offline(tmp_path):
     assert len(train_losses(tmp_path / "on" / "metrics.jsonl")) == 3
     assert MTPHead.load(tmp_path / "on" / "final", online.features.target).unroll_steps == 2
     assert os.path.isfile(tmp_path / "on" / "final" / "config.json")
+
+
+def test_offline_reads_moe_layers_as_the_online_target_holds_them_and_refuses_fp8(tmp_path):
+    from headstart.models.mtp_checkpoint import fuse_experts, read_native_mtp, write_target_with_mtp
+    from headstart.models.target_matrices import TargetMatrices
+
+    native_checkpoint(tmp_path / "src", "deepseek", shards=False)
+    online = Target.from_pretrained(TargetConfig(path=str(tmp_path / "src"), dtype="float32"))
+    offline = TargetMatrices(TargetConfig(path=str(tmp_path / "src"), dtype="float32"))
+    a, b = online.layer_state(7), fuse_experts(offline.layer_state(7))  # checkpoint: one tensor per expert
+    assert "mlp.experts.gate_up_proj" in a and set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+    head = read_native_mtp(tmp_path / "src", online)
+    with pytest.raises(ValueError, match="would overwrite the files it is read from"):
+        write_target_with_mtp(tmp_path / "src", tmp_path / "src", head.export_state_dict(), "deepseek", 8)
+    tensors = load_file(str(tmp_path / "src" / "model.safetensors"))
+    tensors["model.layers.8.eh_proj.weight_scale_inv"] = torch.ones(1, 1)
+    save_file(tensors, str(tmp_path / "src" / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"FP8 block-quantized \(model.layers.8.eh_proj.weight_scale_inv\)"):
+        read_native_mtp(tmp_path / "src", online)
+
+
+def test_proposals_and_trees_follow_the_training_positions(target):
+    """propose(k) feeds its own drafts back: the training unroll over those tokens gives the same argmaxes;
+    a tree of width 1 is that chain."""
+    from headstart.decode.tree import DynamicTree, build_dynamic_tree
+
+    head = randomized(build_mtp(target, unroll=3), seed=7)
+    ids = torch.randint(3, 128, (1, 12), generator=torch.Generator().manual_seed(5))
+    t = 8
+    out = target(ids[:, : t + 1])
+    drafter = MTPDrafter(head, 64)
+    drafter.begin(ids[:, : t + 1], out, int(ids[0, t + 1]))
+    drafts = drafter.propose(3)
+    fed = torch.cat([ids[:, : t + 2], drafts[:2].view(1, 2)], dim=1)  # step i reads draft i at t+1+i
+    f = Features(input_ids=fed, loss_mask=torch.ones_like(fed), last_hidden_state=target(fed).last_hidden_state)
+    with torch.no_grad():
+        argmaxes = [int(head.logits(h)[0, t].argmax()) for h in head.unroll(f)]
+    assert argmaxes == drafts.tolist()
+    tree = build_dynamic_tree(drafter, DynamicTree(3, 1, 3), max_depth=10)
+    assert tree.tokens.tolist() == drafts.tolist() and tree.parents.tolist() == [-1, 0, 1]
