@@ -29,7 +29,7 @@ from torch import nn
 
 from headstart.models.head import FeatureNeeds, Features
 from headstart.models.target import text_config
-from headstart.models.vocab_loss import chunked_vocab_loss
+from headstart.models.vocab_loss import multi_step_loss
 
 
 @dataclass(frozen=True)
@@ -164,40 +164,8 @@ class MedusaHeads(nn.Module):
             raise ValueError("Medusa heads read the target's final hidden state; the features carry none")
         if self.teacher is None:
             raise ValueError("Medusa training needs the target's lm_head (set_teacher) for soft labels and metrics")
-        hidden = f.last_hidden_state  # [B, T, H]
-        T = hidden.shape[1]
-        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        head_stats = []
-        chain = chain_valid = None  # [B, T]: heads 1..i all right (all trained) at t -- a greedy chain accepts them all
-        for i in range(1, self.config.num_heads + 1):
-            # Position t trains head i when token t+i+1 is an assistant token; the target's
-            # distribution at t+i predicts that token.
-            valid = torch.zeros_like(f.loss_mask, dtype=torch.bool)
-            if i + 1 < T:
-                valid[:, : T - i - 1] = f.loss_mask[:, i + 1 :].bool()
-            src = valid.nonzero(as_tuple=True)  # (b, t) of the trained positions
-            x = hidden[src].to(self.lm_heads[0].weight.dtype)  # [N, H]
-            teacher_h = hidden[src[0], src[1] + i]  # [N, H] target state at t+i
-            labels = f.input_ids[src[0], src[1] + i + 1]  # [N] the data's token t+i+1
-            block, lm_head = self.blocks[i - 1], self.lm_heads[i - 1]
-            step_loss, correct, top5 = chunked_vocab_loss(lambda z, b=block, h=lm_head: h(b(z)), x, self.teacher, teacher_h,
-                                                          labels, self.labels == "target", self.chunk_tokens)
-            total = total + (self.step_weight ** (i - 1)) * step_loss
-            right = torch.zeros_like(valid)
-            right[src] = correct
-            chain, chain_valid = (right, valid) if chain is None else (chain & right, chain_valid & valid)
-            n = valid.sum().clamp(min=1)
-            head_stats.append(torch.stack([step_loss.detach(), correct.sum() / n, top5.sum() / n,
-                                           chain.sum() / chain_valid.sum().clamp(min=1)]))
-        *stats, (n_valid, _, _, _) = torch.cat([torch.stack(head_stats), f.loss_mask.sum().float().expand(1, 4)]).tolist()
-        metrics: dict[str, float] = {"valid_tokens": n_valid}
-        sim_len = 1.0
-        for k, (step_loss, acc, acc5, chained) in enumerate(stats):
-            metrics.update({f"loss_{k}": step_loss, f"acc_{k}": acc, f"top5_{k}": acc5})
-            sim_len += chained
-        # 1 + sum_i P(heads 1..i all right | all trained there): a greedy chain's tau under teacher forcing
-        metrics["sim_accept_len"] = sim_len
-        return total, metrics
+        steps = ((lambda z, k=k: self.logits_of(k, z), f.last_hidden_state) for k in range(self.config.num_heads))
+        return multi_step_loss(steps, f, self.teacher, self.labels == "target", self.step_weight, self.chunk_tokens)
 
     # -- checkpoint -----------------------------------------------------------------------------
     def export_state_dict(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:

@@ -37,7 +37,7 @@ from transformers import AutoModelForCausalLM, DynamicCache
 
 from headstart.models.head import FeatureNeeds, Features, shift_left
 from headstart.models.target import _decoder_layers, additive_mask, text_config
-from headstart.models.vocab_loss import chunked_vocab_loss
+from headstart.models.vocab_loss import multi_step_loss
 
 @dataclass(frozen=True)
 class MTPConfig:
@@ -162,34 +162,8 @@ class MTPHead(nn.Module):
             raise ValueError("the MTP layer reads the target's final hidden state; the features carry none")
         if self.lm_head is None:
             raise ValueError("the MTP layer needs the target's lm_head (set_lm_head)")
-        target_h = f.last_hidden_state  # [B, T, H]
-        T = target_h.shape[1]
-        total = torch.zeros((), dtype=torch.float32, device=target_h.device)
-        stats, chain, chain_valid = [], None, None
-        for j, hidden in enumerate(self.unroll(f)):
-            # Position t is trained at step j when token t+2+j is an assistant token; the target's
-            # distribution at t+1+j predicts it.
-            valid = torch.zeros_like(f.loss_mask, dtype=torch.bool)
-            if j + 2 < T:
-                valid[:, : T - j - 2] = f.loss_mask[:, j + 2 :].bool()
-            src = valid.nonzero(as_tuple=True)
-            step_loss, correct, top5 = chunked_vocab_loss(self.logits, hidden[src], self.lm_head, target_h[src[0], src[1] + 1 + j],
-                                                          f.input_ids[src[0], src[1] + 2 + j], True, self.chunk_tokens)
-            total = total + (self.step_weight**j) * step_loss
-            right = torch.zeros_like(valid)
-            right[src] = correct
-            chain, chain_valid = (right, valid) if chain is None else (chain & right, chain_valid & valid)
-            n = valid.sum().clamp(min=1)
-            stats.append(torch.stack([step_loss.detach(), correct.sum() / n, top5.sum() / n,
-                                      chain.sum() / chain_valid.sum().clamp(min=1)]))
-        *rows, (n_valid, _, _, _) = torch.cat([torch.stack(stats), f.loss_mask.sum().float().expand(1, 4)]).tolist()
-        metrics: dict[str, float] = {"valid_tokens": n_valid}
-        sim_len = 1.0
-        for j, (step_loss, acc, acc5, chained) in enumerate(rows):
-            metrics.update({f"loss_{j}": step_loss, f"acc_{j}": acc, f"top5_{j}": acc5})
-            sim_len += chained
-        metrics["sim_accept_len"] = sim_len  # a greedy chain of `unroll` drafts under teacher forcing
-        return total, metrics
+        return multi_step_loss(((self.logits, hidden) for hidden in self.unroll(f)), f, self.lm_head, True,
+                               self.step_weight, self.chunk_tokens)
 
     # -- headstart's own layout (dense targets) --------------------------------------------------
     def export_state_dict(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:

@@ -6,12 +6,14 @@ chunk's [n, H] inputs are kept. Used by every head that predicts the target's fu
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+from headstart.models.head import Features
 
 
 def lockstep_chunks(n: int, chunk_tokens: int, device: torch.device) -> int:
@@ -57,3 +59,44 @@ def _chunk(project, teacher, x: torch.Tensor, teacher_h: torch.Tensor, labels: t
     logq = torch.log_softmax(project(x).float(), -1)  # [n, V]
     loss = -(p * logq).sum() if soft else F.nll_loss(logq, labels, reduction="sum")
     return loss, logq.detach().topk(min(5, logq.shape[-1]), -1).indices, target_top1
+
+
+def multi_step_loss(steps: Iterable[tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor]], f: Features,
+                    teacher: Callable[[torch.Tensor], torch.Tensor], soft: bool, step_weight: float,
+                    chunk_tokens: int) -> tuple[torch.Tensor, dict[str, float]]:
+    """The loss of a head whose step s (s = 0, 1, ...) predicts, at position t, token t+2+s -- Medusa's
+    head s+1, MTP's unrolled step s: ``steps`` yields (project, draft states [B, T, D]) per step,
+    ``project`` mapping draft states to logits over the full vocab.
+
+    Position t is trained at step s when token t+2+s is an assistant token; the label is the target's
+    distribution at t+1+s (``soft``, from ``teacher`` over ``f.last_hidden_state``) or that token.
+    Loss = sum_s step_weight**s x the step's mean over its trained positions. Metrics per step: loss,
+    top-1 and top-5 accuracy against the target's argmax; ``sim_accept_len`` = 1 + sum_s P(steps 0..s
+    all right | all trained at t), a greedy chain's tokens per target forward under teacher forcing."""
+    target_h = f.last_hidden_state  # [B, T, H]
+    T = target_h.shape[1]
+    total = torch.zeros((), dtype=torch.float32, device=target_h.device)
+    stats, chain, chain_valid = [], None, None  # chain [B, T]: steps 0..s all right at t
+    for s, (project, draft) in enumerate(steps):
+        valid = torch.zeros_like(f.loss_mask, dtype=torch.bool)
+        if s + 2 < T:
+            valid[:, : T - s - 2] = f.loss_mask[:, s + 2 :].bool()
+        b, t = valid.nonzero(as_tuple=True)  # the trained positions
+        step_loss, correct, top5 = chunked_vocab_loss(project, draft[b, t], teacher, target_h[b, t + 1 + s],
+                                                      f.input_ids[b, t + 2 + s], soft, chunk_tokens)
+        total = total + (step_weight**s) * step_loss
+        right = torch.zeros_like(valid)
+        right[b, t] = correct
+        chain, chain_valid = (right, valid) if chain is None else (chain & right, chain_valid & valid)
+        n = valid.sum().clamp(min=1)
+        stats.append(torch.stack([step_loss.detach(), correct.sum() / n, top5.sum() / n,
+                                  chain.sum() / chain_valid.sum().clamp(min=1)]))
+    # One host transfer for every metric.
+    *rows, (n_valid, _, _, _) = torch.cat([torch.stack(stats), f.loss_mask.sum().float().expand(1, 4)]).tolist()
+    metrics: dict[str, float] = {"valid_tokens": n_valid}
+    sim_len = 1.0
+    for s, (step_loss, acc, acc5, chained) in enumerate(rows):
+        metrics.update({f"loss_{s}": step_loss, f"acc_{s}": acc, f"top5_{s}": acc5})
+        sim_len += chained
+    metrics["sim_accept_len"] = sim_len
+    return total, metrics

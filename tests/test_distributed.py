@@ -113,3 +113,18 @@ def test_medusa_heads_train_alike_on_fsdp_and_zero3_with_decode_evaluation(tmp_p
         assert set(load_file(str(tmp_path / name / "final" / "model.safetensors"))) == {
             "blocks.0.layers.0.weight", "blocks.0.layers.0.bias", "blocks.1.layers.0.weight", "blocks.1.layers.0.bias",
             "lm_heads.0.weight", "lm_heads.1.weight"}
+
+
+def test_mtp_layer_trains_alike_on_fsdp_and_zero3(tmp_path):
+    """MTP's unrolled steps call its decoder block several times per forward: FSDP2 and ZeRO-3 still agree."""
+    needs("zero3")
+    base = make_setup(tmp_path) + ["--train.batch_size=1", "--train.grad_accum=2", "--train.max_steps=2",
+                                   "--train.save_every=2", "--draft.head=mtp", "--draft.ttt_steps=2",
+                                   "--draft.loss_chunk_tokens=5"]
+    for name, extra in {"fsdp": [], "zero3": VARIANTS["zero3"][:2]}.items():
+        torchrun(base + [f"--output_dir={tmp_path / name}", *extra], cwd=tmp_path)
+    reference = train_losses(tmp_path / "fsdp" / "metrics.jsonl")
+    assert len(reference) == 2 and all(x > 0 for x in reference)
+    assert train_losses(tmp_path / "zero3" / "metrics.jsonl") == pytest.approx(reference, rel=1e-5, abs=1e-6)
+    for name in ("fsdp", "zero3"):
+        assert json.loads((tmp_path / name / "final" / "config.json").read_text())["architectures"] == ["HeadstartMTP"]
