@@ -17,6 +17,9 @@ from headstart.trainer.checkpoint import latest_checkpoint
 LAYOUTS = {
     "LlamaForCausalLMEagle3": ("EAGLE-3 head", "Flat EAGLE-3 server layout (config.json + model.safetensors with d2t/t2d; no "
                                "embed_tokens: the target's are used).", "TTT step k"),
+    "HeadstartMTP": ("MTP layer", "headstart's own MTP layout for a dense target (config.json + model.safetensors: "
+                     "enorm, hnorm, eh_proj, block.*, norm; the target's embedding and lm_head are shared).",
+                     "unrolled step k (predicts token t+k+2)"),
     "MedusaModel": ("Medusa heads", "vLLM's Medusa layout (config.json with num_heads / num_hidden_layers, "
                     "blocks.{i}.layers.{j} and lm_heads.{i} in model.safetensors).", "head k+1 (predicts token t+k+2)"),
 }

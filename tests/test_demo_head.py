@@ -62,3 +62,16 @@ def test_demo_medusa_heads_beat_fresh_ones_and_fit_the_shipped_tree(tmp_path):
     assert trained["acc_0"] > untrained["acc_0"] + 0.2 and trained["acc_3"] > untrained["acc_3"] + 0.1
     tree = StaticTree(tuple(tuple(p) for p in json.loads((REPO / "configs/trees/medusa-demo-32.json").read_text())))
     assert len(tree.paths) == 32 and max(map(len, tree.paths)) <= heads.config.num_heads
+
+
+def test_demo_mtp_layer_loads_in_headstarts_layout_and_beats_a_fresh_one(tmp_path):
+    from headstart.models.mtp import MTPHead, build_mtp
+
+    target = Target.from_pretrained(TargetConfig(path=str(TARGET), dtype="float32"))
+    head = MTPHead.load(REPO / "configs" / "demo" / "mtp-head", target)
+    fresh = build_mtp(target, unroll=head.unroll_steps)  # the target's last layer behind untrained fusion weights
+    f = _gsm8k_features(tmp_path, target, head)
+    with torch.no_grad():
+        trained, untrained = head.loss(f)[1], fresh.loss(f)[1]
+    assert trained["acc_0"] > 0.4 and trained["acc_0"] > untrained["acc_0"] + 0.2
+    assert trained[f"acc_{head.unroll_steps - 1}"] > 0.3  # the recurrent steps were trained too
