@@ -88,6 +88,7 @@ def test_decode_evaluation_under_sharding(runs, variant):
     assert evals and all(1.0 <= r["decode_tau"] <= 5.0 and r["decode_tokens"] == 2 * 7 for r in evals)
 
 
+@pytest.mark.slow
 def test_medusa_heads_train_alike_on_fsdp_and_zero3_with_decode_evaluation(tmp_path):
     """The same trainer and backends carry Medusa: 2-rank FSDP2 and ZeRO-3 agree step for step, the
     integrated decode evaluation drafts with the Medusa drafter, and both export vLLM's Medusa layout.
@@ -115,6 +116,7 @@ def test_medusa_heads_train_alike_on_fsdp_and_zero3_with_decode_evaluation(tmp_p
             "lm_heads.0.weight", "lm_heads.1.weight"}
 
 
+@pytest.mark.slow
 def test_mtp_layer_trains_alike_on_fsdp_and_zero3(tmp_path):
     """MTP's unrolled steps call its decoder block several times per forward: FSDP2 and ZeRO-3 still agree."""
     needs("zero3")
