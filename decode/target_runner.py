@@ -3,8 +3,9 @@
 ``forward`` scores a block of n new tokens placed after the committed cache: a chain (causal) or a
 tree (``tree_mask[i, j]``: token i may attend to token j, its ancestors and itself; position ids by
 depth). It returns full-vocab logits for the n positions only and the target's states there (aux
-hidden states for EAGLE-3, the final hidden state for Medusa), which drafters read. The block is written to the cache but not committed: the caller keeps what was accepted
-(``commit`` for a chain prefix, ``cache.keep`` for a tree path) and the rest is simply overwritten.
+hidden states for EAGLE-3, the final hidden state for Medusa and MTP), which drafters read. The
+block is written to the cache but not committed: the caller keeps what was accepted (``commit`` for
+a chain prefix, ``cache.keep`` for a tree path) and the rest is simply overwritten.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@
     pair, x_1) is zeroed, as vLLM's and SGLang's DeepSeek MTP do.
 
 Recurrent drafting (k > 1 reuses the layer and feeds h_{j+1} back) is trained the way it is used:
-``unroll`` steps, a query of step j at t attending to step 0's keys at positions <= t and to its
+``draft.ttt_steps`` steps, a query of step j at t attending to step 0's keys at positions <= t and to its
 own position in steps 1..j -- the pattern the drafter sees at inference (EAGLE-3's training-time
 test) -- with the steps' keys kept in a cache, as at inference. The loss is the target's own
 distribution at t+1+j over its full vocab (models/vocab_loss.py: chunked, recomputed in backward).

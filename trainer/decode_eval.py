@@ -47,6 +47,7 @@ class DecodeEval:
         if self.head is not None:
             drafter_for(self.head, 1)  # refuse a head no drafter reads now, not at the first evaluation
         self.max_len = max(p.shape[1] for p in self.prompts) + max_new_tokens + k + 2
+        self.with_aux = type(head).needs.aux_hidden_states  # the runner builds aux states only for heads that read them
 
     @torch.no_grad()
     def __call__(self, state: dict[str, torch.Tensor] | None) -> dict[str, float] | None:
@@ -63,7 +64,7 @@ class DecodeEval:
         # strict=False: a backend may leave frozen tensors (the target's embeddings) out of its gathered state.
         self.head.load_state_dict({k: v.to(self.info.device) for k, v in state.items()}, strict=False)
         self.head.eval()
-        runner = TargetRunner(self.target, self.max_len)
+        runner = TargetRunner(self.target, self.max_len, with_aux=self.with_aux)
         tokens = forwards = 0
         for prompt in self.prompts:
             out = speculative_generate(runner, drafter_for(self.head, self.max_len), prompt.to(self.info.device),
