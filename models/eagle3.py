@@ -27,7 +27,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from headstart.models.draft_vocab import check_draft_vocab
-from headstart.models.head import FeatureNeeds, Features, shift_left
+from headstart.models.head import FeatureNeeds, Features, check_layout, shift_left
 from headstart.models.target import check_aux_layer_ids, default_aux_layer_ids, text_config
 
 
@@ -50,6 +50,8 @@ class Eagle3Config:
     rope_scaling: dict | None = None
     max_position_embeddings: int = 4096
     hidden_act: str = "silu"
+    speculative_tokens: int = 3
+    """Tokens a server drafts per step unless told otherwise (speculators' ``speculative_tokens``)."""
 
     @classmethod
     def from_target(cls, target_config, draft_vocab_size: int = 32000, aux_layer_ids=None) -> "Eagle3Config":
@@ -101,7 +103,7 @@ class Eagle3Config:
             # SGLang reads only this nested copy and captures id + 1 (docs/FORMATS.md).
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in self.aux_layer_ids],
                              "use_aux_hidden_state": True},
-            "headstart": {"target_num_layers": self.target_num_layers},
+            "headstart": {"target_num_layers": self.target_num_layers, "speculative_tokens": self.speculative_tokens},
             "torch_dtype": "bfloat16",
         }
 
@@ -129,11 +131,16 @@ class Eagle3Config:
             rope_scaling=d.get("rope_scaling"),
             max_position_embeddings=d.get("max_position_embeddings", 4096),
             hidden_act=d.get("hidden_act", "silu"),
+            speculative_tokens=d.get("headstart", {}).get("speculative_tokens", 3),
         )
 
     @classmethod
     def from_json(cls, path: str | Path) -> "Eagle3Config":
-        return cls.from_hf_dict(json.loads(Path(path).read_text()))
+        """Either layout's config.json (flat, or speculators: docs/FORMATS.md sections A and B)."""
+        from headstart.models.speculators_layout import from_speculators_config, is_speculators
+
+        d = json.loads(Path(path).read_text())
+        return from_speculators_config(d, str(path)) if is_speculators(d) else cls.from_hf_dict(d)
 
     def check_target(self, target_config) -> None:
         """Refuse, before any training, a draft config that does not fit the target."""
@@ -238,6 +245,7 @@ class Eagle3Draft(nn.Module):
     """The EAGLE-3 head. ``embed_tokens`` is the target's, frozen, and not saved when H == H_t."""
 
     needs = FeatureNeeds(aux_hidden_states=True, draft_vocab_logits=True)
+    layouts = ("flat", "speculators")  # docs/FORMATS.md sections A and B; the first is the default
 
     def __init__(self, config: Eagle3Config, ttt_steps: int = 7, step_weight: float = 0.8) -> None:
         super().__init__()
@@ -339,14 +347,22 @@ class Eagle3Draft(nn.Module):
         return out
 
     def save_pretrained(self, directory: str | Path, dtype: torch.dtype = torch.bfloat16,
-                        state_dict: dict[str, torch.Tensor] | None = None) -> None:
-        """Write config.json + model.safetensors in the flat server layout."""
+                        state_dict: dict[str, torch.Tensor] | None = None, layout: str | None = None,
+                        verifier: dict | None = None) -> None:
+        """Write config.json + model.safetensors in the flat server layout or vLLM's speculators layout
+        (``verifier``: the target's ``provenance.fingerprint``, named in the speculators config)."""
+        layout = check_layout(self, layout)
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         tensors = state_dict if state_dict is not None else self.export_state_dict()
         tensors = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in tensors.items()}
+        config = self.config.to_hf_dict()
+        if layout == "speculators":
+            from headstart.models.speculators_layout import to_speculators_config, to_speculators_tensors
+
+            tensors, config = to_speculators_tensors(tensors), to_speculators_config(self.config, verifier)
         save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
-        (directory / "config.json").write_text(json.dumps(self.config.to_hf_dict(), indent=2))
+        (directory / "config.json").write_text(json.dumps(config, indent=2))
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, target_embeddings: torch.Tensor | None = None, **kwargs) -> "Eagle3Draft":
@@ -355,7 +371,9 @@ class Eagle3Draft(nn.Module):
             raise FileNotFoundError(f"{directory}: expected config.json and model.safetensors of an EAGLE-3 draft")
         config = Eagle3Config.from_json(directory / "config.json")
         model = cls(config, **kwargs)
-        tensors = load_file(str(directory / "model.safetensors"))
+        from headstart.models.speculators_layout import from_speculators_tensors
+
+        tensors = from_speculators_tensors(load_file(str(directory / "model.safetensors")))  # either layout
         if target_embeddings is not None and tuple(target_embeddings.shape) != (config.vocab_size, config.hidden_size):
             raise ValueError(f"{directory} was trained for a target with vocab {config.vocab_size} and hidden size "
                              f"{config.hidden_size}, but the given target embeddings are {tuple(target_embeddings.shape)}")

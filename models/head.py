@@ -62,8 +62,22 @@ class DraftHead(Protocol):
     def export_state_dict(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """The tensors a server loads, under its names (from ``state``, a gathered state dict, if given)."""
 
-    def save_pretrained(self, directory: str, state_dict: dict[str, torch.Tensor] | None = None) -> None:
-        """Write the head in the server format it is loaded from (config.json + model.safetensors)."""
+    layouts: tuple[str, ...]
+    """The checkpoint layouts ``save_pretrained`` writes (and ``load`` reads); the first is the default."""
+
+    def save_pretrained(self, directory: str, state_dict: dict[str, torch.Tensor] | None = None,
+                        layout: str | None = None, verifier: dict | None = None) -> None:
+        """Write the head in a server layout (``layout``, default ``layouts[0]``); ``verifier`` is the
+        target's ``provenance.fingerprint``, for layouts whose config names the target."""
+
+
+def check_layout(head, layout: str | None) -> str:
+    """``layout``, or the head's default when None; refused by name if the head cannot write it."""
+    if layout is None:
+        return head.layouts[0]
+    if layout not in head.layouts:
+        raise ValueError(f"{type(head).__name__} is exported in the layouts {list(head.layouts)}, not {layout!r}")
+    return layout
 
 
 def shift_left(x: torch.Tensor, n: int, fill) -> torch.Tensor:

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from headstart.models.head import FeatureNeeds, Features
+from headstart.models.head import FeatureNeeds, Features, check_layout
 from headstart.models.target import text_config
 from headstart.models.vocab_loss import multi_step_loss
 
@@ -116,6 +116,7 @@ class MedusaHeads(nn.Module):
     training with the target's distribution; it is not a parameter and is never saved."""
 
     needs = FeatureNeeds(last_hidden_state=True)
+    layouts = ("vllm",)  # docs/FORMATS.md section C
 
     def __init__(self, config: MedusaConfig, step_weight: float = 0.8, labels: str = "target",
                  chunk_tokens: int = 1024) -> None:
@@ -173,7 +174,9 @@ class MedusaHeads(nn.Module):
         return {name: t.detach().to("cpu").contiguous() for name, t in (self.state_dict() if state is None else state).items()}
 
     def save_pretrained(self, directory: str | Path, dtype: torch.dtype = torch.bfloat16,
-                        state_dict: dict[str, torch.Tensor] | None = None) -> None:
+                        state_dict: dict[str, torch.Tensor] | None = None, layout: str | None = None,
+                        verifier: dict | None = None) -> None:
+        check_layout(self, layout)  # vLLM's layout only; its config does not name the target
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         tensors = state_dict if state_dict is not None else self.export_state_dict()

@@ -59,6 +59,8 @@ def main() -> int:
     p.add_argument("--verify-greedy", action="store_true", help="exit non-zero if speculative output differs from plain")
     p.add_argument("--no-hf-reference", action="store_true", help="skip timing HF generate")
     p.add_argument("--predict", action="store_true", help="predict the chain speed-up for k = 1..8 from measured step times")
+    p.add_argument("--allow-other-target", action="store_true",
+                   help="run a head whose headstart.json names another target (warns instead of refusing)")
     p.add_argument("--out", required=True)
     p.add_argument("--benchmarks", default=None, help="append the table to this markdown file")
     args = p.parse_args()
@@ -82,7 +84,7 @@ def main() -> int:
     if args.method in HEADS:
         if not args.draft:
             p.error(f"--method {args.method} needs --draft (the head's directory)")
-        head = load_head(args.method, args.draft, target).to(device=device, dtype=target.lm_head_weight.dtype)
+        head = load_head(args.method, args.draft, target, args.allow_other_target).to(device=device, dtype=target.lm_head_weight.dtype)
         make = lambda: drafter_for(head, max_len)  # noqa: E731
     elif args.method == "draft-model":
         if not args.draft:

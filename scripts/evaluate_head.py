@@ -22,11 +22,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="recipe YAML")
     p.add_argument("--head", required=True, help="the head's exported directory")
+    p.add_argument("--allow-other-target", action="store_true", help="evaluate a head trained for another target")
     args, overrides = p.parse_known_args(argv)
     config = load_config(args.config, [*overrides, "--output_dir=runs/.evaluate_head", "--logging.progress=false"])
     trainer = build_trainer(config)
     module = trainer.backend.module
-    finished = load_head(config.draft.head, args.head, trainer.features.target)
+    finished = load_head(config.draft.head, args.head, trainer.features.target, args.allow_other_target)
     missing, unexpected = module.load_state_dict(finished.state_dict(), strict=False)
     trained = {n for n, q in module.named_parameters() if q.requires_grad}
     if trained & set(missing) or unexpected:

@@ -26,7 +26,7 @@ from headstart.decode.benchmark import read_questions
 from headstart.decode.medusa_drafter import rank_accuracy
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import best_static_tree, expected_accept_length
-from headstart.models.medusa import MedusaHeads
+from headstart.models.registry import load_head
 from headstart.models.target import Target, TargetConfig, load_tokenizer
 
 
@@ -55,6 +55,7 @@ def main() -> int:
     p.add_argument("--nodes", type=int, default=32, help="tree size (draft tokens verified per round)")
     p.add_argument("--max-rank", type=int, default=10, help="candidates per head considered")
     p.add_argument("--out", required=True, help="JSON file for the tree's rank paths")
+    p.add_argument("--allow-other-target", action="store_true", help="use heads trained for another target")
     args = p.parse_args()
     if bool(args.config) == bool(args.questions):
         p.error("give either --config (held-out conversations) or --target with --questions")
@@ -70,7 +71,7 @@ def main() -> int:
                    for q in read_questions(args.questions)[: args.prompts]]
     target = Target.from_pretrained(TargetConfig(path=target_path, dtype="bfloat16" if device == "cuda" else "float32",
                                                  device=device))
-    heads = MedusaHeads.load(args.draft, target).to(device=device, dtype=target.lm_head_weight.dtype)
+    heads = load_head("medusa", args.draft, target, args.allow_other_target).to(device=device, dtype=target.lm_head_weight.dtype)
     tokenizer = load_tokenizer(target_path)
     eos = {t for t in [tokenizer.eos_token_id, target.model.generation_config.eos_token_id] if isinstance(t, int)}
     runner = TargetRunner(target, max_len=max(x.shape[1] for x in prompts) + args.max_new_tokens + 2, with_aux=False)

@@ -74,11 +74,17 @@ def test_kill_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 
 
 def test_outputs_are_server_layout_drafts(tmp_path):
-    trainer = run(make_setup(tmp_path))
+    trainer = run(make_setup(tmp_path) + ["--export.format=both"])
     run_dir = tmp_path / "run"
     for draft_dir in [run_dir / "final", latest_checkpoint(run_dir) / "draft"]:
         config = json.loads((draft_dir / "config.json").read_text())
         assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 64
+        spec = json.loads((draft_dir / "speculators" / "config.json").read_text())  # export.format: both
+        assert spec["speculators_model_type"] == "eagle3" and spec["draft_vocab_size"] == 64
+        assert spec["speculators_config"]["verifier"]["name_or_path"] == str(tmp_path / "target")
+        record = json.loads((draft_dir / "headstart.json").read_text())  # the target it was trained against
+        assert record["head"] == "eagle3" and record["target"]["name_or_path"] == str(tmp_path / "target")
+        assert record["target"]["tokenizer_sha256"] and record["target"]["config_sha256"]
     head = trainer.backend.module
     reloaded = Eagle3Draft.from_pretrained(run_dir / "final", target_embeddings=head.embed_tokens.weight)
     assert torch.equal(reloaded.d2t, head.d2t)
@@ -168,6 +174,8 @@ def test_config_errors(tmp_path):
         load_config(str(tmp_path / "c.yaml"))
     with pytest.raises(ValueError, match="unknown draft head 'medusa2'"):
         build_trainer(load_config(None, make_setup(tmp_path) + ["--draft.head=medusa2"]))
+    with pytest.raises(ValueError, match=r"export.format 'speculators': MedusaHeads is exported as one of \['vllm'\]"):
+        build_trainer(load_config(None, make_setup(tmp_path) + ["--draft.head=medusa", "--export.format=speculators"]))
 
 
 def test_bf16_target_and_bf16_autocast_train(tmp_path):

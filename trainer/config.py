@@ -92,6 +92,13 @@ class FeaturesConfig:
 
 
 @dataclass(frozen=True)
+class ExportConfig:
+    format: str = "default"
+    """The head's checkpoint layout: default (its first) | one of its layouts (EAGLE-3: flat | speculators)
+    | both (the first in the run's directory, the others in subdirectories named after them)."""
+
+
+@dataclass(frozen=True)
 class RunConfig:
     output_dir: str = "runs/eagle3"
     target: TargetConfig = field(default_factory=TargetConfig)
@@ -101,6 +108,7 @@ class RunConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     features: FeaturesConfig = field(default_factory=FeaturesConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
 
 
 def _build(cls: type, values: dict[str, Any], where: str):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,6 +12,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from headstart.models.draft_vocab import count_tokens
+from headstart.models.export import export_head, layouts_for
+from headstart.models.provenance import fingerprint
 from headstart.models.registry import build_head
 from headstart.models.target import Target, _dtype, load_tokenizer
 from headstart.models.target_matrices import TargetMatrices
@@ -95,13 +96,11 @@ def build_trainer(config: RunConfig, info: DistInfo | None = None) -> Trainer:
     else:
         features = OnlineFeatures(target, module.needs, module.target_vocab_ids().to(info.device))
 
+    layouts_for(module, config.export.format)  # refuse a layout the head has no writer for before training
+    trained_for = fingerprint(config.target.path)
+
     def export_draft(state: dict[str, torch.Tensor], directory: Path) -> None:
-        tmp = directory.with_name(f".tmp-{directory.name}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        module.save_pretrained(tmp, state_dict=module.export_state_dict(state))
-        if directory.exists():
-            shutil.rmtree(directory)
-        os.replace(tmp, directory)
+        export_head(module, directory, config.draft.head, trained_for, config.export.format, state)
 
     out = Path(config.output_dir)
     if info.is_main:

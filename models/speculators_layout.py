@@ -1,0 +1,142 @@
+"""EAGLE-3 in vLLM's speculators layout (docs/FORMATS.md section B), to and from headstart's flat one.
+
+``vllm serve <head>`` detects this layout by ``speculators_model_type`` and needs nothing else: the
+config names the verifier (the target) and the proposal method. The decoder layer is
+``layers.0.*`` instead of the flat layout's ``midlayer.*``; every other tensor keeps its name.
+
+Written explicitly, because readers fall back silently when a key is absent:
+- ``eagle_aux_hidden_state_layer_ids`` (vLLM ids): absent or null, vLLM and speculators use their
+  default ``[2, L//2, L-3]`` -- right for the demo by chance, wrong for any other choice;
+- ``norm_before_residual``: absent means true on this route (headstart trains false);
+- ``draft_vocab_size`` and ``target_hidden_size``.
+
+The reader refuses options headstart's head does not implement (``norm_before_residual``,
+``norm_before_fc``, ``fc_norm``, ``norm_output`` true) instead of loading a different network.
+"""
+
+from __future__ import annotations
+
+from headstart.models.eagle3 import Eagle3Config
+
+SPECULATORS_VERSION = "0.9.0"  # the speculators release the conformance tests read these exports with
+ARCHITECTURE = "Eagle3DraftModel"
+_ARCHITECTURES = (ARCHITECTURE, "Eagle3Speculator")  # speculators <= 0.9 writes the older name
+_FLAT_LAYER, _SPECULATORS_LAYER = "midlayer.", "layers.0."
+_UNSUPPORTED = ("norm_before_fc", "fc_norm", "norm_output")
+
+
+def is_speculators(config: dict) -> bool:
+    return "speculators_model_type" in config
+
+
+def to_speculators_config(config: Eagle3Config, verifier: dict | None) -> dict:
+    """config.json in the speculators layout. ``verifier``: the target's ``provenance.fingerprint``
+    (its path and architectures); without one vLLM must be told the target separately."""
+    rope = {"rope_type": "default", **(config.rope_scaling or {}), "rope_theta": config.rope_theta}
+    layer = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "num_hidden_layers": 1,
+        "hidden_size": config.hidden_size,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim,
+        "intermediate_size": config.intermediate_size,
+        "hidden_act": config.hidden_act,
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_parameters": rope,
+        # transformers < 5 reads these two instead of rope_parameters.
+        "rope_theta": config.rope_theta,
+        "rope_scaling": config.rope_scaling,
+        "max_position_embeddings": config.max_position_embeddings,
+        "vocab_size": config.vocab_size,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+    }
+    verifier = verifier or {}
+    return {
+        "architectures": [ARCHITECTURE],
+        "speculators_model_type": "eagle3",
+        "speculators_version": SPECULATORS_VERSION,
+        "transformer_layer_config": layer,
+        "draft_vocab_size": config.draft_vocab_size,
+        "target_hidden_size": config.target_hidden_size,
+        "norm_before_residual": False,
+        "norm_before_fc": False,
+        "fc_norm": False,
+        "norm_output": False,
+        "embed_requires_grad": False,
+        "tie_word_embeddings": False,
+        "eagle_aux_hidden_state_layer_ids": list(config.aux_layer_ids),
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": config.speculative_tokens,
+                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "verifier": {"name_or_path": verifier.get("name_or_path"),
+                         "architectures": list(verifier.get("architectures") or [])},
+        },
+        "headstart": {"target_num_layers": config.target_num_layers},
+        "torch_dtype": "bfloat16",
+    }
+
+
+def from_speculators_config(d: dict, where: str = "config.json") -> Eagle3Config:
+    """An Eagle3Config from a speculators-layout config; refused by key if headstart cannot run it."""
+    problems = []
+    if d.get("speculators_model_type") != "eagle3":
+        problems.append(f"speculators_model_type is {d.get('speculators_model_type')!r}, not 'eagle3'")
+    if d.get("architectures") and d["architectures"][0] not in _ARCHITECTURES:
+        problems.append(f"architectures {d['architectures']} is not one of {list(_ARCHITECTURES)}")
+    layer = d.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        problems.append("transformer_layer_config is missing")
+        layer = {}
+    for key in ("draft_vocab_size", "eagle_aux_hidden_state_layer_ids"):
+        if d.get(key) is None:
+            problems.append(f"{key} is missing or null (vLLM would fall back to a default silently)")
+    if d.get("norm_before_residual", True):
+        problems.append("norm_before_residual is true or absent (absent means true on this route); headstart's "
+                        "head adds the un-normed hidden state")
+    problems += [f"{key} is true; headstart's head has no such norm" for key in _UNSUPPORTED if d.get(key)]
+    if layer.get("num_hidden_layers", 1) != 1:
+        problems.append(f"transformer_layer_config.num_hidden_layers is {layer.get('num_hidden_layers')}, not 1")
+    if problems:
+        raise ValueError(f"{where}: cannot read this speculators EAGLE-3 config:\n  " + "\n  ".join(problems))
+    rope = layer.get("rope_parameters") or {}
+    rope_theta = float(rope.get("rope_theta", layer.get("rope_theta", 10000.0)))
+    scaling = {k: v for k, v in rope.items() if k != "rope_theta"} if rope else layer.get("rope_scaling")
+    if scaling and scaling.get("rope_type", "default") == "default":
+        scaling = None
+    heads = layer["num_attention_heads"]
+    proposals = (d.get("speculators_config") or {}).get("proposal_methods") or [{}]
+    ids = tuple(d["eagle_aux_hidden_state_layer_ids"])
+    return Eagle3Config(
+        hidden_size=layer["hidden_size"],
+        num_attention_heads=heads,
+        num_key_value_heads=layer.get("num_key_value_heads") or heads,
+        head_dim=layer.get("head_dim") or layer["hidden_size"] // heads,
+        intermediate_size=layer["intermediate_size"],
+        vocab_size=layer["vocab_size"],
+        draft_vocab_size=d["draft_vocab_size"],
+        target_hidden_size=d.get("target_hidden_size") or layer["hidden_size"],
+        aux_layer_ids=ids,
+        target_num_layers=(d.get("headstart") or {}).get("target_num_layers", max(ids) + 1),
+        rms_norm_eps=layer.get("rms_norm_eps", 1e-6),
+        rope_theta=rope_theta,
+        rope_scaling=scaling,
+        max_position_embeddings=layer.get("max_position_embeddings", 4096),
+        hidden_act=layer.get("hidden_act", "silu"),
+        speculative_tokens=proposals[0].get("speculative_tokens", 3),
+    )
+
+
+def to_speculators_tensors(tensors: dict) -> dict:
+    return {(_SPECULATORS_LAYER + k[len(_FLAT_LAYER):] if k.startswith(_FLAT_LAYER) else k): v
+            for k, v in tensors.items()}
+
+
+def from_speculators_tensors(tensors: dict) -> dict:
+    return {(_FLAT_LAYER + k[len(_SPECULATORS_LAYER):] if k.startswith(_SPECULATORS_LAYER) else k): v
+            for k, v in tensors.items()}
