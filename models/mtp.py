@@ -35,7 +35,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from headstart.models.head import FeatureNeeds, Features, shift_left
+from headstart.models.head import FeatureNeeds, Features, check_layout, shift_left
 from headstart.models.target import _decoder_layers, additive_mask, text_config
 from headstart.models.vocab_loss import multi_step_loss
 
@@ -100,6 +100,12 @@ class MTPHead(nn.Module):
         self.rotary_emb = rotary_cls(config=cfg)
         self.lm_head: Callable[[torch.Tensor], torch.Tensor] | None = None  # the target's, shared and frozen
         self.lm_head_dtype = torch.float32
+        # What the server that runs this layout does (read from vLLM's qwen3_next_mtp.py / deepseek_mtp.py):
+        # Qwen3-Next feeds the *normed* output to the next step and to lm_head, and keeps position 0's
+        # embedding; DeepSeek (and headstart's own layout) feeds the un-normed output back, norms it only
+        # for the logits, and zeroes the embedding at position 0.
+        self.feeds_normed = config.layout == "qwen3_next"
+        self.zero_first_embedding = config.layout != "qwen3_next"
         self.source: str | None = None  # the target checkpoint a native layer was read from (written back into a copy)
 
     @classmethod
@@ -124,19 +130,21 @@ class MTPHead(nn.Module):
     def fuse(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """eh_proj(cat(enorm(embed(tokens)), hnorm(hidden))): tokens [B, n], hidden [B, n, H], positions [B, n]."""
         embeds = self.embed_tokens(tokens).to(self.eh_proj.weight.dtype)
-        embeds = embeds.masked_fill((positions == 0).unsqueeze(-1), 0.0)  # as the servers do at position 0
+        if self.zero_first_embedding:
+            embeds = embeds.masked_fill((positions == 0).unsqueeze(-1), 0.0)  # as DeepSeek's servers do
         return self.eh_proj(torch.cat([self.enorm(embeds), self.hnorm(hidden.to(self.eh_proj.weight.dtype))], dim=-1))
 
     def layer(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
         """The decoder block on x [B, n, H] at rotary ``positions`` [B, n] under an additive ``mask``
-        [B or 1, 1, n, S] over the cache's keys (its new ones included)."""
+        [B or 1, 1, n, S] over the cache's keys (its new ones included) -> the state the next step reads."""
         out = self.block(x, attention_mask=mask.to(x.dtype), position_ids=positions, past_key_values=cache, use_cache=True,
                          position_embeddings=self.rotary_emb(x, positions))
-        return out[0] if isinstance(out, tuple) else out
+        out = out[0] if isinstance(out, tuple) else out
+        return self.norm(out) if self.feeds_normed else out
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[..., H] -> the target's lm_head over norm(hidden): [..., V]."""
-        return self.lm_head(self.norm(hidden).to(self.lm_head_dtype))
+        """A step's state [..., H] (``layer``'s output) -> the target's lm_head over the normed output: [..., V]."""
+        return self.lm_head((hidden if self.feeds_normed else self.norm(hidden)).to(self.lm_head_dtype))
 
     # -- training -------------------------------------------------------------------------------
     def forward(self, features: Features) -> tuple[torch.Tensor, dict[str, float]]:
@@ -171,10 +179,16 @@ class MTPHead(nn.Module):
         state = self.state_dict() if state is None else state
         return {k: v.detach().to("cpu").contiguous() for k, v in state.items() if not k.startswith("embed_tokens.")}
 
+    @property
+    def layouts(self) -> tuple[str, ...]:
+        return (self.config.layout,)  # the target's own (deepseek, qwen3_next), else headstart's
+
     def save_pretrained(self, directory: str | Path, dtype: torch.dtype = torch.bfloat16,
-                        state_dict: dict[str, torch.Tensor] | None = None) -> None:
+                        state_dict: dict[str, torch.Tensor] | None = None, layout: str | None = None,
+                        verifier: dict | None = None) -> None:
         """Native layouts are written back into a copy of the target (models/mtp_checkpoint.py);
         a dense target's layer goes to headstart's own layout."""
+        check_layout(self, layout)
         tensors = state_dict if state_dict is not None else self.export_state_dict()
         if self.config.layout != "headstart":
             from headstart.models.mtp_checkpoint import write_target_with_mtp
