@@ -58,7 +58,7 @@ class Eagle3Config:
         """Derive a draft config from any HF decoder config (hidden size, heads, rope, vocab)."""
         tc = text_config(target_config)
         n_layers = tc.num_hidden_layers
-        ids = check_aux_layer_ids(default_aux_layer_ids(n_layers) if aux_layer_ids is None else aux_layer_ids, n_layers)
+        ids = check_servable_ids(default_aux_layer_ids(n_layers) if aux_layer_ids is None else aux_layer_ids, n_layers)
         rope_theta, rope_scaling = _rope_of(tc)
         heads = tc.num_attention_heads
         return cls(
@@ -104,16 +104,20 @@ class Eagle3Config:
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in self.aux_layer_ids],
                              "use_aux_hidden_state": True},
             "headstart": {"target_num_layers": self.target_num_layers, "speculative_tokens": self.speculative_tokens},
-            "torch_dtype": "bfloat16",
+            "torch_dtype": "bfloat16",  # the export's dtype: save_pretrained writes the real one
         }
 
     @classmethod
     def from_hf_dict(cls, d: dict) -> "Eagle3Config":
         if d.get("architectures") != ["LlamaForCausalLMEagle3"]:
             raise ValueError(f"not a flat-layout EAGLE-3 config: architectures={d.get('architectures')}")
-        missing = [k for k in ("hidden_size", "vocab_size", "draft_vocab_size", "eagle_aux_hidden_state_layer_ids") if d.get(k) is None]
+        missing = [k for k in ("hidden_size", "vocab_size", "draft_vocab_size", "eagle_aux_hidden_state_layer_ids")
+                   if d.get(k) in (None, [])]
         if missing:
-            raise ValueError(f"EAGLE-3 config.json lacks {missing}")
+            raise ValueError(f"EAGLE-3 config.json lacks {missing} (or has them null / empty)")
+        if d.get("norm_before_residual"):
+            raise ValueError("EAGLE-3 config.json: norm_before_residual is true; headstart's head adds the un-normed "
+                             "hidden state (SGLang implements only false)")
         heads = d["num_attention_heads"]
         return cls(
             hidden_size=d["hidden_size"],
@@ -154,7 +158,7 @@ class Eagle3Config:
             problems.append(f"hidden_size {self.hidden_size} != target hidden_size {tc.hidden_size} "
                             "(servers replace the draft's embedding with the target's, so they must match)")
         try:
-            check_aux_layer_ids(self.aux_layer_ids, tc.num_hidden_layers)
+            check_servable_ids(self.aux_layer_ids, tc.num_hidden_layers)
         except ValueError as err:
             problems.append(str(err))
         if problems:
@@ -170,6 +174,15 @@ class Eagle3Config:
             max_position_embeddings=max(self.max_position_embeddings, _rope_original_max(self.rope_scaling)),
             vocab_size=self.vocab_size,
         )
+
+
+def check_servable_ids(layer_ids, num_layers: int) -> tuple[int, ...]:
+    """Aux layer ids the servers can capture: id 0 (the embeddings) is not one -- vLLM and SGLang take
+    ``hidden_states + residual`` before layer k, and before layer 0 there is no residual yet."""
+    ids = check_aux_layer_ids(layer_ids, num_layers)
+    if 0 in ids:
+        raise ValueError(f"aux layer id 0 (the embeddings) cannot be captured by vLLM or SGLang; use ids in 1..{num_layers - 1}")
+    return ids
 
 
 def _rope_of(tc) -> tuple[float, dict | None]:
@@ -361,6 +374,7 @@ class Eagle3Draft(nn.Module):
             from headstart.models.speculators_layout import to_speculators_config, to_speculators_tensors
 
             tensors, config = to_speculators_tensors(tensors), to_speculators_config(self.config, verifier)
+        config["torch_dtype"] = str(dtype).removeprefix("torch.")
         save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
         (directory / "config.json").write_text(json.dumps(config, indent=2))
 
@@ -369,11 +383,13 @@ class Eagle3Draft(nn.Module):
         directory = Path(directory)
         if not (directory / "config.json").is_file() or not (directory / "model.safetensors").is_file():
             raise FileNotFoundError(f"{directory}: expected config.json and model.safetensors of an EAGLE-3 draft")
+        from headstart.models.speculators_layout import from_speculators_tensors, is_speculators
+
         config = Eagle3Config.from_json(directory / "config.json")
         model = cls(config, **kwargs)
-        from headstart.models.speculators_layout import from_speculators_tensors
-
-        tensors = from_speculators_tensors(load_file(str(directory / "model.safetensors")))  # either layout
+        tensors = load_file(str(directory / "model.safetensors"))
+        if is_speculators(json.loads((directory / "config.json").read_text())):
+            tensors = from_speculators_tensors(tensors)  # layers.0.* -> midlayer.*; a flat head keeps its names
         if target_embeddings is not None and tuple(target_embeddings.shape) != (config.vocab_size, config.hidden_size):
             raise ValueError(f"{directory} was trained for a target with vocab {config.vocab_size} and hidden size "
                              f"{config.hidden_size}, but the given target embeddings are {tuple(target_embeddings.shape)}")

@@ -22,13 +22,16 @@ loaders, which refuse by name what does not fit the target.
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
-from headstart.models.provenance import PROVENANCE_FILE, read_provenance, target_mismatch
+from headstart.models.draft_vocab import check_draft_vocab
+from headstart.models.provenance import PROVENANCE_FILE, check_record, read_provenance, target_mismatch
+from headstart.models.speculators_layout import ARCHITECTURES, FLAT_LAYER, SPECULATORS_LAYER, UNSUPPORTED, layer_rope
 from headstart.models.target import text_config
 
 _FLAT, _SPECULATORS = "flat", "speculators"
@@ -74,7 +77,7 @@ def _tensor_meta(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
         return {k: (tuple(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype()) for k in f.keys()}
 
 
-def check_eagle3(directory: Path, layout: str, target_config, target_dtype: str | None) -> list[Problem]:
+def check_eagle3(directory: Path, layout: str, target_config) -> list[Problem]:
     cfg_file, st_file = str(directory / "config.json"), str(directory / "model.safetensors")
     problems: list[Problem] = []
 
@@ -116,6 +119,14 @@ def check_eagle3(directory: Path, layout: str, target_config, target_dtype: str 
             bad(cfg_file, "speculators_config.verifier.name_or_path", "missing: vLLM refuses the config without it")
         if not (spec.get("proposal_methods") or [{}])[0].get("speculative_tokens"):
             bad(cfg_file, "speculators_config.proposal_methods", "no speculative_tokens: vLLM refuses the config")
+    if layout == _FLAT and d.get("architectures") != ["LlamaForCausalLMEagle3"]:
+        bad(cfg_file, "architectures", f"{d.get('architectures')}: the flat layout is exactly ['LlamaForCausalLMEagle3']")
+    if layout == _SPECULATORS:
+        if (d.get("architectures") or [ARCHITECTURES[0]])[0] not in ARCHITECTURES:
+            bad(cfg_file, "architectures", f"{d.get('architectures')}: not one of {list(ARCHITECTURES)}")
+        for key in UNSUPPORTED:
+            if d.get(key):
+                bad(cfg_file, key, "true: a norm headstart's head does not have (headstart cannot decode it)")
     nbr = d.get("norm_before_residual")
     if nbr or (layout == _SPECULATORS and nbr is None):
         bad(cfg_file, "norm_before_residual", f"{'absent (true on this route)' if nbr is None else nbr}: headstart's "
@@ -126,12 +137,12 @@ def check_eagle3(directory: Path, layout: str, target_config, target_dtype: str 
         bad(cfg_file, "eagle_aux_hidden_state_layer_ids", f"{ids!r}: vLLM falls back to its default "
             f"{[2, L // 2, L - 3]} without a word; write the ids the head was trained with")
     else:
-        if any(not isinstance(i, int) or not 1 <= i < L for i in ids) or list(ids) != sorted(set(ids)):
+        if not isinstance(ids, list) or any(not isinstance(i, int) or not 1 <= i < L for i in ids) or ids != sorted(set(ids)):
             bad(cfg_file, "eagle_aux_hidden_state_layer_ids", f"{ids}: vLLM ids must be strictly increasing within "
                 f"[1, {L - 1}] for a target of {L} layers (id k = the residual entering layer k)")
         if layout == _FLAT:
             nested = (d.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-            want = [i - 1 for i in ids]
+            want = [i - 1 for i in ids] if isinstance(ids, list) and all(isinstance(i, int) for i in ids) else "?"
             if nested != want:
                 bad(cfg_file, "eagle_config.eagle_aux_hidden_state_layer_ids", f"{nested!r}, but SGLang reads only this "
                     f"key and captures id + 1: for the vLLM ids {ids} it must be {want}")
@@ -145,22 +156,21 @@ def check_eagle3(directory: Path, layout: str, target_config, target_dtype: str 
     from headstart.models.eagle3 import _rope_of
 
     theta, scaling = _rope_of(tc)
-    rope = layer.get("rope_parameters") or {}
-    mine_theta = float(rope.get("rope_theta", layer.get("rope_theta", 10000.0)))
+    mine_theta, mine_scaling = layer_rope(layer)
     if abs(mine_theta - theta) > 1e-6 * theta:
         bad(cfg_file, lk + "rope_theta", f"{mine_theta} != the target's {theta}")
-    mine_type = (rope.get("rope_type") if rope else (layer.get("rope_scaling") or {}).get("rope_type")) or "default"
+    mine_type = (mine_scaling or {}).get("rope_type") or "default"
     if mine_type != ((scaling or {}).get("rope_type") or "default"):
         bad(cfg_file, lk + "rope_scaling", f"rope type {mine_type!r} != the target's "
             f"{(scaling or {}).get('rope_type') or 'default'!r}")
 
     # -- tensors --------------------------------------------------------------------------------
-    prefix = "midlayer." if layout == _FLAT else "layers.0."
-    other = "layers.0." if layout == _FLAT else "midlayer."
+    prefix = FLAT_LAYER if layout == _FLAT else SPECULATORS_LAYER
+    other = SPECULATORS_LAYER if layout == _FLAT else FLAT_LAYER
     heads, kv = layer.get("num_attention_heads") or 1, layer.get("num_key_value_heads") or layer.get("num_attention_heads") or 1
     hd = layer.get("head_dim") or (H or 0) // heads
     inter = layer.get("intermediate_size")
-    n_aux = len(ids) if ids else 3
+    n_aux = len(ids) if isinstance(ids, list) and ids else 3
     expected = {
         "fc.weight": (H, n_aux * H_t),
         prefix + "self_attn.q_proj.weight": (heads * hd, 2 * (H or 0)),
@@ -179,6 +189,8 @@ def check_eagle3(directory: Path, layout: str, target_config, target_dtype: str 
         "t2d": (V,),
     }
     optional = {"embed_tokens.weight": (V, H)}
+    if layout == _SPECULATORS:  # midlayer.* names count as layers.0.* (vLLM maps them)
+        meta = {(SPECULATORS_LAYER + k[len(FLAT_LAYER):] if k.startswith(FLAT_LAYER) else k): v for k, v in meta.items()}
     for name, shape in expected.items():
         if name not in meta:
             why = {"lm_head.weight": "vLLM then uses the target's full-vocab head, SGLang an uninitialised one",
@@ -187,8 +199,14 @@ def check_eagle3(directory: Path, layout: str, target_config, target_dtype: str 
         elif meta[name][0] != shape:
             bad(st_file, name, f"shape {list(meta[name][0])}, expected {list(shape)} for this config and target")
     for name in sorted(set(meta) - set(expected) - set(optional)):
-        hint = f" (this layout names the decoder layer {prefix}*)" if name.startswith(other) else ""
-        bad(st_file, name, f"not a tensor of the {layout} EAGLE-3 layout: vLLM raises, SGLang drops it silently{hint}")
+        if name.startswith(other):
+            if layout == _FLAT:  # vLLM maps both prefixes; SGLang has only midlayer
+                bad(st_file, name, f"not a tensor of the flat EAGLE-3 layout: SGLang drops it silently (vLLM loads "
+                    f"it; this layout names the decoder layer {prefix}*)")
+            elif FLAT_LAYER + name[len(other):] in expected or prefix + name[len(other):] in expected:
+                continue  # vLLM, the only reader of this layout, maps midlayer.* to layers.0.* too
+        else:
+            bad(st_file, name, f"not a tensor of the {layout} EAGLE-3 layout: vLLM raises, SGLang drops it silently")
     if "embed_tokens.weight" in meta and meta["embed_tokens.weight"][0] != optional["embed_tokens.weight"]:
         bad(st_file, "embed_tokens.weight", f"shape {list(meta['embed_tokens.weight'][0])}, expected {[V, H]}")
     floats = {dt for name, (_, dt) in meta.items() if name not in ("d2t", "t2d")}
@@ -198,9 +216,6 @@ def check_eagle3(directory: Path, layout: str, target_config, target_dtype: str 
     stored = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}.get(next(iter(floats), ""), None)
     if dtype and stored and dtype != stored:
         bad(cfg_file, "torch_dtype", f"{dtype}, but the weights are stored as {stored}")
-    if {stored, target_dtype} == {"bfloat16", "float16"}:  # servers cast the draft to the target's dtype
-        bad(st_file, "dtype", f"weights are {stored}, the target runs in {target_dtype}: the cast between the two "
-            "loses range or precision; export in the target's dtype")
 
     # -- draft vocab ----------------------------------------------------------------------------
     if "d2t" in meta and "t2d" in meta and V_d is not None and meta["d2t"][0] == (V_d,) and meta["t2d"][0] == (V,):
@@ -210,38 +225,48 @@ def check_eagle3(directory: Path, layout: str, target_config, target_dtype: str 
             bad(st_file, "d2t", f"dtype {d2t.dtype}, expected int64 offsets")
         if t2d.dtype != torch.bool:
             bad(st_file, "t2d", f"dtype {t2d.dtype}, expected bool")
-        used = torch.arange(V_d) + d2t.long()
-        if V_d > 1 and not bool((used[1:] > used[:-1]).all()):
-            bad(st_file, "d2t", "arange(V_d) + d2t is not strictly increasing (offsets stored as absolute ids?)")
-        if int(used.min()) < 0 or int(used.max()) >= V:
-            bad(st_file, "d2t", f"maps draft ids outside the target vocab [0, {V})")
-        elif int(t2d.bool().sum()) != V_d or not bool(t2d.bool()[used].all()):
-            bad(st_file, "t2d", f"is not true exactly at the {V_d} target ids d2t maps to")
+        try:
+            check_draft_vocab(d2t.long(), t2d.bool())
+        except ValueError as err:
+            bad(st_file, str(err).split(":")[0].split()[0], str(err))
     return problems
 
 
-def check_head(directory: str | Path, target_path: str | Path, allow_other_target: bool = False) -> tuple[str, list[Problem]]:
-    """(what the directory holds, the problems found) for an exported head used with ``target_path``."""
+def check_head(directory: str | Path, target_path: str | Path,
+               allow_other_target: bool = False) -> tuple[str, list[Problem], list[str]]:
+    """(what the directory holds, the problems found, notes) for an exported head used with ``target_path``."""
     from transformers import AutoConfig
 
     directory = Path(directory)
-    found = detect_layout(directory)
+    try:
+        found = detect_layout(directory)
+    except Exception as err:  # an unreadable config.json or safetensors index: report it, do not crash
+        return "unreadable", [Problem(str(directory / "config.json"), "-", f"cannot be read: {err}")], []
     if found is None:
         return "unknown", [Problem(str(directory / "config.json"), "-", "not a head headstart can read: expected an "
-                                   "EAGLE-3 (flat or speculators), Medusa or MTP export")]
+                                   "EAGLE-3 (flat or speculators), Medusa or MTP export")], []
     head, layout = found
     problems: list[Problem] = []
-    record = read_provenance(directory)
-    if record and record.get("head") not in (None, head):
-        problems.append(Problem(str(directory / PROVENANCE_FILE), "head", f"{record['head']!r}, but the files are {head}"))
-    why = target_mismatch(directory, target_path)
-    if why and not allow_other_target:
-        problems.append(Problem(str(directory / PROVENANCE_FILE), "target", why))
+    notes: list[str] = []
+    record_file = str(directory / PROVENANCE_FILE)
+    try:
+        why = target_mismatch(directory, target_path)
+        if read_provenance(directory) is None or not (read_provenance(directory) or {}).get("target"):
+            notes.append(f"{record_file} is missing or records no target: the target was not verified")
+    except Exception as err:
+        why = None
+        problems.append(Problem(record_file, "-", f"cannot be read: {err}"))
+    if why and allow_other_target:
+        notes.append(f"warning: {why}")
+    elif why:
+        problems.append(Problem(record_file, "target", why))
     target_config = AutoConfig.from_pretrained(str(target_path))
-    target_dtype = str(getattr(text_config(target_config), "dtype", None) or getattr(target_config, "torch_dtype", "")
-                       ).removeprefix("torch.") or None
     if head == "eagle3":
-        problems += check_eagle3(directory, layout, target_config, target_dtype)
+        try:
+            check_record(directory, head)
+            problems += check_eagle3(directory, layout, target_config)
+        except Exception as err:  # a truncated or corrupt file: one problem naming it, not a traceback
+            problems.append(Problem(str(directory), head, f"cannot be read: {err}"))
     else:
         from headstart.models.registry import load_head
         from headstart.models.target import TargetConfig
@@ -249,7 +274,9 @@ def check_head(directory: str | Path, target_path: str | Path, allow_other_targe
 
         try:  # their loaders refuse by name what does not fit (names, shapes, config against the target)
             matrices = TargetMatrices(TargetConfig(path=str(target_path), dtype="float32"))
-            load_head(head, str(directory), matrices, allow_other_target=True)
-        except (ValueError, FileNotFoundError, KeyError) as err:
+            with warnings.catch_warnings():  # the target's identity was checked above, once
+                warnings.simplefilter("ignore")
+                load_head(head, str(directory), matrices, allow_other_target=True)
+        except Exception as err:
             problems.append(Problem(str(directory), head, str(err)))
-    return f"{head} ({layout} layout)", problems
+    return f"{head} ({layout} layout)", problems, notes

@@ -5,12 +5,12 @@ target and a Qwen3 target of equal size, say) and accepts nothing. So every expo
 directory carries ``headstart.json``:
 
     {"head": "eagle3", "layout": "flat", "headstart_version": "0.1.0",
-     "target": {"name_or_path": ..., "architectures": [...], "config_sha256": ..., "tokenizer_sha256": ...}}
+     "target": {"name_or_path": ..., "architectures": [...], "config": {sizes, rope_theta},
+                "config_sha256": ..., "tokenizer_sha256": ...}}
 
-and the decoder, the benchmark and ``scripts/check_head.py`` compare the two hashes with the target
-they are given. The hashes are the feature store's (trainer/feature_store.py uses ``fingerprint``
-too): the target's config.json without the keys that change when the same weights are re-saved,
-and its tokenizer files.
+and the decoder, the benchmark and ``scripts/check_head.py`` compare it with the target they are
+given: the sizes and rope of its architecture (not config.json's bytes, which change when the same
+model is re-saved or quantized) and its tokenizer's vocabulary.
 """
 
 from __future__ import annotations
@@ -22,39 +22,52 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 PROVENANCE_FILE = "headstart.json"
-# Keys that differ between two saves of the same model (path, library version, dtype spelling).
-_VOLATILE_KEYS = ("_name_or_path", "transformers_version", "torch_dtype", "dtype")
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "merges.txt", "tokenizer_config.json")
+# What identifies a target for a draft head: its architecture's sizes and rope, not the file's bytes -- a
+# re-save by another transformers release, a quantized copy or an edited chat template is the same target.
+_IDENTITY_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                  "head_dim", "intermediate_size", "vocab_size", "tie_word_embeddings")
 
 
 class OtherTargetError(ValueError):
     """A head used with a target other than the one it was trained against."""
 
 
-def sha256_files(*paths: Path) -> str:
-    h = hashlib.sha256()
-    for p in paths:
-        if p.is_file():
-            h.update(p.name.encode())
-            h.update(p.read_bytes())
-    return h.hexdigest()[:16]
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def target_config_identity(config: dict) -> dict:
+    """The identity keys of an HF config.json (of its text config, for multimodal targets)."""
+    text = config.get("text_config") or config
+    identity = {k: text.get(k) for k in _IDENTITY_KEYS}
+    rope = text.get("rope_parameters") or {}  # transformers >= 5; older configs keep rope_theta at the top
+    identity["rope_theta"] = float(rope.get("rope_theta", text.get("rope_theta", 10000.0)))
+    return identity
+
+
+def tokenizer_identity(root: Path) -> str | None:
+    """A hash of the tokenizer's vocabulary (token -> id, added tokens included), or None without one."""
+    if not any((root / n).is_file() for n in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    return _digest(sorted(AutoTokenizer.from_pretrained(str(root)).get_vocab().items()))
 
 
 def fingerprint(target_path: str | Path) -> dict:
-    """The identity of the HF checkpoint at ``target_path``: its config and tokenizer hashes."""
+    """The identity of the HF checkpoint at ``target_path``: its architecture's sizes and its vocabulary."""
     root = Path(target_path)
     config_file = root / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"no HF checkpoint at {str(target_path)!r}: config.json not found")
     config = json.loads(config_file.read_text())
-    architectures = config.get("architectures") or []
-    for key in _VOLATILE_KEYS:
-        config.pop(key, None)
+    identity = target_config_identity(config)
     return {
         "name_or_path": str(target_path),
-        "architectures": architectures,
-        "config_sha256": hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16],
-        "tokenizer_sha256": sha256_files(*(root / n for n in _TOKENIZER_FILES)),
+        "architectures": config.get("architectures") or [],
+        "config": identity,
+        "config_sha256": _digest(identity),
+        "tokenizer_sha256": tokenizer_identity(root),
     }
 
 
@@ -84,6 +97,13 @@ def read_provenance(directory: str | Path) -> dict | None:
     return record
 
 
+def check_record(directory: str | Path, head: str) -> None:
+    """Refuse a directory whose headstart.json says it holds another head type."""
+    record = read_provenance(directory) or {}
+    if record.get("head") not in (None, head):
+        raise ValueError(f"{directory} holds a {record['head']} head ({Path(directory) / PROVENANCE_FILE}), not {head}")
+
+
 def target_mismatch(directory: str | Path, target_path: str | Path) -> str | None:
     """Why the head in ``directory`` was not trained for the target at ``target_path``; None if it
     was, or if the head records no target (an export from before provenance, or a hand-made one)."""
@@ -92,8 +112,14 @@ def target_mismatch(directory: str | Path, target_path: str | Path) -> str | Non
     if not recorded:
         return None
     given = fingerprint(target_path)
-    differs = [what for key, what in (("config_sha256", "config.json"), ("tokenizer_sha256", "tokenizer"))
-               if recorded.get(key) != given[key]]
+    differs = []
+    if recorded.get("config_sha256") != given["config_sha256"]:
+        keys = [k for k in given["config"] if (recorded.get("config") or {}).get(k) != given["config"][k]]
+        differs.append("config (" + ", ".join(f"{k} {(recorded.get('config') or {}).get(k)} vs {given['config'][k]}"
+                                              for k in keys) + ")")
+    if None not in (recorded.get("tokenizer_sha256"), given["tokenizer_sha256"]) and \
+            recorded["tokenizer_sha256"] != given["tokenizer_sha256"]:
+        differs.append("tokenizer vocabulary")
     if not differs:
         return None
     return (f"{directory} was trained against {recorded.get('name_or_path')} "

@@ -18,7 +18,7 @@ from headstart.models.eagle3 import Eagle3Config, Eagle3Draft
 from headstart.models.head import DraftHead
 from headstart.models.medusa import MedusaConfig, MedusaHeads
 from headstart.models.mtp import MTPHead, build_mtp
-from headstart.models.provenance import PROVENANCE_FILE, check_target, read_provenance
+from headstart.models.provenance import check_record, check_target
 from headstart.models.target import Target
 
 
@@ -105,8 +105,6 @@ def build_head(config: DraftConfig, target: Target, token_counts: torch.Tensor) 
 def load_head(name: str, directory: str, target, allow_other_target: bool = False) -> DraftHead:
     """A finished head of type ``name`` from its exported directory, checked against ``target`` (a
     Target or TargetMatrices): refused by name if it records another head type or another target."""
-    record = read_provenance(directory) or {}
-    if record.get("head") not in (None, name):
-        raise ValueError(f"{directory} holds a {record['head']} head ({Path(directory) / PROVENANCE_FILE}), not {name}")
+    check_record(directory, name)
     check_target(directory, getattr(target, "path", None), allow_other_target)
     return head_type(name).cls.load(directory, target)

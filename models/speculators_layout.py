@@ -16,22 +16,38 @@ The reader refuses options headstart's head does not implement (``norm_before_re
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from headstart.models.eagle3 import Eagle3Config
 
 SPECULATORS_VERSION = "0.9.0"  # the speculators release the conformance tests read these exports with
 ARCHITECTURE = "Eagle3DraftModel"
-_ARCHITECTURES = (ARCHITECTURE, "Eagle3Speculator")  # speculators <= 0.9 writes the older name
-_FLAT_LAYER, _SPECULATORS_LAYER = "midlayer.", "layers.0."
-_UNSUPPORTED = ("norm_before_fc", "fc_norm", "norm_output")
+ARCHITECTURES = (ARCHITECTURE, "Eagle3Speculator")  # speculators <= 0.9 writes the older name
+FLAT_LAYER, SPECULATORS_LAYER = "midlayer.", "layers.0."  # the decoder layer's prefix in each layout
+UNSUPPORTED = ("norm_before_fc", "fc_norm", "norm_output")  # speculators options headstart's head does not have
 
 
 def is_speculators(config: dict) -> bool:
     return "speculators_model_type" in config
 
 
+def layer_rope(layer: dict) -> tuple[float, dict | None]:
+    """(rope_theta, rope scaling or None) of a decoder config dict, either transformers convention."""
+    rope = layer.get("rope_parameters") or {}
+    theta = float(rope.get("rope_theta", layer.get("rope_theta", 10000.0)))
+    scaling = {k: v for k, v in rope.items() if k != "rope_theta"} if rope else layer.get("rope_scaling")
+    return theta, (scaling if scaling and scaling.get("rope_type", "default") != "default" else None)
+
+
 def to_speculators_config(config: Eagle3Config, verifier: dict | None) -> dict:
     """config.json in the speculators layout. ``verifier``: the target's ``provenance.fingerprint``
-    (its path and architectures); without one vLLM must be told the target separately."""
+    (its path and architectures); vLLM refuses a speculators config that does not name the target."""
+    if not (verifier or {}).get("name_or_path"):
+        raise ValueError("the speculators layout names the target (speculators_config.verifier) and vLLM refuses "
+                         "it without one: give the target's path")
+    path = Path(verifier["name_or_path"])
+    # vLLM resolves the verifier from where it is started: a local target is written as an absolute path.
+    name_or_path = str(path.resolve()) if (path / "config.json").is_file() else verifier["name_or_path"]
     rope = {"rope_type": "default", **(config.rope_scaling or {}), "rope_theta": config.rope_theta}
     layer = {
         "model_type": "llama",
@@ -54,7 +70,6 @@ def to_speculators_config(config: Eagle3Config, verifier: dict | None) -> dict:
         "mlp_bias": False,
         "tie_word_embeddings": False,
     }
-    verifier = verifier or {}
     return {
         "architectures": [ARCHITECTURE],
         "speculators_model_type": "eagle3",
@@ -74,7 +89,7 @@ def to_speculators_config(config: Eagle3Config, verifier: dict | None) -> dict:
             "default_proposal_method": "greedy",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": config.speculative_tokens,
                                   "verifier_accept_k": 1, "accept_tolerance": 0.0}],
-            "verifier": {"name_or_path": verifier.get("name_or_path"),
+            "verifier": {"name_or_path": name_or_path,
                          "architectures": list(verifier.get("architectures") or [])},
         },
         "headstart": {"target_num_layers": config.target_num_layers},
@@ -87,28 +102,24 @@ def from_speculators_config(d: dict, where: str = "config.json") -> Eagle3Config
     problems = []
     if d.get("speculators_model_type") != "eagle3":
         problems.append(f"speculators_model_type is {d.get('speculators_model_type')!r}, not 'eagle3'")
-    if d.get("architectures") and d["architectures"][0] not in _ARCHITECTURES:
-        problems.append(f"architectures {d['architectures']} is not one of {list(_ARCHITECTURES)}")
+    if d.get("architectures") and d["architectures"][0] not in ARCHITECTURES:
+        problems.append(f"architectures {d['architectures']} is not one of {list(ARCHITECTURES)}")
     layer = d.get("transformer_layer_config")
     if not isinstance(layer, dict):
         problems.append("transformer_layer_config is missing")
         layer = {}
     for key in ("draft_vocab_size", "eagle_aux_hidden_state_layer_ids"):
-        if d.get(key) is None:
-            problems.append(f"{key} is missing or null (vLLM would fall back to a default silently)")
+        if d.get(key) in (None, []):
+            problems.append(f"{key} is missing, null or empty (vLLM would fall back to a default silently)")
     if d.get("norm_before_residual", True):
         problems.append("norm_before_residual is true or absent (absent means true on this route); headstart's "
                         "head adds the un-normed hidden state")
-    problems += [f"{key} is true; headstart's head has no such norm" for key in _UNSUPPORTED if d.get(key)]
+    problems += [f"{key} is true; headstart's head has no such norm" for key in UNSUPPORTED if d.get(key)]
     if layer.get("num_hidden_layers", 1) != 1:
         problems.append(f"transformer_layer_config.num_hidden_layers is {layer.get('num_hidden_layers')}, not 1")
     if problems:
         raise ValueError(f"{where}: cannot read this speculators EAGLE-3 config:\n  " + "\n  ".join(problems))
-    rope = layer.get("rope_parameters") or {}
-    rope_theta = float(rope.get("rope_theta", layer.get("rope_theta", 10000.0)))
-    scaling = {k: v for k, v in rope.items() if k != "rope_theta"} if rope else layer.get("rope_scaling")
-    if scaling and scaling.get("rope_type", "default") == "default":
-        scaling = None
+    rope_theta, scaling = layer_rope(layer)
     heads = layer["num_attention_heads"]
     proposals = (d.get("speculators_config") or {}).get("proposal_methods") or [{}]
     ids = tuple(d["eagle_aux_hidden_state_layer_ids"])
@@ -133,10 +144,10 @@ def from_speculators_config(d: dict, where: str = "config.json") -> Eagle3Config
 
 
 def to_speculators_tensors(tensors: dict) -> dict:
-    return {(_SPECULATORS_LAYER + k[len(_FLAT_LAYER):] if k.startswith(_FLAT_LAYER) else k): v
+    return {(SPECULATORS_LAYER + k[len(FLAT_LAYER):] if k.startswith(FLAT_LAYER) else k): v
             for k, v in tensors.items()}
 
 
 def from_speculators_tensors(tensors: dict) -> dict:
-    return {(_FLAT_LAYER + k[len(_SPECULATORS_LAYER):] if k.startswith(_SPECULATORS_LAYER) else k): v
+    return {(FLAT_LAYER + k[len(SPECULATORS_LAYER):] if k.startswith(SPECULATORS_LAYER) else k): v
             for k, v in tensors.items()}

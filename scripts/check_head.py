@@ -55,16 +55,24 @@ def main(argv: list[str] | None = None) -> int:
                    help="do not count a head trained for another target as a problem")
     args = p.parse_args(argv)
     try:
-        what, problems = check_head(args.head, args.target, args.allow_other_target)
-    except (OSError, ValueError) as err:
+        what, problems, notes = check_head(args.head, args.target, args.allow_other_target)
+    except (OSError, ValueError) as err:  # the target itself cannot be read
         print(f"error: {err}", file=sys.stderr)
         return 1
     print(f"{args.head}: {what}")
+    for note in notes:
+        print(f"note: {note}")
     for problem in problems:
         print(f"problem: {problem}")
     if args.questions and not problems:
-        tally = measure_tau(args.head, what.split()[0], args.target, args.questions, args.limit, args.k,
-                            args.max_new_tokens, args.allow_other_target)
+        try:
+            tally = measure_tau(args.head, what.split()[0], args.target, args.questions, args.limit, args.k,
+                                args.max_new_tokens, args.allow_other_target)
+        except Exception as err:  # headstart's own decoder refused or failed on it: that is the finding
+            problems.append(f"decoding it failed: {type(err).__name__}: {err}")
+            print(f"problem: {problems[-1]}")
+            print(f"{len(problems)} problem(s)")
+            return 1
         print(f"tau {tally['tau']:.2f} (greedy chain k={args.k}, {args.limit} questions' first turns, "
               f"{args.max_new_tokens} new tokens)")
         if tally["mismatches"]:

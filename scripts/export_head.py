@@ -25,11 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--to", required=True, choices=["flat", "speculators"])
     p.add_argument("--out", required=True, help="directory for the converted head")
     p.add_argument("--target", default=None, help="the target's directory, named as the verifier in a speculators config")
+    p.add_argument("--force", action="store_true", help="replace what --out holds")
     args = p.parse_args(argv)
     try:
-        out = convert_eagle3(args.head, args.out, args.to, fingerprint(args.target) if args.target else None)
+        out = convert_eagle3(args.head, args.out, args.to, fingerprint(args.target) if args.target else None, args.force)
     except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {err}" + (" (--target)" if "target's path" in str(err) else ""), file=sys.stderr)
         return 1
     print(f"wrote {out} ({args.to} layout)")
     return 0

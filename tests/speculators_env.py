@@ -27,7 +27,8 @@ def speculators_python() -> Path:
     """The venv's python, building the venv first if it is not complete."""
     root = venv_dir()
     python, ready = root / "bin" / "python", root / ".headstart-ready"
-    if ready.is_file() and ready.read_text() == REQUIREMENTS.read_text():
+    stamp = f"torch=={torch.__version__}\n{REQUIREMENTS.read_text()}"  # rebuilt when either changes
+    if ready.is_file() and ready.read_text() == stamp:
         return python
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(root)], check=True)
     pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
@@ -38,7 +39,7 @@ def speculators_python() -> Path:
     subprocess.run([*pip, "--no-deps", *speculators], check=True)
     subprocess.run([*pip, *[x for x in lines if x not in speculators]], check=True)
     subprocess.run([str(python), "-c", "import speculators.models.eagle3, speculators.models.mtp"], check=True)
-    ready.write_text(REQUIREMENTS.read_text())
+    ready.write_text(stamp)
     return python
 
 

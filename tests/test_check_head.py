@@ -51,6 +51,9 @@ def broken(setup, tmp_path, layout: str = "flat", config=None, tensors=None) -> 
         t = load_file(str(out / "model.safetensors"))
         tensors(t)
         save_file(t, str(out / "model.safetensors"))
+    if config is None and tensors is None:  # the one case that breaks the file itself: cut it in half
+        data = (out / "model.safetensors").read_bytes()
+        (out / "model.safetensors").write_bytes(data[: len(data) // 2])
     return out
 
 
@@ -64,6 +67,13 @@ def test_good_exports_in_both_layouts_pass(setup, capsys):
     root, targets = setup
     for directory in (root / "good", root / "good" / "speculators"):
         assert problems_of(directory, targets["llama"], capsys) == (0, [])
+
+
+def test_a_speculators_head_with_midlayer_names_passes_as_vllm_maps_them(setup, tmp_path, capsys):
+    _, targets = setup
+    renamed = broken(setup, tmp_path, "speculators", None,
+                     lambda t: t.update({k.replace("layers.0.", "midlayer."): t.pop(k) for k in list(t) if "layers.0." in k}))
+    assert problems_of(renamed, targets["llama"], capsys) == (0, [])
 
 
 def _set(key, value):
@@ -90,8 +100,17 @@ CASES = {
     "lm_head dropped": ("flat", None, _pop("lm_head.weight"), "lm_head.weight: missing: vLLM then uses the target's"),
     "layers.0 names in the flat layout": (
         "flat", None, lambda t: t.update({k.replace("midlayer.", "layers.0."): t.pop(k) for k in list(t) if "midlayer." in k}),
-        "layers.0.mlp.down_proj.weight: not a tensor of the flat EAGLE-3 layout: vLLM raises, SGLang drops it silently "
-        "(this layout names the decoder layer midlayer.*)"),
+        "layers.0.mlp.down_proj.weight: not a tensor of the flat EAGLE-3 layout: SGLang drops it silently (vLLM "
+        "loads it; this layout names the decoder layer midlayer.*)"),
+    "unknown tensor": ("flat", None, lambda t: t.__setitem__("midlayer.self_attn.q_norm.weight", t["norm.weight"].clone()),
+                       "midlayer.self_attn.q_norm.weight: not a tensor of the flat EAGLE-3 layout: vLLM raises"),
+    "a norm headstart does not have (speculators)": ("speculators", _set("norm_output", True), None,
+                                                     "config.json: norm_output: true"),
+    "architectures (flat)": ("flat", _set("architectures", ["LlamaForCausalLMEagle3", "X"]), None,
+                             "architectures: ['LlamaForCausalLMEagle3', 'X']: the flat layout is exactly"),
+    "aux ids not a list of ints": ("flat", _set("eagle_aux_hidden_state_layer_ids", ["1", "4"]), None,
+                                   "eagle_aux_hidden_state_layer_ids: ['1', '4']: vLLM ids must be"),
+    "truncated tensors": ("flat", None, None, "cannot be read"),
     "norm_before_residual absent (speculators)": ("speculators", lambda d: d.pop("norm_before_residual"), None,
                                                   "norm_before_residual: absent (true on this route)"),
     "max positions below the target's": ("flat", _set("max_position_embeddings", 256), None,
@@ -99,9 +118,9 @@ CASES = {
     "rope theta": ("speculators", lambda d: d["transformer_layer_config"]["rope_parameters"].__setitem__("rope_theta", 5e5),
                    None, "transformer_layer_config.rope_theta: 500000.0 != the target's 10000.0"),
     "d2t as absolute ids": ("flat", None, lambda t: t.__setitem__("d2t", t["d2t"] + torch.arange(48)),
-                            "d2t: maps draft ids outside the target vocab [0, 128)"),
+                            "model.safetensors: d2t: d2t maps outside the target vocab [0, 128)"),
     "t2d of another vocab": ("flat", None, lambda t: t.__setitem__("t2d", torch.roll(t["t2d"], 1)),
-                             "t2d: is not true exactly at the 48 target ids d2t maps to"),
+                             "model.safetensors: t2d: t2d must be true exactly at the ids d2t maps to"),
     "hidden size of another target": ("flat", _set("hidden_size", 48), None,
                                       "hidden_size: 48 != the target's hidden_size 32"),
     "no verifier (speculators)": ("speculators", lambda d: d["speculators_config"]["verifier"].__setitem__("name_or_path", None),
@@ -124,8 +143,18 @@ def test_a_head_checked_against_another_target_is_a_problem_unless_allowed(setup
     root, targets = setup
     code, problems = problems_of(root / "good", targets["qwen3"], capsys)
     assert code == 1
-    assert any("headstart.json: target:" in p and "Qwen3ForCausalLM" in p and "tokenizer differ" in p for p in problems)
+    assert any("headstart.json: target:" in p and "Qwen3ForCausalLM" in p and "its config (model_type llama vs qwen3)"
+               in p for p in problems), problems
     assert problems_of(root / "good", targets["qwen3"], capsys, "--allow-other-target") == (0, [])
+    check_head.main(["--head", str(root / "good"), "--target", str(targets["qwen3"]), "--allow-other-target"])
+    assert "note: warning:" in capsys.readouterr().out  # allowed, but said
+
+
+def test_an_export_without_its_record_says_the_target_was_not_verified(setup, tmp_path, capsys):
+    root, targets = setup
+    shutil.copytree(root / "good", tmp_path / "h", ignore=shutil.ignore_patterns("speculators", "headstart.json"))
+    assert check_head.main(["--head", str(tmp_path / "h"), "--target", str(targets["llama"])]) == 0
+    assert "the target was not verified" in capsys.readouterr().out
 
 
 def test_medusa_and_mtp_exports_are_checked_by_their_loaders(capsys):

@@ -90,14 +90,18 @@ def test_rope_scaling_survives_the_speculators_layout():
                           speculative_tokens=5)
     from headstart.models.speculators_layout import from_speculators_config, to_speculators_config
 
-    d = to_speculators_config(config, None)
+    d = to_speculators_config(config, {"name_or_path": "meta-llama/Llama-3.1-8B-Instruct", "architectures": ["X"]})
+    assert d["speculators_config"]["verifier"]["name_or_path"] == "meta-llama/Llama-3.1-8B-Instruct"  # not a local path
     assert d["transformer_layer_config"]["rope_parameters"]["rope_type"] == "llama3"
     assert from_speculators_config(d) == config
 
 
 def test_speculators_configs_that_headstart_cannot_run_are_refused_by_key(tmp_path, targets):
     head = random_eagle3_head(llama(targets), counts_seed=0)
-    export_head(head, tmp_path / "h", "eagle3", None, "speculators")
+    with pytest.raises(ValueError, match="vLLM refuses it without one"):  # a speculators config names its target
+        export_head(head, tmp_path / "h", "eagle3", None, "speculators")
+    assert not (tmp_path / "h").exists()
+    export_head(head, tmp_path / "h", "eagle3", fingerprint(targets["llama"]), "speculators")
     d = json.loads((tmp_path / "h" / "config.json").read_text())
     for key, value, message in (("eagle_aux_hidden_state_layer_ids", None, "eagle_aux_hidden_state_layer_ids is missing"),
                                 ("norm_before_residual", True, "norm_before_residual is true or absent"),
@@ -121,7 +125,7 @@ def test_export_format_both_writes_the_second_layout_beside_the_first(tmp_path, 
     assert not (tmp_path / ".tmp-final").exists()
     assert layouts_for(head, "both") == ("flat", "speculators") and layouts_for(head, None) == ("flat",)
     medusa = MedusaHeads(MedusaConfig.from_target(llama(targets).config, 2, 1))
-    with pytest.raises(ValueError, match=r"export.format 'speculators': MedusaHeads is exported as one of \['vllm'\]"):
+    with pytest.raises(ValueError, match=r"export.format 'speculators': MedusaHeads is exported in the layouts \['vllm'\]"):
         layouts_for(medusa, "speculators")
 
 
@@ -131,7 +135,7 @@ def test_a_head_is_refused_on_another_target_by_name_unless_allowed(tmp_path, ta
     qwen = Target.from_pretrained(TargetConfig(path=str(targets["qwen3"]), dtype="float32"))
     assert qwen.config.hidden_size == target.config.hidden_size and qwen.vocab_size == target.vocab_size  # same shapes
     with pytest.raises(OtherTargetError, match=r"trained against .*llama.* \(LlamaForCausalLM\), but the target given is "
-                                               r".*qwen3.* \(Qwen3ForCausalLM\): its config.json and tokenizer differ"):
+                                               r".*qwen3.* \(Qwen3ForCausalLM\): its config \(model_type llama vs qwen3\)"):
         load_head("eagle3", str(tmp_path / "h"), qwen)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -166,10 +170,34 @@ def test_export_head_script_converts_and_says_what_is_missing(tmp_path, targets,
     export_head(head, tmp_path / "flat", "eagle3", None)  # a head that records no target
     assert script.main(["--head", str(tmp_path / "flat"), "--to", "speculators", "--out", str(tmp_path / "s")]) == 1
     err = capsys.readouterr().err
-    assert "records no target" in err and "pass --target" in err
+    assert "vLLM refuses it without one: give the target's path" in err and not (tmp_path / "s").exists()
     assert script.main(["--head", str(tmp_path / "flat"), "--to", "speculators", "--out", str(tmp_path / "s"),
                         "--target", str(targets["llama"])]) == 0
     d = json.loads((tmp_path / "s" / "config.json").read_text())
     assert d["speculators_config"]["verifier"]["name_or_path"] == str(targets["llama"])
     assert script.main(["--head", str(tmp_path / "missing"), "--to", "flat", "--out", str(tmp_path / "f")]) == 1
     assert "no config.json" in capsys.readouterr().err
+
+
+def test_a_crash_while_replacing_an_export_never_loses_the_previous_one(tmp_path, targets, monkeypatch):
+    head = random_eagle3_head(llama(targets), counts_seed=0)
+    export_head(head, tmp_path / "final", "eagle3", None)
+    before = (tmp_path / "final" / "model.safetensors").read_bytes()
+    # killed between the two renames: the previous export sits at .old-final, final/ is gone
+    (tmp_path / "final").rename(tmp_path / ".old-final")
+    monkeypatch.setattr(Eagle3Draft, "save_pretrained", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError, match="disk full"):
+        export_head(head, tmp_path / "final", "eagle3", None)
+    assert (tmp_path / "final" / "model.safetensors").read_bytes() == before  # restored, and not overwritten
+
+
+def test_converting_into_a_directory_that_holds_files_is_refused(tmp_path, targets):
+    head = random_eagle3_head(llama(targets), counts_seed=0)
+    export_head(head, tmp_path / "a", "eagle3", fingerprint(targets["llama"]))
+    export_head(head, tmp_path / "b", "eagle3", fingerprint(targets["llama"]))
+    with pytest.raises(ValueError, match="already holds files"):
+        convert_eagle3(tmp_path / "a", tmp_path / "b", "speculators")
+    with pytest.raises(ValueError, match="inside"):
+        convert_eagle3(tmp_path / "a", tmp_path / "a" / "spec", "speculators")
+    convert_eagle3(tmp_path / "a", tmp_path / "b", "speculators", force=True)
+    assert json.loads((tmp_path / "b" / "config.json").read_text())["speculators_model_type"] == "eagle3"

@@ -68,22 +68,62 @@ def test_speculators_export_as_vllm_reads_its_config_and_tensors(exported):
     assert loaded.dropped == ["t2d"] and loaded.capture == TRAINED_ON and loaded.lm_head == "draft"
 
 
-def test_the_mistakes_the_servers_make_silently(exported):
-    """What check_head guards against, seen through the loaders."""
+def _variant(src, dst, config=None, rename=None, drop=()):
+    """A copy of an export with config.json edited and tensors renamed or dropped."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("speculators"))
+    d = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps(config(d) if config else d))
+    t = {(rename(k) if rename else k): v for k, v in load_file(str(dst / "model.safetensors")).items() if k not in drop}
+    save_file(t, str(dst / "model.safetensors"))
+    return dst
+
+
+SILENT = {
+    # a mistake: (config edit, tensor rename, tensors dropped, what a server makes of it without an error)
+    "speculators names in a flat directory": (
+        None, lambda n: n.replace("midlayer.", "layers.0."), (),
+        lambda c, n: len(sglang_flat(c, n, 8).dropped) == 1 + 10),  # t2d and the whole decoder layer
+    "no top-level ids": (
+        lambda d: {k: v for k, v in d.items() if k != "eagle_aux_hidden_state_layer_ids"}, None, (),
+        lambda c, n: vllm_flat(c, n, 8).capture == (2, 4, 5)),
+    "only top-level ids": (
+        lambda d: dict(d, eagle_config={"use_aux_hidden_state": True}), None, (),
+        lambda c, n: sglang_flat(c, n, 8).capture == (2, 4, 5)),
+    "vLLM ids in SGLang's key": (
+        lambda d: dict(d, eagle_config={"eagle_aux_hidden_state_layer_ids": list(TRAINED_ON)}), None, (),
+        lambda c, n: sglang_flat(c, n, 8).capture == (2, 5, 7)),
+    "no lm_head": (
+        None, None, ("lm_head.weight",),
+        lambda c, n: vllm_flat(c, n, 8).lm_head == "target" and sglang_flat(c, n, 8).lm_head == "uninitialised"),
+    "no d2t": (
+        None, None, ("d2t",), lambda c, n: vllm_flat(c, n, 8).d2t == "identity" and sglang_flat(c, n, 8).d2t == "identity"),
+    "null draft_vocab_size": (
+        lambda d: dict(d, draft_vocab_size=None), None, (), lambda c, n: sglang_flat(c, n, 8).lm_head == "target"),
+}
+
+
+@pytest.mark.parametrize("mistake", sorted(SILENT))
+def test_what_a_server_gets_wrong_silently_check_head_reports(exported, tmp_path, mistake):
+    """Each mistake passes a server's loader without an error (the loader model shows what it becomes),
+    and scripts/check_head.py names it."""
+    from headstart.models.head_check import check_head
+
+    config_edit, rename, drop, silently = SILENT[mistake]
+    variant = _variant(exported, tmp_path / "head", config_edit, rename, drop)
+    config, names = read(variant)
+    assert silently(config, names), mistake
+    _, problems, _ = check_head(variant, exported.parent / "target")
+    assert problems, f"check_head passed a head with {mistake}"
+
+
+def test_vllm_refuses_what_sglang_drops_and_reads_norm_before_residual_as_true_when_absent(exported):
     config, names = read(exported)
-    renamed = [n.replace("midlayer.", "layers.0.") for n in names]  # speculators names in a flat directory
-    assert len(sglang_flat(config, renamed, 8).dropped) == 1 + 10  # t2d and the whole decoder layer, silently
     with pytest.raises(KeyError):
-        vllm_flat(config, names + ["midlayer.self_attn.q_norm.weight"], 8)  # vLLM refuses an unknown name
-    no_ids = {k: v for k, v in config.items() if k != "eagle_aux_hidden_state_layer_ids"}
-    assert vllm_flat(no_ids, names, 8).capture == (2, 4, 5) != TRAINED_ON  # falls back, no error
-    top_level_only = dict(config, eagle_config={"use_aux_hidden_state": True})
-    assert sglang_flat(top_level_only, names, 8).capture == (2, 4, 5)  # SGLang never reads the top-level ids
-    unshifted = dict(config, eagle_config={"eagle_aux_hidden_state_layer_ids": list(TRAINED_ON)})
-    assert sglang_flat(unshifted, names, 8).capture == (2, 5, 7)  # vLLM ids in the nested key: one layer off
-    without = [n for n in names if n not in ("lm_head.weight", "d2t")]
-    assert vllm_flat(config, without, 8).lm_head == "target" and vllm_flat(config, without, 8).d2t == "identity"
-    assert sglang_flat(config, without, 8).lm_head == "uninitialised"
-    assert sglang_flat(dict(config, draft_vocab_size=None), names, 8).lm_head == "target"
+        vllm_flat(config, names + ["midlayer.self_attn.q_norm.weight"], 8)  # an unknown name: an error in vLLM
+    assert sglang_flat(config, names + ["midlayer.self_attn.q_norm.weight"], 8).dropped[-1].endswith("q_norm.weight")
     spec, _ = read(exported / "speculators")
     assert vllm_speculators_config({k: v for k, v in spec.items() if k != "norm_before_residual"})["norm_before_residual"]

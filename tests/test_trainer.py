@@ -174,7 +174,7 @@ def test_config_errors(tmp_path):
         load_config(str(tmp_path / "c.yaml"))
     with pytest.raises(ValueError, match="unknown draft head 'medusa2'"):
         build_trainer(load_config(None, make_setup(tmp_path) + ["--draft.head=medusa2"]))
-    with pytest.raises(ValueError, match=r"export.format 'speculators': MedusaHeads is exported as one of \['vllm'\]"):
+    with pytest.raises(ValueError, match=r"export.format 'speculators': MedusaHeads is exported in the layouts \['vllm'\]"):
         build_trainer(load_config(None, make_setup(tmp_path) + ["--draft.head=medusa", "--export.format=speculators"]))
 
 

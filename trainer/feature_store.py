@@ -22,6 +22,7 @@ and names the shard it refuses; it opens shards lazily, memory-mapped.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import zlib
@@ -33,7 +34,6 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from headstart.models.head import FeatureNeeds
-from headstart.models.provenance import fingerprint
 
 FORMAT_VERSION = 2  # 2: aux / hidden / top-k each optional, chosen by what the head reads
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -51,12 +51,29 @@ def file_crc32(path: Path) -> int:
     return crc
 
 
+def sha256_files(*paths: Path) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        if p.is_file():
+            h.update(p.name.encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def target_identity(target_path: str, aux_layer_ids: tuple[int, ...], dtype: str) -> dict:
-    """What must match between the features and the training run: the target's config and tokenizer
-    (models/provenance.fingerprint, as every exported head records them), its layer ids and dtype."""
-    fp = fingerprint(target_path)
-    return {"config_sha256": fp["config_sha256"], "aux_layer_ids": list(aux_layer_ids), "dtype": dtype,
-            "tokenizer_sha256": fp["tokenizer_sha256"]}
+    """What must match between the features and the training run: the target's config, its layer
+    ids and dtype, and its tokenizer."""
+    root = Path(target_path)
+    config = json.loads((root / "config.json").read_text())
+    config.pop("_name_or_path", None)
+    config.pop("transformers_version", None)
+    tokenizer_files = [root / n for n in ("tokenizer.json", "tokenizer.model", "vocab.json", "merges.txt", "tokenizer_config.json")]
+    return {
+        "config_sha256": hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16],
+        "aux_layer_ids": list(aux_layer_ids),
+        "dtype": dtype,
+        "tokenizer_sha256": sha256_files(*tokenizer_files),
+    }
 
 
 @dataclass(frozen=True)
