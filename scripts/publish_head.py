@@ -49,8 +49,9 @@ def main() -> None:
     world = json.loads((latest_checkpoint(run) / "trainer_state.json").read_text())["world_size"]
     recipe = args.recipe or f"{run}/run_config.json (resolved)"
     out.mkdir(parents=True, exist_ok=True)
-    for name in ("config.json", "model.safetensors"):
-        shutil.copy2(final / name, out / name)
+    for name in ("config.json", "model.safetensors", "headstart.json"):  # headstart.json: the target it was trained for
+        if (final / name).is_file():
+            shutil.copy2(final / name, out / name)
     run_config = json.loads((run / "run_config.json").read_text())
     (out / "eval_metrics.json").write_text(json.dumps({"evals": evals, "run_config": run_config}, indent=2))
     last = evals[-1]
