@@ -65,7 +65,6 @@ def main() -> int:
             s = run_shards(Path(out), sources, make().generate, sampling, rows_per_shard=len(sources), progress=False)
         rows.append((name, s))
         print(f"{name}: {s.rows / s.seconds:.2f} rows/s, {s.tokens / s.seconds:.1f} tokens/s", flush=True)
-    del model
     server, endpoint = serve(args.target)
     try:
         backend = OpenAIBackend(endpoint, args.target, sampling, args.concurrency)

@@ -22,14 +22,20 @@ def shape(args: dict) -> str:
     return f"chain k={args['num_speculative_tokens']}"
 
 
+def mode(args: dict) -> str:
+    if not args.get("temperature"):
+        return "greedy"
+    return f"T={args['temperature']}" + (f" top-p {args['top_p']}" if args.get("top_p", 1.0) < 1.0 else "")
+
+
 def table(runs: list[Path]) -> str:
-    lines = ["| method | draft | shape | tau | acceptance by position | spec tok/s | plain tok/s | speed-up |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| method | draft | shape | mode | tau | acceptance by position | spec tok/s | plain tok/s | speed-up |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
         report = json.loads((run / "results.json").read_text())
         a, r = report["args"], report["results"]["overall"]
         acc = " ".join("-" if x is None else f"{x:.2f}" for x in r["acceptance_by_position"][:6])
-        lines.append(f"| {a['method']} | `{a.get('draft') or '-'}` | {shape(a)} | {r['tau']:.2f} | {acc} | "
+        lines.append(f"| {a['method']} | `{a.get('draft') or '-'}` | {shape(a)} | {mode(a)} | {r['tau']:.2f} | {acc} | "
                      f"{r['spec_tokens_per_s']:.1f} | {r['plain_tokens_per_s']:.1f} | {r['speedup']:.2f}x |")
     return "\n".join(lines)
 
@@ -40,6 +46,7 @@ def main() -> None:
     p.add_argument("--benchmarks", default=None)
     p.add_argument("--title", default="Drafters side by side")
     p.add_argument("--note", default="", help="a sentence placed under the table")
+    p.add_argument("--script", default="`scripts/bench_heads.sh`", help="the command that made the runs, for the record")
     args = p.parse_args()
     text = table(args.runs)
     print(text)
@@ -47,9 +54,8 @@ def main() -> None:
         first = json.loads((args.runs[0] / "results.json").read_text())["args"]
         setting = (f"`{first['questions']}`, {'first ' + str(first['per_category']) + ' per category' if first.get('per_category') else 'all'}"
                    f" (all turns), max {first['max_new_tokens']} new tokens, "
-                   f"{'greedy' if not first.get('temperature') else 'T=' + str(first['temperature'])}, target `{first['target']}`, "
-                   "each method a separate `scripts/benchmark.py` run in one sequence with nothing else running "
-                   "(`scripts/bench_heads.sh`); speed-up = plain / speculative time on the same runner.")
+                   f"target `{first['target']}`, each run a separate `scripts/benchmark.py` run in one sequence with "
+                   f"nothing else running ({args.script}); speed-up = plain / speculative time on the same runner.")
         append_section(args.benchmarks, args.title, setting + "\n\n" + text + ("\n\n" + args.note if args.note else ""))
 
 
