@@ -62,16 +62,17 @@ def main() -> int:
     for name, make in runs:
         with tempfile.TemporaryDirectory() as out:
             (Path(out) / "shards").mkdir()
-            s = run_shards(Path(out), sources, make().generate, sampling, rows_per_shard=len(sources), progress=False)
+            s = run_shards(Path(out), sources, make().generate, sampling, len(sources), [0], progress=False)
         rows.append((name, s))
         print(f"{name}: {s.rows / s.seconds:.2f} rows/s, {s.tokens / s.seconds:.1f} tokens/s", flush=True)
     server, endpoint = serve(args.target)
     try:
         backend = OpenAIBackend(endpoint, args.target, sampling, args.concurrency)
-        backend.generate([sources[0].messages[:1]], 0)  # the server loads the model on the first request
+        first_user = next(i for i, m in enumerate(sources[0].messages) if m["role"] == "user")
+        backend.generate([sources[0].messages[: first_user + 1]], [0])  # the server loads the model on the first request
         with tempfile.TemporaryDirectory() as out:
             (Path(out) / "shards").mkdir()
-            s = run_shards(Path(out), sources, backend.generate, sampling, rows_per_shard=len(sources), progress=False)
+            s = run_shards(Path(out), sources, backend.generate, sampling, len(sources), [0], progress=False)
         name = f"openai, `transformers serve`, {args.concurrency} in flight"
         rows.append((name, s))
         print(f"{name}: {s.rows / s.seconds:.2f} rows/s, {s.tokens / s.seconds:.1f} tokens/s", flush=True)

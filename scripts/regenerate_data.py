@@ -15,6 +15,7 @@ running the same command again.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -26,10 +27,11 @@ from headstart.trainer.regenerate import (
     check_plan,
     concatenate,
     files_sha256,
+    missing_shards,
     read_sources,
     run_shards,
 )
-from headstart.trainer.reply_backends import HFBackend, OpenAIBackend, SamplingSettings
+from headstart.trainer.reply_backends import HFBackend, OpenAIBackend, SamplingSettings, ServerDown
 
 
 def parse(argv: list[str] | None):
@@ -52,6 +54,8 @@ def parse(argv: list[str] | None):
     p.add_argument("--concurrency", type=int, default=16, help="openai: requests in flight")
     p.add_argument("--retries", type=int, default=5, help="openai: retries of a request (exponential back-off)")
     p.add_argument("--backoff", type=float, default=1.0, help="openai: seconds before the first retry (doubling after)")
+    p.add_argument("--timeout", type=float, default=600.0, help="openai: seconds a request may take")
+    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="openai: bearer token (default $OPENAI_API_KEY)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--max-new-tokens", type=int, default=1024)
@@ -62,6 +66,8 @@ def parse(argv: list[str] | None):
     if args.config:
         from headstart.trainer.config import load_config
 
+        if not Path(args.config).is_file():
+            p.error(f"--config {args.config}: no such file")
         recipe = load_config(args.config)
         args.target = args.target or recipe.target.path
         args.data = args.data or list(recipe.data.files)
@@ -80,7 +86,7 @@ def parse(argv: list[str] | None):
 def backend_for(args, sampling: SamplingSettings, device: torch.device):
     if args.backend == "openai":
         return OpenAIBackend(args.endpoint, args.model or args.target, sampling, args.concurrency, args.retries,
-                             args.backoff)
+                             args.backoff, args.timeout, args.api_key)
     from headstart.models.target import TargetConfig, load_causal_lm, load_tokenizer
 
     dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
@@ -99,30 +105,48 @@ def main(argv: list[str] | None = None) -> int:
     summary = Summary()
     try:
         sources = read_sources(args.data, args.format, args.skip_bad_rows, summary.skipped, args.rows_per_file)[: args.limit]
-        who = ({"model": args.model or args.target} if args.backend == "openai"
-               else {k: v for k, v in fingerprint(args.target).items() if k != "name_or_path"})
-        plan = {"version": PLAN_VERSION, "data": [str(Path(f)) for f in args.data], "data_sha256": files_sha256(args.data),
+        if args.backend == "openai":
+            who = {"model": args.model or args.target}
+        else:  # the checkpoint itself: its resolved path and identity
+            who = {**fingerprint(args.target), "name_or_path": str(Path(args.target).resolve())}
+        plan = {"version": PLAN_VERSION, "data": [Path(f).name for f in args.data], "data_sha256": files_sha256(args.data),
                 "format": args.format, "skip_bad_rows": args.skip_bad_rows, "limit": args.limit,
-                "rows_per_file": args.rows_per_file,
-                "rows_per_shard": args.rows_per_shard, "sampling": sampling.as_dict(), "backend": args.backend, "target": who}
+                "rows_per_file": args.rows_per_file, "rows_per_shard": args.rows_per_shard, "sampling": sampling.as_dict(),
+                "backend": args.backend, "target": who,
+                # sampled hf draws one random stream per batch, so the batch size is part of what was drawn
+                "batch_size": args.batch_size if args.backend == "hf" and args.temperature > 0 else None}
         check_plan(out, plan, info.is_main)
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     barrier()
+    missing = missing_shards(out, len(sources), args.rows_per_shard)
+    barrier()  # every rank has listed the same missing shards before any writes one
     backend = backend_for(args, sampling, info.device)
-    done = run_shards(out, sources, backend.generate, sampling, args.rows_per_shard, info.rank, info.world_size,
-                      progress=not args.no_progress)
-    done.skipped = summary.skipped
-    print(f"[rank {info.rank}] " + done.format().replace("\n", f"\n[rank {info.rank}] "), file=sys.stderr)
+    try:
+        done = run_shards(out, sources, backend.generate, sampling, args.rows_per_shard, missing[info.rank::info.world_size],
+                          progress=not args.no_progress and info.is_main)
+    except ServerDown as err:
+        print(f"error: {err}; finished shards are kept: run the same command again once the server is back",
+              file=sys.stderr)
+        return 1
+    for line in done.failed:
+        print(f"[rank {info.rank}] failed: {line}", file=sys.stderr)
     barrier()
-    if info.is_main:
-        final = concatenate(out, len(sources), args.rows_per_shard)
-        if final is None:
-            print("error: some rows failed (listed above); run the same command again to retry them", file=sys.stderr)
-            return 1
-        print(f"wrote {len(sources):,} conversations to {final}")
-    return 1 if done.failed else 0
+    if not info.is_main:
+        return 0
+    total = concatenate(out, len(sources), args.rows_per_shard)
+    if total is None:
+        print("error: rows failed for now (listed above); run the same command again to retry them", file=sys.stderr)
+        return 1
+    total.skipped = summary.skipped  # the whole output's summary; this run's rate (rank 0's share) below
+    print(total.format())
+    if done.seconds:
+        print(f"this run, rank 0: {done.rows:,} rows, {done.tokens:,} tokens in {done.seconds:.0f} s "
+              f"({done.rows / done.seconds:.2f} rows/s, {done.tokens / done.seconds:.1f} tokens/s)")
+    print(f"wrote {total.rows:,} conversations to {out / 'regenerated.jsonl'}"
+          + (f"; {len(total.failed):,} failed for good, listed in {out / 'failed.jsonl'}" if total.failed else ""))
+    return 0
 
 
 if __name__ == "__main__":

@@ -96,8 +96,8 @@ def test_every_assistant_turn_is_the_targets_reply_to_the_regenerated_prefix(set
 
 
 def test_batch_size_does_not_change_greedy_replies(setup, tmp_path):
-    assert run(setup, tmp_path / "b1", "--batch-size", "1") == 0
-    assert run(setup, tmp_path / "b4", "--batch-size", "4") == 0  # left padding
+    assert run(setup, tmp_path / "b1", "--batch-size", "1", "--rows-per-shard", "8") == 0
+    assert run(setup, tmp_path / "b4", "--batch-size", "4", "--rows-per-shard", "8") == 0  # 5 prompts: 4 + 1, left-padded
     assert rows_of(tmp_path / "b1") == rows_of(tmp_path / "b4")
 
 
@@ -119,7 +119,8 @@ def test_a_killed_job_resumes_where_it_stopped_and_other_settings_are_refused(se
     assert shards == ["shard-00000.jsonl"] and not (tmp_path / "out" / "regenerated.jsonl").exists()
     monkeypatch.setattr(HFBackend, "generate", original)
     assert run(setup, tmp_path / "out", "--temperature", "0.7") == 2
-    assert "other settings (sampling: {'temperature': 0.0" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "holds rows regenerated with other settings (" in err and "sampling: {'temperature': 0.0" in err
     calls.clear()
     monkeypatch.setattr(HFBackend, "generate", lambda self, p, s: calls.append(len(p)) or original(self, p, s))
     assert run(setup, tmp_path / "out") == 0
@@ -136,32 +137,76 @@ def test_bad_rows_are_named_by_file_and_row_or_skipped_and_counted(setup, tmp_pa
     assert f"{bad} row 1: turn 0 must have 'role' and 'content'" in capsys.readouterr().err
     assert regenerate_data.main([*args, "--output", str(tmp_path / "b"), "--skip-bad-rows"]) == 0
     assert len(rows_of(tmp_path / "b")) == 1
-    assert "1 x turn 0 must have 'role' and 'content'" in capsys.readouterr().err
+    assert "1 x turn 0 must have 'role' and 'content'" in capsys.readouterr().out  # the summary
+
+
+class StubModel(torch.nn.Module):
+    """generate() appends fixed ids per prompt: how the backend reads EOS, limits and empty replies."""
+
+    def __init__(self, replies: list[list[int]], eos: list[int], max_positions: int) -> None:
+        super().__init__()
+        from transformers import GenerationConfig, LlamaConfig
+
+        self.w = torch.nn.Parameter(torch.zeros(1))
+        self.generation_config = GenerationConfig(eos_token_id=eos)
+        self.config = LlamaConfig(max_position_embeddings=max_positions)
+        self.replies = replies
+
+    def generate(self, input_ids, attention_mask, max_new_tokens, **kwargs):
+        assert set(kwargs["eos_token_id"]) == set(self.generation_config.eos_token_id)  # generate stops at every one
+        new = torch.tensor([self.replies.pop(0)[:max_new_tokens] for _ in range(input_ids.shape[0])])
+        return torch.cat([input_ids, new], dim=1)
+
+
+def test_hf_backend_reads_every_eos_id_the_length_limit_and_empty_replies(setup):
+    from headstart.trainer.reply_backends import Failure, Reply, SamplingSettings
+
+    tokenizer = AutoTokenizer.from_pretrained(str(setup / "target"))
+    eos2 = 100  # a second end-of-turn id besides the tokenizer's, as Llama 3 has (<|eot_id|>, <|end_of_text|>)
+    word = tokenizer("hello", add_special_tokens=False)["input_ids"]
+    replies = [word + [eos2, 7, 7], word * 4, [tokenizer.eos_token_id, 5, 5, 5]]
+    model = StubModel(replies, [tokenizer.eos_token_id, eos2], max_positions=40)
+    backend = HFBackend(model, tokenizer, SamplingSettings(max_new_tokens=len(word) * 4), batch_size=1)
+    short = [{"role": "user", "content": "hi"}]
+    long = [{"role": "user", "content": "hi " * 60}]  # more than 40 positions with the reply
+    out = backend.generate([short, short, short, long], [0, 0, 0, 0])
+    assert out[0] == Reply("hello", "stop", len(word) + 1)  # stopped at the second EOS id; the EOS counted
+    assert out[1] == Reply("hello" * 4, "length", len(word) * 4)
+    assert out[2] == Failure("the target's reply is empty", permanent=True)
+    assert isinstance(out[3], Failure) and out[3].permanent and "exceeds the target's 40 positions" in out[3].reason
 
 
 # -- the openai backend ------------------------------------------------------------------------------
 class FlakyServer(BaseHTTPRequestHandler):
-    """A chat-completions endpoint that fails the first two requests with 503 and always fails a
-    conversation that says 'fail'."""
+    """A chat-completions endpoint whose behaviour the user turn picks: 'fail' -> 500 always, 'refuse' ->
+    400, 'garbage' -> a malformed 200 once, 'abort' -> finish_reason abort once, 'empty' -> an empty reply;
+    and the first two requests of all get a 503."""
 
     calls = 0
+    seen: dict[str, int] = {}
+    healthy = False  # when True, 'fail' succeeds too
     lock = threading.Lock()
 
     def do_POST(self):  # noqa: N802
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        last = body["messages"][-1]["content"]
         with FlakyServer.lock:
             FlakyServer.calls += 1
             flaky = FlakyServer.calls <= 2
-        last = body["messages"][-1]["content"]
-        if flaky or last == "fail":
-            self.send_response(503 if flaky else 500)
-            self.end_headers()
-            self.wfile.write(b"try later")
-            return
-        reply = {"choices": [{"message": {"role": "assistant", "content": f"re: {last}"}, "finish_reason": "stop"}],
-                 "usage": {"completion_tokens": 3}}
-        data = json.dumps(reply).encode()
-        self.send_response(200)
+            nth = FlakyServer.seen[last] = FlakyServer.seen.get(last, 0) + 1
+        if flaky or (last == "fail" and not FlakyServer.healthy):
+            return self.reply(503 if flaky else 500, b"try later")
+        if last == "refuse":
+            return self.reply(400, b'{"error": "prompt too long"}')
+        if last == "garbage" and nth == 1:
+            return self.reply(200, b'{"choices": [')
+        finish = "abort" if last == "abort" and nth == 1 else "stop"
+        content = "" if last == "empty" else f"re: {last}"
+        self.reply(200, json.dumps({"choices": [{"message": {"role": "assistant", "content": content},
+                                                  "finish_reason": finish}], "usage": {"completion_tokens": 3}}).encode())
+
+    def reply(self, code: int, data: bytes) -> None:
+        self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -171,24 +216,41 @@ class FlakyServer(BaseHTTPRequestHandler):
         pass
 
 
-def test_openai_backend_retries_and_reports_a_row_that_keeps_failing(tmp_path, capsys):
+def test_openai_backend_retries_what_can_succeed_and_reports_each_failing_row(tmp_path, capsys):
+    FlakyServer.calls, FlakyServer.seen, FlakyServer.healthy = 0, {}, False
     server = ThreadingHTTPServer(("127.0.0.1", 0), FlakyServer)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     data = tmp_path / "chats.jsonl"
-    chats = [CHATS[1], [{"role": "user", "content": "fail"}, {"role": "assistant", "content": "x"}], CHATS[2]]
+    chats = [CHATS[1]] + [[{"role": "user", "content": w}, {"role": "assistant", "content": "x"}]
+                          for w in ("fail", "refuse", "garbage", "abort", "empty")] + [CHATS[2]]
     data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in chats))
     args = ["--backend", "openai", "--endpoint", f"http://127.0.0.1:{server.server_port}", "--model", "m",
             "--data", str(data), "--output", str(tmp_path / "out"), "--rows-per-shard", "1", "--retries", "2",
             "--backoff", "0.01", "--concurrency", "2", "--no-progress"]
     try:
-        assert regenerate_data.main(args) == 1
+        assert regenerate_data.main(args) == 1  # row 1 may succeed later: nothing final yet
         err = capsys.readouterr().err
-        assert f"shard 1 ({data} row 1 .. {data} row 1)" in err and "HTTP 500" in err  # named by file and row
-        assert sorted(p.name for p in (tmp_path / "out" / "shards").iterdir()) == ["shard-00000.jsonl", "shard-00002.jsonl"]
+        assert f"failed: {data} row 1: turn 1: http://127.0.0.1" in err and "HTTP 500" in err
+        assert "(retried on the next run)" in err
+        assert f"failed: {data} row 2: turn 1: HTTP 400" in err  # refused: not retried
+        assert f"failed: {data} row 5: turn 1: empty reply" in err
+        shards = sorted(p.name for p in (tmp_path / "out" / "shards").iterdir())
+        assert "shard-00001.jsonl" not in shards and "shard-00003.jsonl" in shards and "shard-00004.jsonl" in shards
         assert not (tmp_path / "out" / "regenerated.jsonl").exists()  # never half-done
-        rows = [json.loads(x) for x in (tmp_path / "out" / "shards" / "shard-00002.jsonl").read_text().splitlines()]
+        rows = [json.loads(x) for x in (tmp_path / "out" / "shards" / "shard-00006.jsonl").read_text().splitlines()]
         assert [m["content"] for m in rows[0]["messages"]] == ["Say hello.", "re: Say hello.", "Again.", "re: Again."]
-        assert FlakyServer.calls >= 2 + 3  # the two 503s were retried
+        garbage = json.loads((tmp_path / "out" / "shards" / "shard-00003.jsonl").read_text())
+        assert garbage["messages"][1]["content"] == "re: garbage"  # the malformed answer was retried
+        assert FlakyServer.seen["garbage"] == 2 and FlakyServer.seen["abort"] == 2 and FlakyServer.seen["refuse"] == 1
+        # the server is fixed: the next run retries row 1 only and completes; the two rows that cannot succeed
+        # are left out of regenerated.jsonl and listed in failed.jsonl
+        FlakyServer.healthy, before = True, dict(FlakyServer.seen)
+        assert regenerate_data.main(args) == 0
+        assert {k: v - before.get(k, 0) for k, v in FlakyServer.seen.items() if v != before.get(k, 0)} == {"fail": 1}
+        final = rows_of(tmp_path / "out")
+        assert [r["source"]["row"] for r in final] == [0, 1, 3, 4, 6]
+        failed = [json.loads(x) for x in (tmp_path / "out" / "failed.jsonl").read_text().splitlines()]
+        assert [(f["source"]["row"], f["reason"].split(":")[1].strip()) for f in failed] == [(2, "HTTP 400"), (5, "empty reply (a reasoning parser or tool call on the server?)")]
     finally:
         server.shutdown()
 

@@ -13,11 +13,16 @@ Layout of the output directory:
 
     plan.json                   the settings; a restart with other settings is refused
     shards/shard-00012.jsonl    global rows [12 S, 13 S), written atomically (temp file + rename)
+    shards/shard-00012.failed.jsonl  the rows of that shard that failed for good, with the reason
     regenerated.jsonl           every shard in order, written last (atomically): what training reads
+    failed.jsonl                every row that failed for good
 
-Shard k holds global rows [k S, (k+1) S) and goes to rank k mod world_size, so a killed job restarts
-(on any number of ranks) by skipping the shards that exist. A row whose request keeps failing leaves
-its shard unwritten and is reported by file and row; the next run retries it.
+Shard k holds global rows [k S, (k+1) S). Every rank lists the missing shards and takes every
+world_size-th, so a killed job restarts (on any number of ranks) by skipping the shards that exist. A
+row whose request keeps failing (server down, overloaded) leaves its shard unwritten and is reported by
+file and row; the next run retries it. A row that can never succeed (its prompt does not fit the
+context, the server refuses it, the reply is empty) is reported the same way and listed in
+failed.jsonl, so the rest of the data still completes.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from tqdm import tqdm
 
 from headstart.trainer.conversations import RowError, detect_format, to_messages
 from headstart.trainer.data import read_rows
-from headstart.trainer.reply_backends import Message, Reply, RowFailed, SamplingSettings
+from headstart.trainer.reply_backends import Failure, Message, Reply, SamplingSettings
 
 PLAN_VERSION = 1
 
@@ -72,7 +77,7 @@ class Summary:
                  "finish reasons     " + ", ".join(f"{k} {v:,}" for k, v in sorted(self.finish_reasons.items())),
                  f"rows that hit max_new_tokens {self.rows_at_length_limit:,}"]
         lines += [f"rows skipped       {n:>10,} x {reason}" for reason, n in self.skipped.items()]
-        lines += [f"FAILED: {f}" for f in self.failed]
+        lines += [f"failed for good: {f}" for f in self.failed]
         return "\n".join(lines)
 
 
@@ -85,7 +90,10 @@ def read_sources(files: list[str], fmt: str | None = None, skip_bad_rows: bool =
         rows = read_rows(path)
         if rows_per_file is not None:
             rows = rows.select(range(min(rows_per_file, len(rows))))
-        row_fmt = fmt or (detect_format(rows[0]) if len(rows) else "messages")
+        try:
+            row_fmt = fmt or (detect_format(rows[0]) if len(rows) else "messages")
+        except RowError as err:
+            raise ValueError(f"{path}: {err}") from None
         if row_fmt == "text":
             raise ValueError(f"{path}: 'text' rows have no turns to regenerate; give conversations")
         for i, row in enumerate(rows):
@@ -99,26 +107,42 @@ def read_sources(files: list[str], fmt: str | None = None, skip_bad_rows: bool =
     return sources
 
 
-def regenerate_rows(sources: list[Source], generate: Callable[[list[list[Message]], int], list[Reply]], seed: int,
-                    sampling: SamplingSettings) -> list[dict]:
+def row_seed(seed: int, source: Source, turn: int) -> int:
+    """The seed of one row's reply to one turn: independent of batching, shards and ranks."""
+    key = f"{seed}:{Path(source.file).name}:{source.row}:{turn}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:4], "little") & 0x7FFFFFFF
+
+
+def regenerate_rows(sources: list[Source], generate: Callable[[list[list[Message]], list[int]], list[Reply | Failure]],
+                    sampling: SamplingSettings) -> tuple[list[dict], list[tuple[Source, Failure]]]:
     """Turn by turn across the batch: at step j every conversation with a j-th assistant turn gets the
-    target's reply to its prefix (its own earlier turns already regenerated)."""
-    convs = [[m for m in s.messages] for s in sources]
-    out = [{"finish_reasons": [], "generated_tokens": 0} for _ in sources]
+    target's reply to its prefix (its own earlier turns already regenerated). A conversation whose
+    reply fails stops there and is returned with its failure, not written half-done."""
+    convs = [[dict(m) for m in s.messages] for s in sources]
+    done = [{"finish_reasons": [], "generated_tokens": 0} for _ in sources]
     positions = [[i for i, m in enumerate(c) if m["role"] == "assistant"] for c in convs]
+    failed: dict[int, Failure] = {}
     for j in range(max(len(p) for p in positions)):
-        todo = [i for i, p in enumerate(positions) if j < len(p)]
-        replies = generate([convs[i][: positions[i][j]] for i in todo], seed + 1000 * j)
+        todo = [i for i, p in enumerate(positions) if j < len(p) and i not in failed]
+        if not todo:
+            break
+        replies = generate([convs[i][: positions[i][j]] for i in todo], [row_seed(sampling.seed, sources[i], j) for i in todo])
         for i, reply in zip(todo, replies):
+            if isinstance(reply, Failure):
+                failed[i] = Failure(f"turn {positions[i][j]}: {reply.reason}", reply.permanent)
+                continue
             convs[i][positions[i][j]] = {"role": "assistant", "content": reply.text}
-            out[i]["finish_reasons"].append(reply.finish_reason)
-            out[i]["generated_tokens"] += reply.tokens
+            done[i]["finish_reasons"].append(reply.finish_reason)
+            done[i]["generated_tokens"] += reply.tokens
+    rows = []
     for i, (s, c) in enumerate(zip(sources, convs)):
+        if i in failed:
+            continue
         # a trailing user turn (no reply to regenerate) is dropped: training has nothing to learn from it
         last = max(k for k, m in enumerate(c) if m["role"] == "assistant")
-        out[i] = {"messages": c[: last + 1], "source": {"file": s.file, "row": s.row}, **out[i],
-                  "sampling": sampling.as_dict()}
-    return out
+        rows.append({"messages": c[: last + 1], "source": {"file": s.file, "row": s.row}, **done[i],
+                     "sampling": sampling.as_dict()})
+    return rows, [(sources[i], f) for i, f in sorted(failed.items())]
 
 
 def files_sha256(files: list[str]) -> str:
@@ -142,47 +166,61 @@ def check_plan(out: Path, plan: dict, is_main: bool) -> None:
                              + "; ".join(f"{k}: {old.get(k)!r} there, {plan.get(k)!r} now" for k in differs)
                              + "): resume with the same settings or choose another --output")
     elif is_main:
-        (out / "shards").mkdir(parents=True, exist_ok=True)
+        out.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(plan, indent=2))
         os.replace(tmp, path)
 
 
-def shard_path(out: Path, k: int) -> Path:
-    return out / "shards" / f"shard-{k:05d}.jsonl"
+def shard_path(out: Path, k: int, failed: bool = False) -> Path:
+    return out / "shards" / f"shard-{k:05d}{'.failed' if failed else ''}.jsonl"
+
+
+def missing_shards(out: Path, n_rows: int, rows_per_shard: int) -> list[int]:
+    """Shards not written yet. Listed by every rank before any of them writes (then split rank::world),
+    so a resumed job spreads what is left evenly, on any number of ranks."""
+    n_shards = (n_rows + rows_per_shard - 1) // rows_per_shard
+    return [k for k in range(n_shards) if not shard_path(out, k).is_file()]
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
+    """Atomically: a temp file, flushed to disk, renamed (a crash leaves the old file or none, never half)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     with tmp.open("w") as f:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
 def run_shards(out: Path, sources: list[Source], generate, sampling: SamplingSettings, rows_per_shard: int,
-               rank: int = 0, world_size: int = 1, progress: bool = True) -> Summary:
-    """Regenerate this rank's missing shards; returns what this rank did."""
+               shards: list[int], progress: bool = True) -> Summary:
+    """Regenerate ``shards`` (this rank's share of the missing ones); returns what was done.
+
+    A shard is written when every row is regenerated or failed permanently (those rows go to its
+    ``.failed.jsonl`` with the reason); a transient failure leaves the shard for the next run."""
     summary = Summary()
-    n_shards = (len(sources) + rows_per_shard - 1) // rows_per_shard
-    mine = [k for k in range(rank, n_shards, world_size) if not shard_path(out, k).is_file()]
-    rows_todo = sum(len(sources[k * rows_per_shard:(k + 1) * rows_per_shard]) for k in mine)
-    bar = tqdm(total=rows_todo, unit="row", disable=not progress or rank != 0, dynamic_ncols=True,
-               desc=f"regenerating ({len(mine)} of {n_shards} shards left)")
+    rows_todo = sum(len(sources[k * rows_per_shard:(k + 1) * rows_per_shard]) for k in shards)
+    bar = tqdm(total=rows_todo, unit="row", disable=not progress, dynamic_ncols=True,
+               desc=f"regenerating {len(shards)} shards")
     start = time.perf_counter()
-    for k in mine:
+    for k in shards:
         chunk = sources[k * rows_per_shard:(k + 1) * rows_per_shard]
-        try:
-            rows = regenerate_rows(chunk, generate, sampling.seed + k * rows_per_shard, sampling)
-        except RowFailed as err:
-            where = f"{chunk[0].file} row {chunk[0].row} .. {chunk[-1].file} row {chunk[-1].row}"
-            summary.failed.append(f"shard {k} ({where}): {err}")
-            bar.update(len(chunk))
+        rows, failures = regenerate_rows(chunk, generate, sampling)
+        bar.update(len(chunk))
+        retry_later = [(src, f) for src, f in failures if not f.permanent]
+        summary.failed += [f"{src.file} row {src.row}: {f.reason}" + ("" if f.permanent else " (retried on the next run)")
+                           for src, f in failures]
+        if retry_later:
             continue
+        if failures:
+            write_jsonl(shard_path(out, k, failed=True), [{"source": {"file": src.file, "row": src.row}, "reason": f.reason}
+                                                          for src, f in failures])
         write_jsonl(shard_path(out, k), rows)
         for row in rows:
             summary.add(row)
-        bar.update(len(chunk))
         summary.seconds = time.perf_counter() - start
         bar.set_postfix_str(f"{summary.tokens / max(summary.seconds, 1e-9):.0f} tok/s")
     bar.close()
@@ -190,16 +228,20 @@ def run_shards(out: Path, sources: list[Source], generate, sampling: SamplingSet
     return summary
 
 
-def concatenate(out: Path, n_rows: int, rows_per_shard: int) -> Path | None:
-    """Write regenerated.jsonl from every shard, in order; None while a shard is missing."""
-    n_shards = (n_rows + rows_per_shard - 1) // rows_per_shard
-    paths = [shard_path(out, k) for k in range(n_shards)]
-    if not all(p.is_file() for p in paths):
+def concatenate(out: Path, n_rows: int, rows_per_shard: int) -> Summary | None:
+    """Write regenerated.jsonl (and failed.jsonl, the rows that failed for good) from every shard, in
+    order; returns the summary of the whole output, or None while a shard is missing."""
+    if missing_shards(out, n_rows, rows_per_shard):
         return None
-    final = out / "regenerated.jsonl"
-    tmp = final.with_name(f".{final.name}.tmp")
-    with tmp.open("w") as f:
-        for p in paths:
-            f.write(p.read_text())
-    os.replace(tmp, final)
-    return final
+    n_shards = (n_rows + rows_per_shard - 1) // rows_per_shard
+    summary = Summary()
+    final, failed = out / "regenerated.jsonl", out / "failed.jsonl"
+    rows = [json.loads(line) for k in range(n_shards) for line in shard_path(out, k).read_text().splitlines()]
+    lost = [json.loads(line) for k in range(n_shards) if shard_path(out, k, failed=True).is_file()
+            for line in shard_path(out, k, failed=True).read_text().splitlines()]
+    for row in rows:
+        summary.add(row)
+    summary.failed = [f"{x['source']['file']} row {x['source']['row']}: {x['reason']}" for x in lost]
+    write_jsonl(failed, lost)
+    write_jsonl(final, rows)
+    return summary
