@@ -130,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}; finished shards are kept: run the same command again once the server is back",
               file=sys.stderr)
         return 1
+    print(f"[rank {info.rank}] regenerated {done.rows:,} rows ({done.tokens:,} tokens) in {done.seconds:.0f} s",
+          file=sys.stderr)
     for line in done.failed:
         print(f"[rank {info.rank}] failed: {line}", file=sys.stderr)
     barrier()

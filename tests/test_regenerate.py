@@ -305,5 +305,5 @@ def test_two_ranks_under_torchrun_write_what_one_process_writes(setup, tmp_path)
            "--rows-per-shard", "2", "--no-progress"]
     done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "[rank 1] rows regenerated" in done.stderr  # rank 1 did its share
+    assert "[rank 1] regenerated 2 rows" in done.stderr  # rank 1 did its share: shard 1 of the 3 (rows 2, 3)
     assert rows_of(tmp_path / "two") == rows_of(tmp_path / "one")
