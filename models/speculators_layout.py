@@ -119,28 +119,15 @@ def from_speculators_config(d: dict, where: str = "config.json") -> Eagle3Config
         problems.append(f"transformer_layer_config.num_hidden_layers is {layer.get('num_hidden_layers')}, not 1")
     if problems:
         raise ValueError(f"{where}: cannot read this speculators EAGLE-3 config:\n  " + "\n  ".join(problems))
+    # The rest is the flat layout's mapping: read it as a flat config (one place maps fields to Eagle3Config).
     rope_theta, scaling = layer_rope(layer)
-    heads = layer["num_attention_heads"]
     proposals = (d.get("speculators_config") or {}).get("proposal_methods") or [{}]
-    ids = tuple(d["eagle_aux_hidden_state_layer_ids"])
-    return Eagle3Config(
-        hidden_size=layer["hidden_size"],
-        num_attention_heads=heads,
-        num_key_value_heads=layer.get("num_key_value_heads") or heads,
-        head_dim=layer.get("head_dim") or layer["hidden_size"] // heads,
-        intermediate_size=layer["intermediate_size"],
-        vocab_size=layer["vocab_size"],
-        draft_vocab_size=d["draft_vocab_size"],
-        target_hidden_size=d.get("target_hidden_size") or layer["hidden_size"],
-        aux_layer_ids=ids,
-        target_num_layers=(d.get("headstart") or {}).get("target_num_layers", max(ids) + 1),
-        rms_norm_eps=layer.get("rms_norm_eps", 1e-6),
-        rope_theta=rope_theta,
-        rope_scaling=scaling,
-        max_position_embeddings=layer.get("max_position_embeddings", 4096),
-        hidden_act=layer.get("hidden_act", "silu"),
-        speculative_tokens=proposals[0].get("speculative_tokens", 3),
-    )
+    return Eagle3Config.from_hf_dict({
+        **layer, "architectures": ["LlamaForCausalLMEagle3"], "rope_theta": rope_theta, "rope_scaling": scaling,
+        "draft_vocab_size": d["draft_vocab_size"], "target_hidden_size": d.get("target_hidden_size"),
+        "eagle_aux_hidden_state_layer_ids": d["eagle_aux_hidden_state_layer_ids"],
+        "headstart": {**(d.get("headstart") or {}), "speculative_tokens": proposals[0].get("speculative_tokens", 3)},
+    })
 
 
 def to_speculators_tensors(tensors: dict) -> dict:
