@@ -30,7 +30,16 @@ from headstart.models.target import Target, TargetConfig
 pytestmark = pytest.mark.slow
 READER = __file__.replace("test_conformance.py", "speculators_reader.py")
 T = 128  # speculators' flex-attention block mask is built in blocks of 128 positions
-TOLERANCE = 1e-4  # float32 on both sides: the same operations in another order
+# float32 on both sides, the same operations in another order. Relative to the logits' scale: speculators'
+# forward is not bitwise reproducible from run to run on CPU (the same request gave max |diff| 8.6e-4 on
+# logits of max 6.5 once in 7 runs, at every position but the first, i.e. inside attention), while a
+# swapped, dropped or misread tensor moves the logits by O(their scale).
+TOLERANCE = 1e-3
+
+
+def close(got: torch.Tensor, want: torch.Tensor) -> tuple[bool, float]:
+    diff = (got - want).abs().max().item()
+    return diff < TOLERANCE * max(1.0, want.abs().max().item()), diff
 
 
 def read_with_speculators(tmp_path, kind: str, head_dir, verifier, inputs: dict, steps: int):
@@ -96,9 +105,9 @@ def test_eagle3_exports_in_both_layouts_load_in_speculators_with_the_same_logits
             valid = T - 1 - j  # the last positions read the padding token that shift_left put there
             got, want = logits[f"logits_{j}"][:, :valid], expected[j][:, :valid]
             assert got.shape == want.shape
-            diff = (got - want).abs().max().item()
+            ok, diff = close(got, want)
             print(f"eagle3 {layout} layout, TTT step {j}: max |logit difference| {diff:.2e}")
-            assert diff < TOLERANCE, (layout, j, diff)
+            assert ok, (layout, j, diff)
 
 
 def test_mtp_export_of_a_qwen3_next_target_loads_in_speculators_with_the_same_first_step_logits(tmp_path):
@@ -134,9 +143,9 @@ def test_mtp_export_of_a_qwen3_next_target_loads_in_speculators_with_the_same_fi
     # training forward keeps the positions and attends causally in every step, where vLLM's proposer
     # (and headstart) moves one position on per step and attends to the earlier steps' own keys.
     got, want = logits["logits_0"], expected[0][:, :valid]
-    diff = (got - want).abs().max().item()
+    ok, diff = close(got, want)
     print(f"mtp qwen3_next layout, step 0: max |logit difference| {diff:.2e}")
-    assert diff < TOLERANCE, diff
+    assert ok, diff
 
 
 def test_the_committed_demo_head_converted_to_speculators_reads_the_same(tmp_path):
@@ -158,6 +167,6 @@ def test_the_committed_demo_head_converted_to_speculators_reads_the_same(tmp_pat
                                            {"aux": aux, "input_ids": shift_left(ids, 1, 0)}, steps)
     assert report["unexpected"] == [] and report["nan"] == [] and report["aux_layer_ids"] == list(head.config.aux_layer_ids)
     for j in range(steps):
-        diff = (logits[f"logits_{j}"][:, : T - 1 - j] - expected[j][:, : T - 1 - j]).abs().max().item()
+        ok, diff = close(logits[f"logits_{j}"][:, : T - 1 - j], expected[j][:, : T - 1 - j])
         print(f"demo eagle3 head, speculators layout, TTT step {j}: max |logit difference| {diff:.2e}")
-        assert diff < TOLERANCE, (j, diff)
+        assert ok, (j, diff)
