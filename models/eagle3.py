@@ -27,7 +27,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from headstart.models.draft_vocab import check_draft_vocab
-from headstart.models.head import FeatureNeeds, Features, check_layout, shift_left
+from headstart.models.head import FeatureNeeds, Features, check_layout, loss_denominator, shift_left
 from headstart.models.target import check_aux_layer_ids, default_aux_layer_ids, text_config
 
 
@@ -316,11 +316,13 @@ class Eagle3Draft(nn.Module):
             yield self.lm_head(self.norm(hidden)).float()
 
     def loss(self, f: Features) -> tuple[torch.Tensor, dict[str, float]]:
-        """Unrolled TTT loss: forward KL to the target on the draft vocab, step weights w^k."""
+        """Unrolled TTT loss: forward KL to the target on the draft vocab, step weights w^k, summed over
+        positions and divided by ``loss_denominator`` (the per-step means are metrics)."""
         # The target's distribution at position j predicts token j+1; it is trained where that
         # token is an assistant token and the target's argmax lies in the draft vocab.
         valid = torch.zeros_like(f.loss_mask, dtype=torch.bool)
         valid[:, :-1] = f.loss_mask[:, 1:].bool() & f.target_in_draft[:, :-1]
+        denominator = loss_denominator(f)
         total = torch.zeros((), dtype=torch.float32, device=f.input_ids.device)
         step_stats = []  # per step: [loss, acc, accept]; moved to the host once, after the loop
         for k, logits in enumerate(self.unroll(f)):  # logits [B, T, V_d]
@@ -329,8 +331,9 @@ class Eagle3Draft(nn.Module):
             logq = torch.log_softmax(logits, dim=-1)
             p = torch.softmax(tgt_k.float(), dim=-1)  # target restricted to the draft vocab, renormalised
             n_valid = valid_k.sum().clamp(min=1)
-            step_loss = -((p * logq).sum(-1) * valid_k).sum() / n_valid
-            total = total + (self.step_weight**k) * step_loss
+            step_sum = -((p * logq).sum(-1) * valid_k).sum()
+            total = total + (self.step_weight**k) * step_sum / denominator
+            step_loss = step_sum / n_valid  # the step's mean, for the metrics
             with torch.no_grad():
                 acc = ((logits.argmax(-1) == tgt_k.argmax(-1)) & valid_k).sum() / n_valid
                 accept = (torch.minimum(p, logq.exp()).sum(-1) * valid_k).sum() / n_valid

@@ -36,10 +36,15 @@ class Features:
     last_hidden_state: torch.Tensor | None = None  # [B, T, H_t] the target's final (normed) hidden state
     target_logits: torch.Tensor | None = None  # [B, T, V_d] target logits at each position, restricted to the draft vocab
     target_in_draft: torch.Tensor | None = None  # [B, T] bool: the target's full-vocab argmax lies in the draft vocab
+    loss_denominator: float | None = None
+    """What the head divides its summed loss by (``loss_denominator``). The trainer sets it to the global
+    batch's trained positions per micro-batch; None: this batch's own trained positions."""
 
     def to(self, device: torch.device | str) -> "Features":
-        return Features(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name).to(device)
-                           for f in fields(self)})
+        def move(x):
+            return x.to(device) if isinstance(x, torch.Tensor) else x
+
+        return Features(**{f.name: move(getattr(self, f.name)) for f in fields(self)})
 
     @property
     def num_tokens(self) -> int:
@@ -78,6 +83,24 @@ def check_layout(head, layout: str | None) -> str:
     if layout not in head.layouts:
         raise ValueError(f"{type(head).__name__} is exported in the layouts {list(head.layouts)}, not {layout!r}")
     return layout
+
+
+def trained_positions(loss_mask: torch.Tensor) -> torch.Tensor:
+    """Positions whose next token is trained: what a training loss is averaged over. [] int64"""
+    return loss_mask[:, 1:].sum()
+
+
+def loss_denominator(f: Features) -> torch.Tensor | float:
+    """A head's loss is sum over steps of step_weight**k x (summed loss of step k) / this.
+
+    In training it is the global batch's trained positions divided by its micro-batches (ranks x
+    grad_accum), so that after the backends average over those the gradient is the global batch's
+    token mean: every trained token weighs the same whichever rank, micro-batch or sequence length
+    it comes in, and the step is the same however the global batch is split (resume on another world
+    size). Outside the trainer: this batch's own trained positions."""
+    if f.loss_denominator is not None:
+        return f.loss_denominator
+    return trained_positions(f.loss_mask).clamp(min=1)
 
 
 def shift_left(x: torch.Tensor, n: int, fill) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from headstart.models.head import Features
+from headstart.models.head import Features, loss_denominator
 
 
 def lockstep_chunks(n: int, chunk_tokens: int, device: torch.device) -> int:
@@ -28,7 +28,7 @@ def lockstep_chunks(n: int, chunk_tokens: int, device: torch.device) -> int:
 def chunked_vocab_loss(project: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
                        teacher: Callable[[torch.Tensor], torch.Tensor], teacher_h: torch.Tensor, labels: torch.Tensor,
                        soft: bool, chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Mean cross-entropy of ``project(x)`` [N, V] against the teacher's distribution
+    """Summed cross-entropy of ``project(x)`` [N, V] against the teacher's distribution
     ``softmax(teacher(teacher_h))`` (``soft``) or the ``labels`` [N]; also per position whether the
     draft's argmax equals the teacher's, and whether the teacher's argmax is in the draft's top 5.
 
@@ -46,7 +46,7 @@ def chunked_vocab_loss(project: Callable[[torch.Tensor], torch.Tensor], x: torch
         loss_sum = loss_sum + chunk_loss
         correct.append(draft_top[:, 0] == target_top1)
         top5.append((draft_top == target_top1[:, None]).any(-1))
-    return loss_sum / max(N, 1), torch.cat(correct), torch.cat(top5)
+    return loss_sum, torch.cat(correct), torch.cat(top5)
 
 
 def _chunk(project, teacher, x: torch.Tensor, teacher_h: torch.Tensor, labels: torch.Tensor, soft: bool):
@@ -70,11 +70,12 @@ def multi_step_loss(steps: Iterable[tuple[Callable[[torch.Tensor], torch.Tensor]
 
     Position t is trained at step s when token t+2+s is an assistant token; the label is the target's
     distribution at t+1+s (``soft``, from ``teacher`` over ``f.last_hidden_state``) or that token.
-    Loss = sum_s step_weight**s x the step's mean over its trained positions. Metrics per step: loss,
+    Loss = sum_s step_weight**s x the step's summed loss / ``loss_denominator(f)``. Metrics per step: loss,
     top-1 and top-5 accuracy against the target's argmax; ``sim_accept_len`` = 1 + sum_s P(steps 0..s
     all right | all trained at t), a greedy chain's tokens per target forward under teacher forcing."""
     target_h = f.last_hidden_state  # [B, T, H]
     T = target_h.shape[1]
+    denominator = loss_denominator(f)
     total = torch.zeros((), dtype=torch.float32, device=target_h.device)
     stats, chain, chain_valid = [], None, None  # chain [B, T]: steps 0..s all right at t
     for s, (project, draft) in enumerate(steps):
@@ -82,9 +83,10 @@ def multi_step_loss(steps: Iterable[tuple[Callable[[torch.Tensor], torch.Tensor]
         if s + 2 < T:
             valid[:, : T - s - 2] = f.loss_mask[:, s + 2 :].bool()
         b, t = valid.nonzero(as_tuple=True)  # the trained positions
-        step_loss, correct, top5 = chunked_vocab_loss(project, draft[b, t], teacher, target_h[b, t + 1 + s],
-                                                      f.input_ids[b, t + 2 + s], soft, chunk_tokens)
-        total = total + (step_weight**s) * step_loss
+        step_sum, correct, top5 = chunked_vocab_loss(project, draft[b, t], teacher, target_h[b, t + 1 + s],
+                                                     f.input_ids[b, t + 2 + s], soft, chunk_tokens)
+        total = total + (step_weight**s) * step_sum / denominator
+        step_loss = step_sum / max(len(b), 1)  # the step's mean, for the metrics
         right = torch.zeros_like(valid)
         right[b, t] = correct
         chain, chain_valid = (right, valid) if chain is None else (chain & right, chain_valid & valid)

@@ -76,7 +76,7 @@ def naive_ttt_loss(draft: Eagle3Draft, f: Features) -> list[float]:
                     p = torch.softmax(f.target_logits[b, j].float(), -1)
                     losses[k][0] += -(p * logq).sum().item()
                     losses[k][1] += 1
-    return [s / max(n, 1) for s, n in losses]
+    return losses  # per step: [summed loss, trained positions]
 
 
 def test_ttt_matches_naive_inference_reference():
@@ -84,9 +84,14 @@ def test_ttt_matches_naive_inference_reference():
     f = random_features(draft)
     total, metrics = draft.loss(f)
     reference = naive_ttt_loss(draft, f)
-    for k, ref in enumerate(reference):
-        assert metrics[f"loss_{k}"] == pytest.approx(ref, abs=1e-5), f"step {k}"
-    assert total.item() == pytest.approx(sum(0.8**k * r for k, r in enumerate(reference)), abs=1e-5)
+    for k, (summed, n) in enumerate(reference):
+        assert metrics[f"loss_{k}"] == pytest.approx(summed / max(n, 1), abs=1e-5), f"step {k}"
+    # The loss: the steps' sums over the positions whose next token is trained (not each step's mean).
+    trained = int(f.loss_mask[:, 1:].sum())
+    assert trained > reference[0][1] > reference[-1][1]  # later steps (and non-draft argmaxes) have fewer
+    assert total.item() == pytest.approx(sum(0.8**k * summed for k, (summed, _) in enumerate(reference)) / trained, rel=1e-5)
+    f.loss_denominator = 2.5  # what the trainer sets: the global batch's trained positions per micro-batch
+    assert draft.loss(f)[0].item() == pytest.approx(total.item() * trained / 2.5, rel=1e-5)
 
 
 def test_loss_gradients_and_metrics():

@@ -69,7 +69,8 @@ def dense_reference(heads: MedusaHeads, target, f: Features, labels: str):
             # a greedy chain at t: heads 1..i all trained at t and all equal to the target's argmax
             if all(f.loss_mask[b, t + j + 1] for j in range(1, i)):
                 chain.append(all(logits_all[j - 1, b, t].argmax() == teacher[b, t + j].argmax() for j in range(1, i + 1)))
-        total = total + heads.step_weight**k * torch.stack(losses).mean()
+        # summed over the trained positions, divided by the positions whose next token is trained
+        total = total + heads.step_weight**k * torch.stack(losses).sum() / f.loss_mask[:, 1:].sum()
         accs.append(sum(right) / len(right))
         chains.append(sum(chain) / len(chain))
     return total, accs, 1.0 + sum(chains)
