@@ -8,7 +8,8 @@
 The recipe is the training one: target (path, dtype, aux layer ids), data, the head (``draft.head``:
 only the tensors it reads are stored) and the ``features`` section (storage: ``aux`` fp8|bf16,
 ``hidden`` bf16|fp8, ``target_dist`` topk|hidden, ``topk``). Rank r takes rows
-r, r+N, ...; each rank writes its shards atomically, a restarted job skips finished shards, and
+r, r+N, ...; each rank writes its shards atomically, a job restarted with --resume skips finished
+shards (and rebuilds any that were altered), and
 rank 0 writes manifest.json last. See trainer/feature_store.py for the format.
 """
 
@@ -29,6 +30,8 @@ from headstart.models.registry import head_type
 from headstart.models.target import Target
 from headstart.trainer.batches import collate
 from headstart.trainer.config import load_config
+from headstart.trainer.errors import report_error
+from headstart.trainer.output_dir import JOB_PLAN, claim_output_dir
 from headstart.trainer.distributed import barrier, init_distributed
 from headstart.trainer.feature_store import (
     Storage,
@@ -56,11 +59,12 @@ def check_plan(out: Path, plan: dict, is_main: bool) -> None:
     barrier()
 
 
-def generate(config) -> dict | None:
+def generate(config, resume: bool = False, overwrite: bool = False) -> dict | None:
     info = init_distributed()
     fc = config.features
     if not fc.path:
         raise ValueError("set features.path: the directory the features are written to")
+    claim_output_dir(fc.path, JOB_PLAN, "feature job", resume, overwrite, info)
     storage = Storage.for_head(head_type(config.draft.head).cls.needs, fc.aux, fc.target_dist, fc.topk, fc.hidden)
     out = Path(fc.path)
     dataset = _tokenized_data(config, info)
@@ -77,14 +81,16 @@ def generate(config) -> dict | None:
     bar = tqdm(total=sum(len(x) for x in lengths), unit="tok", unit_scale=True, desc=f"features rank {info.rank}",
                disable=not info.is_main, dynamic_ncols=True)
     n_aux, full_vocab = len(target.aux_layer_ids), target.vocab_head()
-    skipped = 0
+    skipped, rebuilt = 0, []
     for index, shard_rows in enumerate(shards):
         name = shard_name(info.rank, index)
-        done = finished_shard(out, name, shard_rows)
+        done = finished_shard(out, name, shard_rows, verify=True)  # a resumed job rebuilds what training refused
         if done is not None:
             skipped += 1
             bar.update(done["offsets"][-1])
             continue
+        if (out / f"{name}.json").is_file():
+            rebuilt.append(name)
         samples = []
         for start in range(0, len(shard_rows), fc.batch_size):
             batch_rows = shard_rows[start : start + fc.batch_size]
@@ -102,6 +108,8 @@ def generate(config) -> dict | None:
     bar.close()
     if skipped and info.is_main:
         print(f"resumed: skipped {skipped} finished shard(s) of rank 0")
+    for name in rebuilt:
+        print(f"[rank {info.rank}] rebuilt {name}, which was missing, truncated or altered")
     barrier()
     if not info.is_main:
         return None
@@ -125,13 +133,15 @@ def generate(config) -> dict | None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="recipe YAML (the training recipe)")
+    p.add_argument("--resume", action="store_true", help="continue the job in features.path (skips its finished shards)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="move the features in features.path aside (to <path>.old-<time>) and start again")
     args, overrides = p.parse_known_args(argv)
     try:
-        generate(load_config(args.config, overrides))
+        generate(load_config(args.config, overrides), args.resume, args.overwrite)
         barrier()  # leave together: rank 0 writes the manifest while the others would already tear down gloo
     except (ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return report_error(err)
     finally:
         gc.collect()  # drop finished collective work while the interpreter is fully alive
         if dist.is_initialized():

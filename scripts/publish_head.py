@@ -1,6 +1,10 @@
-"""Copy a run's final draft into a self-contained directory with its eval metrics and a card.
+"""Copy a run's head into a self-contained directory with its eval metrics and a card.
 
     python scripts/publish_head.py --run runs/demo-eagle3-full --out configs/demo/eagle3-head
+
+By default the run's ``best/`` head (the evaluation with the highest decode tau, or simulated
+acceptance length without decode evaluation) when the run kept one, else ``final/``; ``--head final``
+publishes the last one.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from pathlib import Path
 
 from headstart.models.registry import head_type
 from headstart.trainer.checkpoint import latest_checkpoint
+from headstart.trainer.loop import BEST_RECORD
 
 # What a card says of each exported layout: title, layout note, the unit one metric row describes.
 LAYOUTS = {
@@ -31,21 +36,35 @@ def recipe_line(draft: dict) -> str:
     return f"{draft['head']}: " + ", ".join(f"{k} {draft[k]}" for k in head_type(draft["head"]).fields)
 
 
-def main() -> None:
+def run_config_steps(run: Path) -> int:
+    return json.loads((run / "run_config.json").read_text())["train"]["max_steps"]
+
+
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", required=True, help="output_dir of a finished training run")
     p.add_argument("--out", required=True)
     p.add_argument("--recipe", default=None, help="the recipe YAML the run was trained with (for the record)")
     p.add_argument("--benchmarks", default=None, help="also append the eval numbers to this markdown file")
-    args = p.parse_args()
+    p.add_argument("--head", choices=["best", "final"], default=None,
+                   help="which of the run's heads (default: best/ when the run kept one, else final/)")
+    args = p.parse_args(argv)
     run, out = Path(args.run), Path(args.out)
-    final = run / "final"
+    which = args.head or ("best" if (run / "best" / "model.safetensors").is_file() else "final")
+    final = run / which
     if not (final / "model.safetensors").is_file():
         raise SystemExit(f"{final} has no exported draft: did the run finish?")
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if r["split"] == "eval"]
     if not evals:
         raise SystemExit(f"{run}/metrics.jsonl has no eval records")
+    chosen = ""
+    if which == "best":  # the card describes the evaluation the head was chosen at
+        best = json.loads((final / BEST_RECORD).read_text())
+        evals = [r for r in evals if r["step"] <= best["step"]]
+        chosen = (f" Chosen as the run's best head: step {best['step']} of {run_config_steps(run)}, by "
+                  f"{'decode tau' if best['metric'] == 'decode_tau' else 'simulated acceptance length'} "
+                  f"{best['value']:.3f}.")
     world = json.loads((latest_checkpoint(run) / "trainer_state.json").read_text())["world_size"]
     recipe = args.recipe or f"{run}/run_config.json (resolved)"
     out.mkdir(parents=True, exist_ok=True)
@@ -75,14 +94,14 @@ torchrun --nproc_per_node {world} scripts/train_eagle3.py --config {recipe}
 {t['max_steps']} steps x {t['batch_size']} sequences x {world} ranks, lr {t['lr']}, {recipe_line(run_config['draft'])}.
 Held-out evaluation at step {last['step']} ({run_config['train']['eval_fraction']:.0%} of the conversations): loss
 {last['loss']:.3f}, simulated acceptance length **{last['sim_accept_len']:.3f}** (a greedy chain's tokens per target
-forward under teacher forcing, bonus token included).
+forward under teacher forcing, bonus token included).{chosen}
 
 {header}
 {rows}
 
 All eval records: `eval_metrics.json`.
 """)
-    print(f"published {final} -> {out}: sim accept len {last['sim_accept_len']:.3f}")
+    print(f"published {final} -> {out}: sim accept len {last['sim_accept_len']:.3f}{chosen}")
     if args.benchmarks:
         from bench_common import append_section
 

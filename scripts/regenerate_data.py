@@ -9,7 +9,7 @@
 ``--config`` takes the target and the data files (and their format) from a training recipe. Greedy by
 default; ``--temperature 0.7 --top-p 0.95`` samples. The output directory's ``regenerated.jsonl`` is
 what training reads (``data.files: [data/regen/regenerated.jsonl]``); a killed job is resumed by
-running the same command again.
+running the same command again with --resume.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ def parse(argv: list[str] | None):
     p.add_argument("--target", help="the target's HF directory (hf backend; with openai, only recorded)")
     p.add_argument("--data", nargs="+", help=".json/.jsonl/.parquet conversation files")
     p.add_argument("--output", required=True, help="output directory (resumable)")
+    p.add_argument("--resume", action="store_true", help="continue the job in --output (skips its finished shards)")
+    p.add_argument("--overwrite", action="store_true", help="move the job in --output aside (to <output>.old-<time>) and start again")
     p.add_argument("--format", default=None, choices=["sharegpt", "messages", "instruction", "gsm8k"],
                    help="row format of every file (default: detected per file)")
     p.add_argument("--skip-bad-rows", action="store_true", help="skip and count malformed rows instead of stopping")
@@ -98,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     from headstart.models.provenance import fingerprint
     from headstart.trainer.distributed import barrier, init_distributed
+    from headstart.trainer.errors import report_error
+    from headstart.trainer.output_dir import JOB_PLAN, claim_output_dir
 
     info = init_distributed()
     out = Path(args.output)
@@ -115,10 +119,10 @@ def main(argv: list[str] | None = None) -> int:
                 "backend": args.backend, "target": who,
                 # sampled hf draws one random stream per batch, so the batch size is part of what was drawn
                 "batch_size": args.batch_size if args.backend == "hf" and args.temperature > 0 else None}
+        claim_output_dir(out, JOB_PLAN, "regeneration job", args.resume, args.overwrite, info)
         check_plan(out, plan, info.is_main)
     except (ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return report_error(err)
     barrier()
     missing = missing_shards(out, len(sources), args.rows_per_shard)
     barrier()  # every rank has listed the same missing shards before any writes one
@@ -127,8 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         done = run_shards(out, sources, backend.generate, sampling, args.rows_per_shard, missing[info.rank::info.world_size],
                           progress=not args.no_progress and info.is_main)
     except ServerDown as err:
-        print(f"error: {err}; finished shards are kept: run the same command again once the server is back",
-              file=sys.stderr)
+        report_error(f"{err}; finished shards are kept: run the same command with --resume once the server is back")
         return 1
     print(f"[rank {info.rank}] regenerated {done.rows:,} rows ({done.tokens:,} tokens) in {done.seconds:.0f} s",
           file=sys.stderr)
@@ -139,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     total = concatenate(out, len(sources), args.rows_per_shard)
     if total is None:
-        print("error: rows failed for now (listed above); run the same command again to retry them", file=sys.stderr)
+        print("error: rows failed for now (listed above); run the same command again with --resume to retry them", file=sys.stderr)
         return 1
     total.skipped = summary.skipped  # the whole output's summary; this run's rate (rank 0's share) below
     print(total.format())

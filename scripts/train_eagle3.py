@@ -5,6 +5,9 @@ features (``features.path``). One trainer for every head; the name is historical
     torchrun --nproc_per_node 2 scripts/train_eagle3.py --config configs/demo/medusa.yaml
     python scripts/train_eagle3.py --config my.yaml --train.lr=3e-4 --parallel.backend=deepspeed --resume
 
+An output_dir that holds a run is continued with --resume (on any world size) or moved aside with
+--overwrite; without either the command stops before touching it.
+
 Any config key can be overridden as --section.key=value; an unknown key is an error.
 """
 
@@ -17,7 +20,9 @@ import sys
 import torch.distributed as dist
 
 from headstart.trainer.config import load_config
-from headstart.trainer.distributed import barrier
+from headstart.trainer.distributed import barrier, init_distributed
+from headstart.trainer.errors import report_error
+from headstart.trainer.output_dir import TRAINING_RUN, claim_output_dir
 from headstart.trainer.run import build_trainer
 
 
@@ -25,15 +30,18 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="recipe YAML")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in output_dir")
+    p.add_argument("--overwrite", action="store_true",
+                   help="move the run in output_dir aside (to <output_dir>.old-<time>) and start again")
     args, overrides = p.parse_known_args(argv)
     try:
         config = load_config(args.config, overrides)
-        trainer = build_trainer(config)
+        info = init_distributed()
+        claim_output_dir(config.output_dir, TRAINING_RUN, "training run", args.resume, args.overwrite, info)
+        trainer = build_trainer(config, info)
         trainer.train(resume=args.resume)
         barrier()  # leave together: no rank tears down gloo/NCCL while another still writes the export
-    except (ValueError, FileNotFoundError, ImportError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    except (ValueError, OSError, ImportError) as err:  # OSError: a full disk, an unwritable output_dir
+        return report_error(err)
     finally:
         # Free the trainer (FSDP/DeepSpeed keep handles of finished collectives) while the process group and
         # the interpreter are alive; dropping them during interpreter shutdown can abort a gloo worker thread.

@@ -34,12 +34,13 @@ def needs(variant: str) -> None:
         pytest.skip("DeepSpeed is not installed (pip install -e '.[deepspeed]')")
 
 
-def torchrun(overrides: list[str], cwd: Path) -> None:
+def torchrun(overrides: list[str], cwd: Path, nproc: int = 2) -> subprocess.CompletedProcess:
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            str(REPO / "scripts" / "train_eagle3.py"), *overrides]
     result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return result
 
 
 @pytest.fixture(scope="module")

@@ -31,8 +31,8 @@ def setup(root: Path, *extra: str) -> list[str]:
                                "--train.max_steps=1", *extra]
 
 
-def generate(overrides: list[str], store: Path) -> dict:
-    return generate_features.generate(load_config(None, [*overrides, f"--features.path={store}"]))
+def generate(overrides: list[str], store: Path, resume: bool = False) -> dict:
+    return generate_features.generate(load_config(None, [*overrides, f"--features.path={store}"]), resume=resume)
 
 
 def trainers(overrides: list[str], store: Path, root: Path):
@@ -127,7 +127,7 @@ def test_a_killed_job_resumes_and_skips_finished_shards(tmp_path, monkeypatch):
     written = []
     original = generate_features.write_shard
     monkeypatch.setattr(generate_features, "write_shard", lambda d, name, *a: written.append(name) or original(d, name, *a))
-    again = generate(overrides, store)
+    again = generate(overrides, store, resume=True)
     assert written == [victim.removesuffix(".safetensors")]
     assert [s["crc32"] for s in again["shards"]] == [s["crc32"] for s in first["shards"]]  # deterministic
 
@@ -136,7 +136,9 @@ def test_a_restart_with_other_settings_is_refused(tmp_path):
     overrides, store = setup(tmp_path), tmp_path / "store"
     generate(overrides, store)
     with pytest.raises(ValueError, match="resume it with the same settings"):
-        generate(overrides + ["--features.topk=8"], store)
+        generate(overrides + ["--features.topk=8"], store, resume=True)
+    with pytest.raises(ValueError, match=f"{store} already holds a feature job .*--resume.*--overwrite"):
+        generate(overrides, store)  # neither: refused before anything is touched
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
@@ -155,6 +157,30 @@ def test_a_corrupt_shard_is_named_and_never_read(tmp_path, damage):
     with pytest.raises(CorruptShardError, match=shard.name):
         features.get(row)
     features.get(manifest["shards"][0]["rows"][0])  # the intact shards still read
+
+
+def test_training_stops_on_a_corrupt_shard_before_the_step_and_a_resumed_job_rebuilds_exactly_it(tmp_path, capsys):
+    overrides, store = setup(tmp_path, "--train.batch_size=4", "--train.max_steps=2"), tmp_path / "store"
+    manifest = generate(overrides, store)
+    offline = build_trainer(load_config(None, [*overrides, f"--output_dir={tmp_path / 'run'}", f"--features.path={store}"]))
+    step0_rows = set(offline.train_data.select(offline.plan.rows(0, 0))["row"])  # dataset rows: the store's keys
+    victim = next(s for s in manifest["shards"] if step0_rows & set(s["rows"]))["file"]
+    data = bytearray((store / victim).read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size: only the crc32 finds it
+    (store / victim).write_bytes(bytes(data))
+    before = {k: v.clone() for k, v in offline.backend.module.state_dict().items()}
+    with pytest.raises(CorruptShardError, match=f"step 1 cannot read its features: feature shard .*{victim} is corrupt"
+                                                ".*generate_features.py again with the same recipe.*--resume"):
+        offline.train()
+    assert offline.step == 0 and all(torch.equal(v, offline.backend.module.state_dict()[k]) for k, v in before.items())
+    capsys.readouterr()
+    again = generate(overrides, store, resume=True)
+    out = capsys.readouterr().out
+    assert f"rebuilt {victim.removesuffix('.safetensors')}," in out and out.count("rebuilt") == 1
+    assert [s["crc32"] for s in again["shards"]] == [s["crc32"] for s in manifest["shards"]]
+    resumed = build_trainer(load_config(None, [*overrides, f"--output_dir={tmp_path / 'run'}", f"--features.path={store}"]))
+    resumed.train(resume=True)
+    assert resumed.step == 2
 
 
 def test_features_of_another_target_or_layers_are_refused(tmp_path):

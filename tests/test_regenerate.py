@@ -118,12 +118,15 @@ def test_a_killed_job_resumes_where_it_stopped_and_other_settings_are_refused(se
     shards = sorted(p.name for p in (tmp_path / "out" / "shards").iterdir())
     assert shards == ["shard-00000.jsonl"] and not (tmp_path / "out" / "regenerated.jsonl").exists()
     monkeypatch.setattr(HFBackend, "generate", original)
-    assert run(setup, tmp_path / "out", "--temperature", "0.7") == 2
+    assert run(setup, tmp_path / "out") == 2  # neither --resume nor --overwrite: refused, nothing touched
+    err = capsys.readouterr().err
+    assert f"error: {tmp_path / 'out'} already holds a regeneration job (plan.json). Pass --resume" in err
+    assert run(setup, tmp_path / "out", "--temperature", "0.7", "--resume") == 2
     err = capsys.readouterr().err
     assert "holds rows regenerated with other settings (" in err and "sampling: {'temperature': 0.0" in err
     calls.clear()
     monkeypatch.setattr(HFBackend, "generate", lambda self, p, s: calls.append(len(p)) or original(self, p, s))
-    assert run(setup, tmp_path / "out") == 0
+    assert run(setup, tmp_path / "out", "--resume") == 0
     # only shards 1 (rows 2, 3: two first turns, then row 2's second) and 2 (row 4) ran again
     assert calls == [2, 1, 1]
     assert rows_of(tmp_path / "out") == rows_of(tmp_path / "whole")
@@ -245,7 +248,7 @@ def test_openai_backend_retries_what_can_succeed_and_reports_each_failing_row(tm
         # the server is fixed: the next run retries row 1 only and completes; the two rows that cannot succeed
         # are left out of regenerated.jsonl and listed in failed.jsonl
         FlakyServer.healthy, before = True, dict(FlakyServer.seen)
-        assert regenerate_data.main(args) == 0
+        assert regenerate_data.main(args + ["--resume"]) == 0
         assert {k: v - before.get(k, 0) for k, v in FlakyServer.seen.items() if v != before.get(k, 0)} == {"fail": 1}
         final = rows_of(tmp_path / "out")
         assert [r["source"]["row"] for r in final] == [0, 1, 3, 4, 6]

@@ -215,3 +215,93 @@ def test_decode_eval_prompts_end_before_the_first_trained_token():
                                        "loss_mask": [[0, 0, 1, 1, 0], [1, 1, 1], [0, 1]]})
     prompts = held_out_prompts(data, 3)
     assert [p.tolist() for p in prompts] == [[[5, 6]], [[4]]]  # a row trained from token 0 has no prompt
+
+
+def test_the_best_head_by_acceptance_is_kept_and_published(tmp_path, capsys):
+    import importlib.util
+
+    from safetensors.torch import load_file
+
+    run(make_setup(tmp_path) + ["--train.max_steps=5", "--train.eval_every=1", "--train.lr=3e-3"])
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    evals = {r["step"]: r["sim_accept_len"] for r in records if r["split"] == "eval"}
+    bests = [(r["step"], r["sim_accept_len"]) for r in records if r["split"] == "best"]
+    assert sorted(evals) == [1, 2, 3, 4, 5]
+    # A best is logged exactly when an evaluation beats every earlier one.
+    expected = [(s, v) for s, v in evals.items() if all(v > evals[e] for e in evals if e < s)]
+    assert bests == expected and bests[0][0] == 1
+    best_step, best_value = max(evals.items(), key=lambda kv: kv[1])
+    record = json.loads((tmp_path / "run" / "best" / "best.json").read_text())
+    assert record == {"step": best_step, "metric": "sim_accept_len", "value": best_value}
+    draft = load_file(str(tmp_path / "run" / "best" / "model.safetensors"))
+    checkpoint = tmp_path / "run" / "checkpoints" / f"step_{best_step:06d}" / "draft" / "model.safetensors"
+    if checkpoint.exists():  # the same weights as the checkpoint of that step
+        assert all(torch.equal(v, load_file(str(checkpoint))[k]) for k, v in draft.items())
+    assert (tmp_path / "run" / "best" / "headstart.json").is_file()
+
+    spec = importlib.util.spec_from_file_location("publish_head", Path(__file__).parents[1] / "scripts" / "publish_head.py")
+    publish = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(publish)
+    publish.main(["--run", str(tmp_path / "run"), "--out", str(tmp_path / "published")])
+    card = (tmp_path / "published" / "README.md").read_text()
+    assert f"Chosen as the run's best head: step {best_step} of 5, by simulated acceptance length {best_value:.3f}" in card
+    assert f"Held-out evaluation at step {best_step} " in card
+    assert all(torch.equal(v, load_file(str(tmp_path / "published" / "model.safetensors"))[k]) for k, v in draft.items())
+    publish.main(["--run", str(tmp_path / "run"), "--out", str(tmp_path / "last"), "--head", "final"])
+    assert "Chosen as" not in (tmp_path / "last" / "README.md").read_text()
+
+
+def test_a_full_disk_names_the_path_and_leaves_the_last_checkpoint_whole(tmp_path, monkeypatch):
+    """ENOSPC in the middle of the second checkpoint (the optimizer file), as a full disk gives it."""
+    import errno
+
+    import headstart.trainer.distributed as distributed
+    from headstart.trainer.checkpoint import WriteError
+
+    overrides = make_setup(tmp_path) + ["--train.max_steps=6", "--train.save_every=2"]
+    original, calls = distributed.save_file, []
+
+    def full_disk(tensors, path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) == 4:  # checkpoint 2: model.safetensors is written, optimizer.safetensors is not
+            raise OSError(errno.ENOSPC, "No space left on device", path)
+        return original(tensors, path, *args, **kwargs)
+
+    monkeypatch.setattr(distributed, "save_file", full_disk)
+    with pytest.raises(WriteError) as caught:
+        run(overrides)
+    message = str(caught.value)
+    assert f"could not write checkpoint step_000004 to {calls[3]}: No space left on device" in message
+    assert f"the last checkpoint, {tmp_path / 'run' / 'checkpoints' / 'step_000002'}, is whole" in message
+    assert "--resume" in message and calls[3].endswith("optimizer.safetensors")
+    root = tmp_path / "run" / "checkpoints"
+    assert latest_checkpoint(tmp_path / "run").name == "step_000002" and not (root / ".tmp-step_000004").exists()
+    monkeypatch.setattr(distributed, "save_file", original)  # space freed
+    resumed = run(overrides, resume=True)
+    assert resumed.step == 6 and len(train_losses(tmp_path / "run" / "metrics.jsonl")) == 6
+
+
+def test_a_file_size_limit_is_reported_as_one_error_line(tmp_path):
+    """A real OS refusal (RLIMIT_FSIZE: writes past 4 KiB fail with EFBIG) in the training script: one
+    `error:` line naming the checkpoint and the file, no traceback, nothing half-written left behind."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    overrides = make_setup(tmp_path) + ["--train.max_steps=2", "--train.save_every=1"]
+    run(overrides[:1] + [f"--output_dir={tmp_path / 'warm'}"] + overrides[1:])  # tokenize: the data cache is written now
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing the process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    script = Path(__file__).parents[1] / "scripts" / "train_eagle3.py"
+    result = subprocess.run([sys.executable, str(script), *overrides], capture_output=True, text=True, preexec_fn=limit,
+                            timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert f"could not write checkpoint step_000001 to {tmp_path / 'run' / 'checkpoints' / '.tmp-step_000001'}" in errors[0]
+    assert "File too large" in errors[0] and "no checkpoint was written yet" in errors[0]
+    assert not (tmp_path / "run" / "checkpoints" / ".tmp-step_000001").exists()

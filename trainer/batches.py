@@ -1,8 +1,11 @@
-"""Deterministic, rank-sharded micro-batches addressed by their global index.
+"""Deterministic, rank-sharded micro-batches addressed by the global step.
 
-Row order is a fixed function of (seed, epoch), and micro-batch ``g`` takes rows
-``[g*W*B, (g+1)*W*B)`` of that endless stream (rank r its own slice of B). A run resumed at step s
-therefore sees exactly the batches an uninterrupted run would, with no loader state to save.
+Row order is a fixed function of (seed, epoch): an endless stream. Global step s takes the next
+G = batch_size x world_size x grad_accum rows of it, and rank r's micro-batch m the B rows at
+offset (m x W + r) x B inside them. Which rows a step trains on therefore depends only on the step
+and the global batch G, not on how G is split over ranks and micro-batches: a run resumed on
+another world size with the same G sees exactly the samples of an uninterrupted run, and with
+another G it continues from the first row not yet seen. No loader state to save but ``rows_seen``.
 """
 
 from __future__ import annotations
@@ -12,11 +15,21 @@ import torch
 
 
 class BatchPlan:
-    def __init__(self, num_rows: int, batch_size: int, world_size: int, rank: int, seed: int) -> None:
+    def __init__(self, num_rows: int, batch_size: int, world_size: int, rank: int, grad_accum: int, seed: int) -> None:
         if num_rows < 1:
             raise ValueError("no training rows")
         self.num_rows, self.batch_size, self.world_size, self.rank, self.seed = num_rows, batch_size, world_size, rank, seed
+        self.global_batch = batch_size * world_size * grad_accum
+        self._first_step, self._first_row = 0, 0  # where this plan joins the stream (moved by resume_at)
         self._orders: dict[int, list[int]] = {}  # the current and the next epoch's order
+
+    def resume_at(self, step: int, rows_seen: int) -> None:
+        """Continue at ``step`` with the stream's first ``rows_seen`` rows already trained on."""
+        self._first_step, self._first_row = step, rows_seen
+
+    def rows_seen(self, step: int) -> int:
+        """Rows of the stream trained on before global step ``step``."""
+        return self._first_row + (step - self._first_step) * self.global_batch
 
     def _order(self, epoch: int) -> list[int]:
         if epoch not in self._orders:
@@ -26,13 +39,14 @@ class BatchPlan:
             self._orders[epoch] = torch.randperm(self.num_rows, generator=g).tolist()
         return self._orders[epoch]
 
-    def rows(self, micro_batch: int) -> list[int]:
-        """Row indices of this rank's share of global micro-batch ``micro_batch``."""
-        start = (micro_batch * self.world_size + self.rank) * self.batch_size
+    def rows(self, step: int, micro: int) -> list[int]:
+        """Row indices of this rank's micro-batch ``micro`` of global step ``step``."""
+        start = self.rows_seen(step) + (micro * self.world_size + self.rank) * self.batch_size
         return [self._order(p // self.num_rows)[p % self.num_rows] for p in range(start, start + self.batch_size)]
 
-    def epoch_of(self, micro_batch: int) -> float:
-        return micro_batch * self.world_size * self.batch_size / self.num_rows
+    def epoch_of(self, step: int) -> float:
+        """Epochs completed once ``step`` steps are done."""
+        return self.rows_seen(step) / self.num_rows
 
 
 def collate(dataset: datasets.Dataset, rows: list[int]) -> dict[str, torch.Tensor]:

@@ -9,11 +9,12 @@ then rewrites ``latest`` (itself through a temp file and ``os.replace``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from headstart.trainer.distributed import DistInfo, barrier
 
@@ -47,25 +48,58 @@ def save_checkpoint(
     root = checkpoint_root(output_dir)
     name = f"step_{step:06d}"
     tmp = root / f".tmp-{name}"
-    if info.is_main:
-        shutil.rmtree(tmp, ignore_errors=True)
-        (tmp / "state").mkdir(parents=True)
-    barrier()
-    save_state(tmp / "state")
-    export_draft(tmp / "draft")
-    barrier()
-    if info.is_main:
-        (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2))
-        final = root / name
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        pointer_tmp = root / ".latest.tmp"
-        pointer_tmp.write_text(name)
-        os.replace(pointer_tmp, root / "latest")
-        _prune(root, keep, name)
+    previous = latest_checkpoint(output_dir) if info.is_main else None
+    with written(f"checkpoint {name}", previous, cleanup=tmp if info.is_main else None):
+        if info.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            (tmp / "state").mkdir(parents=True)
+        barrier()
+        save_state(tmp / "state")
+        export_draft(tmp / "draft")
+        barrier()
+        if info.is_main:
+            (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2))
+            final = root / name
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            pointer_tmp = root / ".latest.tmp"
+            pointer_tmp.write_text(name)
+            os.replace(pointer_tmp, root / "latest")
+            _prune(root, keep, name)
     barrier()
     return root / name
+
+
+class WriteError(OSError):
+    """A run's output could not be written (disk full, read-only, quota); says what is still whole."""
+
+
+@contextlib.contextmanager
+def written(what: str, previous: Path | None, cleanup: Path | None = None) -> Iterator[None]:
+    """Turn an OSError while writing ``what`` into one message naming the path, the cause and what the
+    user still has; the half-written ``cleanup`` directory is removed (best effort: the disk may be full)."""
+    try:
+        yield
+    except WriteError:
+        raise
+    except Exception as err:
+        if not _is_write_failure(err):
+            raise
+        if cleanup is not None:
+            shutil.rmtree(cleanup, ignore_errors=True)
+        where = getattr(err, "filename", None) or cleanup or "its directory"
+        cause = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        kept = (f"the last checkpoint, {previous}, is whole: free space (or fix permissions) and continue with --resume"
+                if previous is not None else "no checkpoint was written yet")
+        raise WriteError(getattr(err, "errno", None), f"could not write {what} to {where}: {cause}; {kept}") from err
+
+
+def _is_write_failure(err: Exception) -> bool:
+    """OSError from Python's own writes; safetensors reports the OS error in its own type; torch.save (DeepSpeed's
+    checkpoint) in a RuntimeError from its zip writer."""
+    return (isinstance(err, OSError) or type(err).__name__ == "SafetensorError"
+            or (isinstance(err, RuntimeError) and "inline_container" in str(err)))
 
 
 def _prune(root: Path, keep: int, current: str) -> None:

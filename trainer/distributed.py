@@ -91,6 +91,9 @@ def lr_lambda(train: TrainConfig):
     return f
 
 
+ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
 def _optimizer(params, train: TrainConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=train.lr, betas=train.betas, weight_decay=train.weight_decay)
 
@@ -156,7 +159,9 @@ class FSDPBackend:
         sched = {k: v for k, v in self.scheduler.state_dict().items() if k != "lr_lambdas"}
         (directory / "optimizer.json").write_text(json.dumps({"param_groups": groups, "scheduler": sched}))
 
-    def load(self, directory: Path) -> None:
+    def load(self, directory: Path, written_by: int) -> None:
+        """``written_by``: the world size that saved it. The files hold full (unsharded) tensors, so
+        any world size loads them: ``set_state_dict`` shards them onto this run's FSDP mesh."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
         model_sd = load_file(str(directory / "model.safetensors"))
@@ -225,11 +230,71 @@ class DeepSpeedBackend:
         return {k: v.detach().cpu() for k, v in state.items()} if self.info.is_main and state is not None else None
 
     def save(self, directory: Path) -> None:
-        # DeepSpeed's own (partitioned) format; the exported draft beside it is safetensors.
-        self.engine.save_checkpoint(str(directory), tag="deepspeed", save_latest=False)
+        """DeepSpeed's own partitioned checkpoint (exact resume on the same world size), plus the full fp32
+        weights and Adam moments gathered through DeepSpeed's tensor-fragment API (``portable.*``): what a
+        resume on another world size reads. DeepSpeed's universal-checkpoint converter needs Megatron-style
+        client metadata (UNIVERSAL_CHECKPOINT_INFO) and elastic checkpoints do not cover ZeRO-3; a draft head
+        is small enough to gather whole."""
+        from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
-    def load(self, directory: Path) -> None:
-        self.engine.load_checkpoint(str(directory), tag="deepspeed", load_optimizer_states=True, load_lr_scheduler_states=True)
+        self.engine.save_checkpoint(str(directory), tag="deepspeed", save_latest=False)
+        tensors = {}
+        for name, p in self._trained():  # collective under ZeRO-3: every rank, the same order
+            for key, value in (("param", safe_get_full_fp32_param(p)), *((k, safe_get_full_optimizer_state(p, k))
+                                                                        for k in ADAM_MOMENTS)):
+                tensors[f"{name}/{key}"] = value.detach().float().cpu().contiguous()
+        if self.info.is_main:
+            save_file(tensors, str(directory / "portable.safetensors"))
+            sched = {k: v for k, v in self.scheduler.state_dict().items() if k != "lr_lambdas"}
+            (directory / "portable.json").write_text(json.dumps({"adam_step": self._adam_step(), "scheduler": sched}))
+
+    def load(self, directory: Path, written_by: int) -> None:
+        if written_by == self.info.world_size:
+            self.engine.load_checkpoint(str(directory), tag="deepspeed", load_optimizer_states=True,
+                                        load_lr_scheduler_states=True)
+            return
+        self._load_portable(directory)
+
+    def _load_portable(self, directory: Path) -> None:
+        """Another world size: the gathered fp32 weights and moments go into this run's partitions."""
+        from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+
+        if not (directory / "portable.safetensors").is_file():
+            raise ValueError(f"{directory} has no portable.safetensors (written by headstart < 0.3): it resumes only on "
+                             "the world size that wrote it")
+        tensors = load_file(str(directory / "portable.safetensors"))
+        meta = json.loads((directory / "portable.json").read_text())
+        zero = self.engine.optimizer
+        # Adam creates its state at the first step; the fragment API writes into it, so create it first
+        # (zeros, and the step count that Adam's bias correction reads) on this rank's fp32 partitions.
+        flats = getattr(zero, "single_partition_of_fp32_groups", None) or zero.fp32_partitioned_groups_flat
+        for flat in flats:
+            zero.optimizer.state[flat] = {"step": torch.tensor(float(meta["adam_step"])),
+                                          **{k: torch.zeros_like(flat) for k in ADAM_MOMENTS}}
+        if hasattr(zero, "_lazy_init_hp_params_optimizer_state"):  # ZeRO-1/2 link fragments to that state lazily
+            zero._hp_optimizer_states_linked = False
+            zero._lazy_init_hp_params_optimizer_state()
+        for name, p in self._trained():
+            safe_set_full_fp32_param(p, tensors[f"{name}/param"].to(p.device))
+            for key in ADAM_MOMENTS:
+                safe_set_full_optimizer_state(p, tensors[f"{name}/{key}"].to(p.device), key)
+        # The model's own (low-precision) copies follow the fp32 master partitions.
+        if hasattr(zero, "update_lp_params"):  # ZeRO-1/2
+            zero.update_lp_params()
+        else:  # ZeRO-3
+            for lp, hp in zip(zero.fp16_partitioned_groups_flat, zero.fp32_partitioned_groups_flat):
+                if hp.numel():
+                    lp.data.copy_(hp.data)
+        self.scheduler.load_state_dict({**meta["scheduler"], "lr_lambdas": [None]})
+        for group, lr in zip(zero.optimizer.param_groups, self.scheduler.get_last_lr()):
+            group["lr"] = lr  # load_state_dict restores the schedule's position, not the rate it last set
+
+    def _trained(self) -> list[tuple[str, nn.Parameter]]:
+        return [(n, p) for n, p in self.engine.module.named_parameters() if p.requires_grad]
+
+    def _adam_step(self) -> float:
+        steps = [float(s["step"]) for s in self.engine.optimizer.optimizer.state.values() if "step" in s]
+        return max(steps, default=0.0)
 
 
 def make_backend(head: nn.Module, train: TrainConfig, parallel: ParallelConfig, info: DistInfo):

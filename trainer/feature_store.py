@@ -39,7 +39,12 @@ FORMAT_VERSION = 2  # 2: aux / hidden / top-k each optional, chosen by what the 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
 
-class CorruptShardError(RuntimeError):
+REBUILD = ("Rebuild the refused shards: run scripts/generate_features.py again with the same recipe, the same number of "
+           "ranks and --resume; it checks every shard and rewrites exactly the missing or altered ones. Training "
+           "stopped before the optimizer step that would have read it; its last checkpoint resumes with --resume")
+
+
+class CorruptShardError(ValueError):
     pass
 
 
@@ -172,13 +177,16 @@ def write_shard(directory: Path, name: str, rows: list[int], samples: list[dict[
     return info
 
 
-def finished_shard(directory: Path, name: str, rows: list[int]) -> dict | None:
-    """The sidecar of a shard a previous run completed for exactly these rows, else None."""
+def finished_shard(directory: Path, name: str, rows: list[int], verify: bool = False) -> dict | None:
+    """The sidecar of a shard a previous run completed for exactly these rows, else None.
+    ``verify``: also read it whole and compare its crc32 (a resumed job rebuilds an altered shard)."""
     side, path = directory / f"{name}.json", directory / f"{name}.safetensors"
     if not side.is_file() or not path.is_file():
         return None
     info = json.loads(side.read_text())
     if info["rows"] != rows or path.stat().st_size != info["size"]:
+        return None
+    if verify and file_crc32(path) != info["crc32"]:
         return None
     return info
 
@@ -212,7 +220,7 @@ class FeatureStore:
         path = self.directory / "manifest.json"
         if not path.is_file():
             raise FileNotFoundError(f"{self.directory}: no manifest.json; the feature job did not finish "
-                                    "(run scripts/generate_features.py again: it resumes)")
+                                    "(run scripts/generate_features.py again with --resume: it skips the finished shards)")
         self.manifest = json.loads(path.read_text())
         if self.manifest.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"{path}: feature format {self.manifest.get('format_version')} (this headstart reads {FORMAT_VERSION})")
@@ -243,20 +251,34 @@ class FeatureStore:
 
     def _shard(self, i: int):
         if i not in self._open:
-            info = self.manifest["shards"][i]
-            path = self.directory / info["file"]
-            if not path.is_file():
-                raise CorruptShardError(f"feature shard {path} is missing")
-            size = path.stat().st_size
-            if size != info["size"]:
-                raise CorruptShardError(f"feature shard {path} is truncated or altered: {size} bytes, manifest says {info['size']}")
-            if file_crc32(path) != info["crc32"]:
-                raise CorruptShardError(f"feature shard {path} is corrupt: its crc32 does not match the manifest")
-            try:
-                self._open[i] = safe_open(str(path), framework="pt")
-            except Exception as err:  # safetensors raises its own error type
-                raise CorruptShardError(f"feature shard {path} cannot be read: {err}") from err
+            problem = self._check(i)
+            if problem:
+                raise CorruptShardError(f"{problem}. {REBUILD}")
         return self._open[i]
+
+    def _check(self, i: int) -> str | None:
+        """Open shard ``i`` after checking it against the manifest; what is wrong with it, if anything."""
+        if i in self._open:
+            return None
+        info = self.manifest["shards"][i]
+        path = self.directory / info["file"]
+        if not path.is_file():
+            return f"feature shard {path} is missing"
+        size = path.stat().st_size
+        if size != info["size"]:
+            return f"feature shard {path} is truncated or altered: {size} bytes, manifest says {info['size']}"
+        if file_crc32(path) != info["crc32"]:
+            return f"feature shard {path} is corrupt: its crc32 does not match the manifest"
+        try:
+            self._open[i] = safe_open(str(path), framework="pt")
+        except Exception as err:  # safetensors raises its own error type
+            return f"feature shard {path} cannot be read: {err}"
+        return None
+
+    def problems(self, rows: list[int]) -> list[str]:
+        """What is wrong with the shards holding ``rows`` (checked, and opened, on first use)."""
+        shards = sorted({self.index[r][0] for r in rows if r in self.index})
+        return [p for p in (self._check(i) for i in shards) if p]
 
     def __contains__(self, row: int) -> bool:
         return row in self.index

@@ -28,6 +28,10 @@ class OnlineFeatures:
         self.draft_vocab_logits = target.vocab_head(draft_vocab_ids) if needs.draft_vocab_logits else None
 
     @torch.no_grad()
+    def problems(self, rows: list[int]) -> list[str]:
+        """Online features have nothing on disk to go wrong."""
+        return []
+
     def __call__(self, batch: dict[str, torch.Tensor]) -> Features:
         device = self.t2d.device
         input_ids = batch["input_ids"].to(device)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -18,12 +19,18 @@ import datasets
 import torch
 from tqdm import tqdm
 
-from headstart.models.head import Features
+from headstart.models.export import replace_dir
+from headstart.models.head import Features, trained_positions
 from headstart.trainer.batches import BatchPlan, collate
-from headstart.trainer.checkpoint import latest_checkpoint, save_checkpoint
+from headstart.trainer.checkpoint import latest_checkpoint, save_checkpoint, written
 from headstart.trainer.config import RunConfig
 from headstart.trainer.distributed import DistInfo, all_reduce_sum
+from headstart.trainer.feature_store import REBUILD, CorruptShardError
 from headstart.trainer.metrics import MetricsLogger
+
+
+BEST_RECORD = "best.json"
+"""In ``output_dir/best/``: the step and the metric it was chosen by."""
 
 
 def autocast_context(mixed_precision: str, device: torch.device):
@@ -50,9 +57,10 @@ class Trainer:
         self.decode_eval = decode_eval
         self.train_data, self.eval_data, self.export_draft_fn, self.logger = train_data, eval_data, export_draft, logger
         t = config.train
-        self.plan = BatchPlan(len(train_data), t.batch_size, info.world_size, info.rank, t.seed)
+        self.plan = BatchPlan(len(train_data), t.batch_size, info.world_size, info.rank, t.grad_accum, t.seed)
         self.step = 0
         self.tokens_seen = 0
+        self.best: dict | None = None  # {"step", "metric", "value"} of the head in output_dir/best/
 
     # -- checkpoints ----------------------------------------------------------------------------
     def export_draft(self, directory: Path) -> None:
@@ -63,29 +71,56 @@ class Trainer:
     def save(self) -> Path:
         return save_checkpoint(
             self.config.output_dir, self.step, self.info, self.backend.save, self.export_draft,
-            {"step": self.step, "tokens_seen": self.tokens_seen, "world_size": self.info.world_size},
+            {"step": self.step, "tokens_seen": self.tokens_seen, "world_size": self.info.world_size,
+             "global_batch": self.plan.global_batch, "rows_seen": self.plan.rows_seen(self.step)},
             keep=self.config.train.keep_checkpoints,
         )
 
     def resume(self) -> bool:
         path = latest_checkpoint(self.config.output_dir)
-        if path is None:
+        if path is None:  # killed before its first checkpoint: start again, without the steps it logged
+            self._drop_metrics_after(0)
             return False
         state = json.loads((path / "trainer_state.json").read_text())
-        if state["world_size"] != self.info.world_size:
-            raise ValueError(f"{path} was written by {state['world_size']} ranks; resume it with the same world size "
-                             f"(now {self.info.world_size}) so the batches continue exactly")
-        self.backend.load(path / "state")
+        t = self.config.train
+        # Checkpoints from before global_batch was recorded: their world size x this recipe's split.
+        old_batch = state.get("global_batch", state["world_size"] * t.batch_size * t.grad_accum)
+        rows_seen = state.get("rows_seen", state["step"] * old_batch)
+        if old_batch != self.plan.global_batch and self.info.is_main:
+            warnings.warn(f"{path} was trained with a global batch of {old_batch} sequences, this run has "
+                          f"{self.plan.global_batch} (batch_size {t.batch_size} x {self.info.world_size} ranks x grad_accum "
+                          f"{t.grad_accum}): it continues at the first of the {rows_seen} rows not yet seen, but its steps "
+                          f"are not those of an uninterrupted run", stacklevel=2)
+        self.backend.load(path / "state", state["world_size"])
         self.step, self.tokens_seen = state["step"], state["tokens_seen"]
-        if self.info.is_main:  # drop metrics logged after that checkpoint by the interrupted run
-            lines = self.logger.path.read_text().splitlines() if self.logger.path.exists() else []
-            kept = [line for line in lines if json.loads(line)["step"] <= self.step]
-            self.logger.path.write_text("".join(line + "\n" for line in kept))
+        self.plan.resume_at(self.step, rows_seen)
+        self._drop_metrics_after(self.step)
+        self.best = self._logged_best()
         return True
 
+    def _logged_best(self) -> dict | None:
+        """The last best-head choice the interrupted run logged up to its checkpoint: later ones are made again."""
+        if not self.info.is_main or not self.logger.path.exists():
+            return None
+        best = None
+        for line in self.logger.path.read_text().splitlines():
+            record = json.loads(line)
+            if record["split"] == "best":
+                (metric, value), = ((k, v) for k, v in record.items() if k not in ("step", "split"))
+                best = {"step": record["step"], "metric": metric, "value": value}
+        return best
+
+    def _drop_metrics_after(self, step: int) -> None:
+        """Metrics the interrupted run logged after its last checkpoint: those steps are trained again."""
+        if self.info.is_main and self.logger.path.exists():
+            lines = self.logger.path.read_text().splitlines()
+            kept = [line for line in lines if _logged_step(line) <= step]
+            self.logger.path.write_text("".join(line + "\n" for line in kept))
+
     # -- training -------------------------------------------------------------------------------
-    def forward_backward(self, batch: dict[str, torch.Tensor], last_micro: bool) -> dict[str, float]:
+    def forward_backward(self, batch: dict[str, torch.Tensor], last_micro: bool, denominator: float) -> dict[str, float]:
         features = self.features(batch)
+        features.loss_denominator = denominator
         with autocast_context(self.config.train.mixed_precision, self.info.device):
             loss, metrics = self.backend.forward(features)
         self.backend.backward(loss, last_micro)
@@ -93,14 +128,55 @@ class Trainer:
 
     def train_step(self) -> dict[str, float]:
         accum = self.config.train.grad_accum
-        micro_metrics = []
-        for micro in range(accum):
-            rows = self.plan.rows(self.step * accum + micro)
-            micro_metrics.append(self.forward_backward(collate(self.train_data, rows), micro == accum - 1))
+        batches = [collate(self.train_data, self.plan.rows(self.step, micro)) for micro in range(accum)]
+        self._check_sources(batches)
+        # The loss is the global batch's token mean (see models.head.loss_denominator): count its trained
+        # positions over every micro-batch and rank before the first backward.
+        trained = torch.tensor([float(sum(trained_positions(b["loss_mask"]) for b in batches))], dtype=torch.float64)
+        trained = float(all_reduce_sum(trained.to(self.info.device)))
+        denominator = max(trained, 1.0) / (accum * self.info.world_size)
+        micro_metrics = [self.forward_backward(b, micro == accum - 1, denominator) for micro, b in enumerate(batches)]
         grad_norm = self.backend.step()
         metrics = self._reduce(micro_metrics)
-        metrics.update(grad_norm=grad_norm, lr=self.backend.lr, epoch=self.plan.epoch_of((self.step + 1) * accum))
+        metrics.update(grad_norm=grad_norm, lr=self.backend.lr, epoch=self.plan.epoch_of(self.step + 1))
         return metrics
+
+    def _keep_best(self, metrics: dict[str, float]) -> None:
+        """Collective. Export the head to ``output_dir/best/`` when this evaluation beats every earlier one:
+        by decode tau when decode evaluation is on (what a server gets), else by the simulated acceptance
+        length. Acceptance often peaks before the loss stops falling; ``best/`` is that head."""
+        key = "decode_tau" if self.decode_eval is not None else "sim_accept_len"
+        value = metrics.get(key)  # decode_tau exists on rank 0 only: rank 0 decides
+        better = [self.info.is_main and value is not None and (self.best is None or value > self.best["value"])]
+        if self.info.world_size > 1:
+            torch.distributed.broadcast_object_list(better, src=0)
+        if not better[0]:
+            return
+        out = Path(self.config.output_dir)
+        staging = out / ".best-staging"
+        with written("the best head", latest_checkpoint(out), cleanup=staging if self.info.is_main else None):
+            self.export_draft(staging)  # collective gather; rank 0 writes
+            if self.info.is_main:
+                (staging / BEST_RECORD).write_text(json.dumps({"step": self.step, "metric": key, "value": value}, indent=2))
+                replace_dir(staging, out / "best")  # the previous best stays whole until this one is in place
+        if self.info.is_main:
+            self.best = {"step": self.step, "metric": key, "value": value}
+            self.logger.log(self.step, "best", {key: value})
+            tqdm.write(f"best head so far: step {self.step}, {key} {value:.3f} -> {out / 'best'}")
+
+    def _check_sources(self, batches: list[dict[str, torch.Tensor]]) -> None:
+        """Every rank checks what this step's features are read from (stored shards) before any forward, and
+        all learn every rank's problems: the run stops on all ranks together, before the optimizer step,
+        naming every refused shard -- not with one rank dead and the others hung in a collective."""
+        rows = [r for b in batches if "row" in b for r in b["row"].tolist()]
+        problems = self.features.problems(rows)
+        if self.info.world_size > 1:
+            gathered: list[list[str] | None] = [None] * self.info.world_size
+            torch.distributed.all_gather_object(gathered, problems)
+            problems = [p for rank_problems in gathered for p in rank_problems or []]
+        if problems:
+            raise CorruptShardError(f"step {self.step + 1} cannot read its features: " + "; ".join(dict.fromkeys(problems))
+                                    + f". {REBUILD}")
 
     def _reduce(self, records: list[dict[str, float]]) -> dict[str, float]:
         """Mean over micro-batches and ranks; token counts are summed."""
@@ -132,6 +208,8 @@ class Trainer:
         t = self.config.train
         if resume and self.resume() and self.info.is_main:
             print(f"resumed from step {self.step}")
+        # Resumed from the final checkpoint (killed while exporting final/): its evaluation is logged already.
+        trained_before = self.step >= t.max_steps
         bar = tqdm(total=t.max_steps, initial=self.step, desc="train", disable=not (self.info.is_main and self.config.logging.progress),
                    dynamic_ncols=True)
         start, start_tokens = time.perf_counter(), self.tokens_seen
@@ -150,9 +228,12 @@ class Trainer:
             if self.step % t.save_every == 0 and self.step < t.max_steps:
                 self.save()
         bar.close()
-        final_eval = self._log_eval()
-        self.save()
-        self.export_draft(Path(self.config.output_dir) / "final")
+        final_eval = None
+        if not trained_before:
+            final_eval = self._log_eval()
+            self.save()
+        with written("the final head", latest_checkpoint(self.config.output_dir)):
+            self.export_draft(Path(self.config.output_dir) / "final")
         self.logger.close()
         return final_eval
 
@@ -164,9 +245,18 @@ class Trainer:
                 metrics = {**(metrics or {}), **decoded}
         if metrics is not None:
             self.logger.log(self.step, "eval", metrics)
+            self._keep_best(metrics)
             if self.info.is_main:
                 accs = " ".join(f"{metrics[f'acc_{k}']:.3f}" for k in range(100) if f"acc_{k}" in metrics)
                 tau = f"  decode tau {metrics['decode_tau']:.3f}" if "decode_tau" in metrics else ""
                 tqdm.write(f"eval step {self.step}: loss {metrics.get('loss', float('nan')):.4f}  acc/step [{accs}]  "
                            f"sim accept len {metrics.get('sim_accept_len', float('nan')):.3f}{tau}")
         return metrics
+
+
+def _logged_step(line: str) -> float:
+    """The step of a metrics.jsonl line; a line a kill cut short counts as after every checkpoint."""
+    try:
+        return json.loads(line)["step"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return float("inf")

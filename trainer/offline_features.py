@@ -39,6 +39,10 @@ class OfflineFeatures:
         self.num_draft = draft_vocab_ids.numel()
         self.draft_vocab_logits = matrices.vocab_head(draft_vocab_ids) if needs.draft_vocab_logits else None
 
+    def problems(self, rows: list[int]) -> list[str]:
+        """What keeps the stored features of these dataset rows from being read (corrupt or missing shards)."""
+        return self.store.problems(rows)
+
     @torch.no_grad()
     def __call__(self, batch: dict[str, torch.Tensor]) -> Features:
         device = self.t2d.device
