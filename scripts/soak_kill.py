@@ -1,0 +1,200 @@
+"""Kill anywhere: SIGKILL a job at seeded random moments and at the moments it writes (a checkpoint,
+the best head, the final head, a feature shard, the manifest, a regenerated shard), resume it with
+``--resume`` after every kill, and compare what it ends with against an uninterrupted run.
+
+    python scripts/soak_kill.py --config configs/demo/eagle3.yaml --rows 64 --kills 8 --seed 0 \
+        --benchmarks BENCHMARKS.md
+
+Three jobs, each on ``--rows`` conversations of the recipe's first data file: 2-rank training (FSDP2,
+checkpoints and evaluations every few steps so that ``best/`` is written too), the 2-rank feature job,
+and ``regenerate_data.py`` (hf backend, greedy). A kill goes to the whole process group (torchrun and
+its workers), as a lost node or an OOM killer would. tests/test_soak.py runs the same on a tiny target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TIMING = {"tokens_per_s"}  # the only metric that depends on the clock
+
+
+@dataclass(frozen=True)
+class Kill:
+    """``after`` seconds from the launch, or (``path`` set) the moment a file matching it appears."""
+
+    after: float
+    path: str | None = None
+
+    def describe(self) -> str:
+        return f"while writing {self.path}" if self.path else f"at {self.after:.1f} s"
+
+
+def plan_kills(n: int, seed: int, writing: list[str], window: tuple[float, float]) -> list[Kill]:
+    """n kills: each of the ``writing`` moments once, in the order a run reaches them (a kill in the final
+    export leaves nothing earlier to write), the rest at seeded random times, placed at random among them."""
+    rng = random.Random(seed)
+    kills = [Kill(0.0, p) for p in writing[:n]]
+    for _ in range(max(0, n - len(writing))):
+        kills.insert(rng.randint(0, len(kills)), Kill(round(rng.uniform(*window), 1)))
+    return kills
+
+
+def _launch(argv: list[str], log: Path) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+    with log.open("a") as f:
+        return subprocess.Popen(argv, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def run_with_kills(argv: list[str], out: Path, kills: list[Kill], log: Path, timeout: float = 900) -> list[str]:
+    """Run ``argv`` (which writes into ``out``), killing it as ``kills`` say and relaunching it with
+    --resume after each; then once more to the end. Returns what each kill hit."""
+    hits = []
+    for i, kill in enumerate([*kills, None]):
+        proc = _launch(argv + (["--resume"] if i else []), log)
+        start = time.monotonic()
+        while proc.poll() is None:
+            now = time.monotonic() - start
+            if now > timeout:
+                os.killpg(proc.pid, signal.SIGKILL)
+                raise TimeoutError(f"{argv} ran past {timeout} s; see {log}")
+            if kill is not None and ((kill.path and glob.glob(str(out / kill.path))) or (not kill.path and now >= kill.after)):
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                hits.append(kill.describe() + ("" if kill.path is None else f" (after {now:.1f} s)"))
+                break
+            time.sleep(0.002)
+        else:
+            if proc.returncode != 0:
+                raise RuntimeError(f"{argv} exited with {proc.returncode} after launch {i + 1}; see {log}")
+            if kill is not None:
+                hits.append(f"missed {kill.describe()}: the job had finished")
+            break
+    return hits
+
+
+def metrics_without_timing(run: Path) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING}
+            for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def differences(a: Path, b: Path, files: list[str]) -> list[str]:
+    """Files (relative to the two outputs) whose contents differ; safetensors compared tensor by tensor."""
+    from safetensors.torch import load_file
+
+    out = []
+    for name in files:
+        fa, fb = a / name, b / name
+        if not fa.is_file() or not fb.is_file():
+            out.append(f"{name}: missing in {'the uninterrupted run' if not fa.is_file() else 'the killed run'}")
+        elif name.endswith(".safetensors"):
+            ta, tb = load_file(str(fa)), load_file(str(fb))
+            if set(ta) != set(tb) or any(not ta[k].equal(tb[k]) for k in ta):
+                out.append(f"{name}: tensors differ")
+        elif fa.read_bytes() != fb.read_bytes():
+            out.append(f"{name}: contents differ")
+    return out
+
+
+def soak_training(base: list[str], root: Path, kills: int, seed: int, window: tuple[float, float]) -> dict:
+    train = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+             str(REPO / "scripts" / "train_eagle3.py"), *base]
+    log = root / "train.log"
+    run_with_kills([*train, f"--output_dir={root / 'train-whole'}"], root / "train-whole", [], log)
+    plan = plan_kills(kills, seed, [".tmp-.best-staging", "checkpoints/.tmp-step_*", ".tmp-final"], window)
+    hits = run_with_kills([*train, f"--output_dir={root / 'train-killed'}"], root / "train-killed", plan, log)
+    a, b = root / "train-whole", root / "train-killed"
+    diffs = differences(a, b, ["final/model.safetensors", "final/config.json", "best/model.safetensors", "best/best.json"])
+    if metrics_without_timing(a) != metrics_without_timing(b):
+        diffs.append("metrics.jsonl differs (timing left out)")
+    return {"job": "training (2 ranks, FSDP2)", "kills": hits, "differences": diffs}
+
+
+def soak_features(base: list[str], root: Path, kills: int, seed: int, window: tuple[float, float]) -> dict:
+    job = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(REPO / "scripts" / "generate_features.py"), *base]
+    log = root / "features.log"
+    run_with_kills([*job, f"--features.path={root / 'features-whole'}"], root / "features-whole", [], log)
+    plan = plan_kills(kills, seed, [".shard-*.safetensors.tmp"], window)
+    hits = run_with_kills([*job, f"--features.path={root / 'features-killed'}"], root / "features-killed", plan, log)
+    a, b = root / "features-whole", root / "features-killed"
+    shards = sorted(p.name for p in a.glob("shard-*.safetensors"))
+    diffs = differences(a, b, shards)
+    ma, mb = (json.loads((d / "manifest.json").read_text()) for d in (a, b))
+    if ma["shards"] != mb["shards"] or ma["num_tokens"] != mb["num_tokens"]:
+        diffs.append("manifest.json lists other shards")
+    return {"job": "feature job (2 ranks)", "kills": hits, "differences": diffs}
+
+
+def soak_regenerate(args: list[str], root: Path, kills: int, seed: int, window: tuple[float, float]) -> dict:
+    job = [sys.executable, str(REPO / "scripts" / "regenerate_data.py"), *args, "--no-progress"]
+    log = root / "regenerate.log"
+    run_with_kills([*job, "--output", str(root / "regen-whole")], root / "regen-whole", [], log)
+    plan = plan_kills(kills, seed, ["shards/.shard-*.tmp*"], window)
+    hits = run_with_kills([*job, "--output", str(root / "regen-killed")], root / "regen-killed", plan, log)
+    diffs = differences(root / "regen-whole", root / "regen-killed", ["regenerated.jsonl"])
+    return {"job": "regenerate_data.py (hf backend)", "kills": hits, "differences": diffs}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=str(REPO / "configs" / "demo" / "eagle3.yaml"))
+    p.add_argument("--rows", type=int, default=64, help="conversations of the recipe's first data file")
+    p.add_argument("--kills", type=int, default=8, help="kills per job")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--work", default="runs/soak", help="scratch directory (emptied first)")
+    p.add_argument("--benchmarks", default=None, help="append the result to this markdown file")
+    args = p.parse_args()
+    import shutil
+
+    import yaml
+
+    recipe = yaml.safe_load(Path(args.config).read_text())
+    root = Path(args.work).resolve()
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    source = Path(recipe["data"]["files"][0])
+    rows = source.read_text().splitlines()[: args.rows] if source.suffix == ".jsonl" else None
+    if rows is None:
+        raise SystemExit(f"{source}: the soak takes its rows from a .jsonl file")
+    data = root / "data.jsonl"
+    data.write_text("\n".join(rows) + "\n")
+    common = [f"--config={Path(args.config).resolve()}", f"--data.files=[{data}]", f"--data.cache_dir={root / 'cache'}",
+              "--logging.progress=false"]
+    train = [*common, "--train.max_steps=12", "--train.save_every=3", "--train.eval_every=3", "--train.batch_size=2",
+             "--train.eval_fraction=0.1"]
+    results = [soak_training(train, root, args.kills, args.seed, (5.0, 40.0)),
+               soak_features([*common, "--features.samples_per_shard=4"], root, args.kills, args.seed, (5.0, 20.0)),
+               soak_regenerate(["--target", recipe["target"]["path"], "--data", str(data), "--limit", "16",
+                                "--max-new-tokens", "24", "--rows-per-shard", "2", "--batch-size", "2"],
+                               root, args.kills, args.seed, (5.0, 30.0))]
+    lines = []
+    for r in results:
+        verdict = "**equal** to the uninterrupted run" if not r["differences"] else "DIFFERS: " + "; ".join(r["differences"])
+        lines.append(f"| {r['job']} | {len(r['kills'])} | {'; '.join(r['kills'])} | {verdict} |")
+    table = "| job | kills | where each kill landed | final result |\n|---|---|---|---|\n" + "\n".join(lines)
+    print(table)
+    if args.benchmarks:
+        sys.path.insert(0, str(REPO / "scripts"))
+        from bench_common import append_section
+
+        append_section(args.benchmarks, "Kill anywhere: SIGKILL soak of training, the feature job and regeneration",
+                       f"{args.rows} conversations of `{source}`, recipe `{args.config}`, seed {args.seed}. Every kill is a "
+                       "SIGKILL of the whole process group, followed by the same command with `--resume`; compared: the "
+                       "final and best heads tensor by tensor, `best.json`, `metrics.jsonl` without `tokens_per_s`; "
+                       "every feature shard and the manifest's shard list; `regenerated.jsonl` byte for byte.\n\n" + table)
+    return 0 if all(not r["differences"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""Kill anywhere (scripts/soak_kill.py on a tiny target): a 2-rank training run, the 2-rank feature job
+and regenerate_data.py are SIGKILLed at seeded random moments and while they write (a checkpoint, the
+best head, the final head, a shard, the manifest), resumed with --resume each time, and end equal to an
+uninterrupted run: the same heads tensor for tensor, the same metrics.jsonl, shards and rows."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from trainer_fixtures import make_setup
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("soak_kill", REPO / "scripts" / "soak_kill.py")
+soak = importlib.util.module_from_spec(_spec)
+sys.modules["soak_kill"] = soak  # dataclasses look their module up
+_spec.loader.exec_module(soak)
+
+
+def test_kill_plans_are_seeded_and_cover_every_writing_moment():
+    a = soak.plan_kills(5, 0, ["x", "y"], (1.0, 2.0))
+    assert a == soak.plan_kills(5, 0, ["x", "y"], (1.0, 2.0)) and a != soak.plan_kills(5, 1, ["x", "y"], (1.0, 2.0))
+    assert [k.path for k in a if k.path] == ["x", "y"] and all(1.0 <= k.after <= 2.0 for k in a if not k.path)
+
+
+def assert_survived(result: dict, kills: int, writing: list[str]) -> None:
+    print(json.dumps(result, indent=2))
+    assert result["differences"] == []
+    landed = [k for k in result["kills"] if not k.startswith("missed")]
+    assert len(landed) >= kills - 1, result["kills"]  # a last random kill may come after the job ended
+    for path in writing:  # every writing moment was hit
+        assert any(k.startswith(f"while writing {path} ") for k in landed), (path, result["kills"])
+
+
+def test_training_survives_sigkill_anywhere(tmp_path):
+    base = make_setup(tmp_path) + ["--train.max_steps=8", "--train.save_every=2", "--train.eval_every=2",
+                                   "--train.batch_size=1", "--train.grad_accum=2"]
+    result = soak.soak_training([a for a in base if not a.startswith("--output_dir")], tmp_path, 5, seed=0, window=(3.0, 12.0))
+    assert_survived(result, 5, [".tmp-.best-staging", "checkpoints/.tmp-step_*", ".tmp-final"])
+
+
+def test_the_feature_job_and_regeneration_survive_sigkill_anywhere(tmp_path):
+    base = make_setup(tmp_path) + ["--features.samples_per_shard=2", "--features.batch_size=1"]
+    result = soak.soak_features([a for a in base if not a.startswith("--output_dir")], tmp_path, 3, seed=1, window=(3.0, 9.0))
+    assert_survived(result, 3, [".shard-*.safetensors.tmp"])
+    regen = ["--target", str(tmp_path / "target"), "--data", str(tmp_path / "chat.jsonl"), "--limit", "8",
+             "--max-new-tokens", "6", "--rows-per-shard", "1", "--batch-size", "1"]
+    result = soak.soak_regenerate(regen, tmp_path, 3, seed=2, window=(2.0, 6.0))
+    assert_survived(result, 3, ["shards/.shard-*.tmp*"])
