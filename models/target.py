@@ -31,8 +31,11 @@ class TargetConfig:
     dtype: str = "bfloat16"
     """Weights dtype: bfloat16, float16 or float32."""
     device: str = "cpu"
+    """Where the target runs; training overrides it with each rank's device."""
     attn_implementation: str | None = "sdpa"
+    """HF attention implementation of the target (sdpa | eager | flash_attention_2 | ...)."""
     trust_remote_code: bool = False
+    """Allow the checkpoint's own modeling code (HF ``trust_remote_code``)."""
 
 
 @dataclass

@@ -7,8 +7,8 @@ the best head, the final head, a feature shard, the manifest, a regenerated shar
 
 Three jobs, each on ``--rows`` conversations of the recipe's first data file: 2-rank training (FSDP2,
 checkpoints and evaluations every few steps so that ``best/`` is written too), the 2-rank feature job,
-and ``regenerate_data.py`` (hf backend, greedy). A kill goes to the whole process group (torchrun and
-its workers), as a lost node or an OOM killer would. tests/test_soak.py runs the same on a tiny target.
+and ``regenerate_data.py`` (hf backend, greedy). A kill goes to the launched command and every process
+under it at once (torchrun and its workers), as a lost node loses them. tests/test_soak.py runs the same on a tiny target.
 """
 
 from __future__ import annotations
@@ -56,6 +56,34 @@ def _launch(argv: list[str], log: Path) -> subprocess.Popen:
         return subprocess.Popen(argv, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid``: torchrun starts its workers in sessions of their own, so a kill of its
+    process group alone would leave them training (and writing) beside the resumed run."""
+    children: dict[int, list[int]] = {}
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            fields = Path(stat).read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        children.setdefault(int(fields[1]), []).append(int(stat.split("/")[2]))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _kill_all(proc: subprocess.Popen) -> None:
+    """SIGKILL the launched command and every process under it at once, as a lost node loses them."""
+    for pid in [proc.pid, *_descendants(proc.pid)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+
+
 def run_with_kills(argv: list[str], out: Path, kills: list[Kill], log: Path, timeout: float = 900) -> list[str]:
     """Run ``argv`` (which writes into ``out``), killing it as ``kills`` say and relaunching it with
     --resume after each; then once more to the end. Returns what each kill hit."""
@@ -63,14 +91,15 @@ def run_with_kills(argv: list[str], out: Path, kills: list[Kill], log: Path, tim
     for i, kill in enumerate([*kills, None]):
         proc = _launch(argv + (["--resume"] if i else []), log)
         start = time.monotonic()
+        stale = set(glob.glob(str(out / kill.path))) if kill is not None and kill.path else set()  # left by a kill
         while proc.poll() is None:
             now = time.monotonic() - start
             if now > timeout:
-                os.killpg(proc.pid, signal.SIGKILL)
+                _kill_all(proc)
                 raise TimeoutError(f"{argv} ran past {timeout} s; see {log}")
-            if kill is not None and ((kill.path and glob.glob(str(out / kill.path))) or (not kill.path and now >= kill.after)):
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            if kill is not None and ((kill.path and set(glob.glob(str(out / kill.path))) - stale)
+                                     or (not kill.path and now >= kill.after)):
+                _kill_all(proc)
                 hits.append(kill.describe() + ("" if kill.path is None else f" (after {now:.1f} s)"))
                 break
             time.sleep(0.002)

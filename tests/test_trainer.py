@@ -305,3 +305,21 @@ def test_a_file_size_limit_is_reported_as_one_error_line(tmp_path):
     assert f"could not write checkpoint step_000001 to {tmp_path / 'run' / 'checkpoints' / '.tmp-step_000001'}" in errors[0]
     assert "File too large" in errors[0] and "no checkpoint was written yet" in errors[0]
     assert not (tmp_path / "run" / "checkpoints" / ".tmp-step_000001").exists()
+
+
+def test_resume_refuses_a_checkpoint_of_another_head_shape_vocab_or_target(tmp_path):
+    overrides = make_setup(tmp_path) + ["--train.max_steps=2", "--train.save_every=1"]
+    run(overrides)
+    with pytest.raises(ValueError, match=r"cannot resume .*step_000002: its tensors have other shapes: "
+                                         r".*lm_head.weight \[64, \d+\] there vs \[48, \d+\] here"):
+        run(overrides + ["--draft.draft_vocab_size=48", "--train.max_steps=3"], resume=True)
+    with pytest.raises(ValueError, match="it trains a eagle3 head, this run a medusa head"):
+        run(overrides + ["--draft.head=medusa", "--train.max_steps=3"], resume=True)
+    rows = (tmp_path / "chat.jsonl").read_text().splitlines()
+    (tmp_path / "other.jsonl").write_text("\n".join(rows[:6]) + "\n")  # other data: another draft vocab
+    with pytest.raises(ValueError, match=r"its draft vocab \(d2t/t2d\) differs"):
+        run(overrides + [f"--data.files=[{tmp_path / 'other.jsonl'}]", "--train.max_steps=3"], resume=True)
+    config = json.loads((tmp_path / "target" / "config.json").read_text())
+    (tmp_path / "target" / "config.json").write_text(json.dumps({**config, "rope_theta": 1234.0}))
+    with pytest.raises(ValueError, match="its target .* has another config than this run's"):
+        run(overrides + ["--train.max_steps=3"], resume=True)

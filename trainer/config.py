@@ -28,19 +28,27 @@ class TrainConfig:
     max_steps: int = 1000
     """Optimizer steps."""
     batch_size: int = 1
-    """Sequences per rank per micro-batch."""
+    """Sequences per rank per micro-batch. The global batch is batch_size x ranks x grad_accum; a run resumed
+    on another world size trains on the same rows step for step when it keeps the global batch."""
     grad_accum: int = 1
     """Micro-batches per optimizer step."""
     warmup_ratio: float = 0.015
+    """Share of max_steps with linear warm-up; then cosine decay to 0."""
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW betas."""
     grad_clip: float = 0.5
+    """Gradient-norm clipping."""
     seed: int = 0
+    """Seeds the held-out split, the row order of every epoch and the head's initialisation."""
     save_every: int = 500
     """Steps between checkpoints (a final one is always written)."""
     keep_checkpoints: int = 2
+    """Checkpoints kept under output_dir/checkpoints/ (the newest; older ones are deleted once a newer is whole)."""
     eval_every: int = 0
-    """Steps between held-out evaluations; 0 evaluates only at the end."""
+    """Steps between held-out evaluations; 0 evaluates only at the end. Every evaluation that beats the
+    earlier ones (decode tau with decode_eval_prompts, else the simulated acceptance length) is exported
+    to output_dir/best/."""
     eval_fraction: float = 0.02
     """Share of the rows held out for evaluation (at least one row when > 0)."""
     max_eval_batches: int = 50

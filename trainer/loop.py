@@ -9,6 +9,7 @@ then clip + optimizer step. Metrics are reduced across ranks with one all-reduce
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import time
 import warnings
@@ -61,6 +62,7 @@ class Trainer:
         self.step = 0
         self.tokens_seen = 0
         self.best: dict | None = None  # {"step", "metric", "value"} of the head in output_dir/best/
+        self.target_fingerprint: dict | None = None  # set by build_trainer: checkpoints record it
 
     # -- checkpoints ----------------------------------------------------------------------------
     def export_draft(self, directory: Path) -> None:
@@ -72,7 +74,8 @@ class Trainer:
         return save_checkpoint(
             self.config.output_dir, self.step, self.info, self.backend.save, self.export_draft,
             {"step": self.step, "tokens_seen": self.tokens_seen, "world_size": self.info.world_size,
-             "global_batch": self.plan.global_batch, "rows_seen": self.plan.rows_seen(self.step)},
+             "global_batch": self.plan.global_batch, "rows_seen": self.plan.rows_seen(self.step),
+             "identity": self.identity()},
             keep=self.config.train.keep_checkpoints,
         )
 
@@ -82,6 +85,7 @@ class Trainer:
             self._drop_metrics_after(0)
             return False
         state = json.loads((path / "trainer_state.json").read_text())
+        self._check_same_run(path, state.get("identity"))
         t = self.config.train
         # Checkpoints from before global_batch was recorded: their world size x this recipe's split.
         old_batch = state.get("global_batch", state["world_size"] * t.batch_size * t.grad_accum)
@@ -109,6 +113,42 @@ class Trainer:
                 (metric, value), = ((k, v) for k, v in record.items() if k not in ("step", "split"))
                 best = {"step": record["step"], "metric": metric, "value": value}
         return best
+
+    def identity(self) -> dict:
+        """What a checkpoint can only continue with: the head type, the target, every tensor's shape and the
+        draft vocab (the head's integer tensors, d2t/t2d). The same on every rank (global shapes)."""
+        state = self.backend.module.state_dict()
+        shapes = {n: list(getattr(p, "ds_shape", p.shape)) for n, p in self.backend.module.named_parameters()}
+        ints = hashlib.sha256()
+        for name in sorted(state):
+            if not state[name].is_floating_point():
+                ints.update(name.encode() + state[name].detach().cpu().contiguous().numpy().tobytes())
+        target = self.target_fingerprint or {}
+        return {"head": self.config.draft.head, "shapes": shapes, "vocab_sha256": ints.hexdigest(),
+                "target": {k: target.get(k) for k in ("config_sha256", "tokenizer_sha256", "name_or_path")}}
+
+    def _check_same_run(self, path: Path, saved: dict | None) -> None:
+        """Refuse, naming the difference, a checkpoint this run cannot continue (every rank alike)."""
+        if saved is None:  # written before identities were recorded
+            return
+        now = self.identity()
+        problems = []
+        if saved["head"] != now["head"]:
+            problems.append(f"it trains a {saved['head']} head, this run a {now['head']} head")
+        for key, what in (("config_sha256", "config"), ("tokenizer_sha256", "tokenizer")):
+            if saved["target"].get(key) != now["target"].get(key):
+                problems.append(f"its target ({saved['target'].get('name_or_path')}) has another {what} than this run's "
+                                f"({now['target'].get('name_or_path')})")
+        if saved["head"] == now["head"] and saved["shapes"] != now["shapes"]:
+            differ = sorted(n for n in set(saved["shapes"]) | set(now["shapes"])
+                            if saved["shapes"].get(n) != now["shapes"].get(n))
+            problems.append("its tensors have other shapes: " + ", ".join(
+                f"{n} {saved['shapes'].get(n)} there vs {now['shapes'].get(n)} here" for n in differ[:4]))
+        elif saved["vocab_sha256"] != now["vocab_sha256"]:
+            problems.append("its draft vocab (d2t/t2d) differs: this run's training data or draft_vocab_size built another")
+        if problems:
+            raise ValueError(f"cannot resume {path}: " + "; ".join(problems) + ". Resume it with its own recipe, or "
+                             "start a new run (--overwrite, or another output_dir)")
 
     def _drop_metrics_after(self, step: int) -> None:
         """Metrics the interrupted run logged after its last checkpoint: those steps are trained again."""

@@ -107,4 +107,6 @@ def build_trainer(config: RunConfig, info: DistInfo | None = None) -> Trainer:
         out.mkdir(parents=True, exist_ok=True)
         (out / "run_config.json").write_text(json.dumps(to_dict(config), indent=2))
     logger = MetricsLogger(out, config.logging, to_dict(config), info.is_main)
-    return Trainer(config, info, backend, features, train_data, eval_data, export_draft, logger, decode_eval)
+    trainer = Trainer(config, info, backend, features, train_data, eval_data, export_draft, logger, decode_eval)
+    trainer.target_fingerprint = trained_for
+    return trainer
