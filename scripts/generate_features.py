@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         generate(load_config(args.config, overrides), args.resume, args.overwrite)
         barrier()  # leave together: rank 0 writes the manifest while the others would already tear down gloo
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, OSError) as err:  # OSError: a full disk, an unwritable features.path
         return report_error(err)
     finally:
         gc.collect()  # drop finished collective work while the interpreter is fully alive

@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                 "batch_size": args.batch_size if args.backend == "hf" and args.temperature > 0 else None}
         claim_output_dir(out, JOB_PLAN, "regeneration job", args.resume, args.overwrite, info)
         check_plan(out, plan, info.is_main)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, OSError) as err:
         return report_error(err)
     barrier()
     missing = missing_shards(out, len(sources), args.rows_per_shard)

@@ -2,7 +2,7 @@
 the best head, the final head, a feature shard, the manifest, a regenerated shard), resume it with
 ``--resume`` after every kill, and compare what it ends with against an uninterrupted run.
 
-    python scripts/soak_kill.py --config configs/demo/eagle3.yaml --rows 64 --kills 8 --seed 0 \
+    python scripts/soak_kill.py --config configs/demo/eagle3.yaml --rows 256 --kills 8 --seed 0 \
         --benchmarks BENCHMARKS.md
 
 Three jobs, each on ``--rows`` conversations of the recipe's first data file: 2-rank training (FSDP2,
@@ -41,12 +41,13 @@ class Kill:
 
 
 def plan_kills(n: int, seed: int, writing: list[str], window: tuple[float, float]) -> list[Kill]:
-    """n kills: each of the ``writing`` moments once, in the order a run reaches them (a kill in the final
-    export leaves nothing earlier to write), the rest at seeded random times, placed at random among them."""
+    """n kills: each of the ``writing`` moments once, in the order a run reaches them, the rest at seeded random
+    times placed at random among them but before the last (after a kill in the final export nothing is left to
+    run for a random kill to land in)."""
     rng = random.Random(seed)
     kills = [Kill(0.0, p) for p in writing[:n]]
     for _ in range(max(0, n - len(writing))):
-        kills.insert(rng.randint(0, len(kills)), Kill(round(rng.uniform(*window), 1)))
+        kills.insert(rng.randint(0, max(0, len(kills) - 1)), Kill(round(rng.uniform(*window), 1)))
     return kills
 
 
@@ -135,11 +136,21 @@ def differences(a: Path, b: Path, files: list[str]) -> list[str]:
     return out
 
 
-def soak_training(base: list[str], root: Path, kills: int, seed: int, window: tuple[float, float]) -> dict:
+def timed(argv: list[str], out: Path, log: Path) -> tuple[float, float]:
+    """Run the uninterrupted reference; the window random kills are drawn from: up to 60% of its time, so
+    that most land even in a resumed run (which skips what is done but starts up again)."""
+    start = time.monotonic()
+    run_with_kills(argv, out, [], log)
+    return 1.0, 0.6 * (time.monotonic() - start)
+
+
+def soak_training(base: list[str], root: Path, kills: int, seed: int, window: tuple[float, float] | None = None) -> dict:
     train = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
              str(REPO / "scripts" / "train_eagle3.py"), *base]
     log = root / "train.log"
-    run_with_kills([*train, f"--output_dir={root / 'train-whole'}"], root / "train-whole", [], log)
+    window = window or timed([*train, f"--output_dir={root / 'train-whole'}"], root / "train-whole", log)
+    if not (root / "train-whole" / "final").is_dir():
+        run_with_kills([*train, f"--output_dir={root / 'train-whole'}"], root / "train-whole", [], log)
     plan = plan_kills(kills, seed, [".tmp-.best-staging", "checkpoints/.tmp-step_*", ".tmp-final"], window)
     hits = run_with_kills([*train, f"--output_dir={root / 'train-killed'}"], root / "train-killed", plan, log)
     a, b = root / "train-whole", root / "train-killed"
@@ -149,11 +160,13 @@ def soak_training(base: list[str], root: Path, kills: int, seed: int, window: tu
     return {"job": "training (2 ranks, FSDP2)", "kills": hits, "differences": diffs}
 
 
-def soak_features(base: list[str], root: Path, kills: int, seed: int, window: tuple[float, float]) -> dict:
+def soak_features(base: list[str], root: Path, kills: int, seed: int, window: tuple[float, float] | None = None) -> dict:
     job = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(REPO / "scripts" / "generate_features.py"), *base]
     log = root / "features.log"
-    run_with_kills([*job, f"--features.path={root / 'features-whole'}"], root / "features-whole", [], log)
+    window = window or timed([*job, f"--features.path={root / 'features-whole'}"], root / "features-whole", log)
+    if not (root / "features-whole" / "manifest.json").is_file():
+        run_with_kills([*job, f"--features.path={root / 'features-whole'}"], root / "features-whole", [], log)
     plan = plan_kills(kills, seed, [".shard-*.safetensors.tmp"], window)
     hits = run_with_kills([*job, f"--features.path={root / 'features-killed'}"], root / "features-killed", plan, log)
     a, b = root / "features-whole", root / "features-killed"
@@ -165,10 +178,12 @@ def soak_features(base: list[str], root: Path, kills: int, seed: int, window: tu
     return {"job": "feature job (2 ranks)", "kills": hits, "differences": diffs}
 
 
-def soak_regenerate(args: list[str], root: Path, kills: int, seed: int, window: tuple[float, float]) -> dict:
+def soak_regenerate(args: list[str], root: Path, kills: int, seed: int, window: tuple[float, float] | None = None) -> dict:
     job = [sys.executable, str(REPO / "scripts" / "regenerate_data.py"), *args, "--no-progress"]
     log = root / "regenerate.log"
-    run_with_kills([*job, "--output", str(root / "regen-whole")], root / "regen-whole", [], log)
+    window = window or timed([*job, "--output", str(root / "regen-whole")], root / "regen-whole", log)
+    if not (root / "regen-whole" / "regenerated.jsonl").is_file():
+        run_with_kills([*job, "--output", str(root / "regen-whole")], root / "regen-whole", [], log)
     plan = plan_kills(kills, seed, ["shards/.shard-*.tmp*"], window)
     hits = run_with_kills([*job, "--output", str(root / "regen-killed")], root / "regen-killed", plan, log)
     diffs = differences(root / "regen-whole", root / "regen-killed", ["regenerated.jsonl"])
@@ -178,8 +193,9 @@ def soak_regenerate(args: list[str], root: Path, kills: int, seed: int, window: 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=str(REPO / "configs" / "demo" / "eagle3.yaml"))
-    p.add_argument("--rows", type=int, default=64, help="conversations of the recipe's first data file")
+    p.add_argument("--rows", type=int, default=256, help="conversations of the recipe's first data file")
     p.add_argument("--kills", type=int, default=8, help="kills per job")
+    p.add_argument("--steps", type=int, default=24, help="training steps (checkpoint and evaluation every 4)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", default="runs/soak", help="scratch directory (emptied first)")
     p.add_argument("--benchmarks", default=None, help="append the result to this markdown file")
@@ -200,13 +216,13 @@ def main() -> int:
     data.write_text("\n".join(rows) + "\n")
     common = [f"--config={Path(args.config).resolve()}", f"--data.files=[{data}]", f"--data.cache_dir={root / 'cache'}",
               "--logging.progress=false"]
-    train = [*common, "--train.max_steps=12", "--train.save_every=3", "--train.eval_every=3", "--train.batch_size=2",
-             "--train.eval_fraction=0.1"]
-    results = [soak_training(train, root, args.kills, args.seed, (5.0, 40.0)),
-               soak_features([*common, "--features.samples_per_shard=4"], root, args.kills, args.seed, (5.0, 20.0)),
-               soak_regenerate(["--target", recipe["target"]["path"], "--data", str(data), "--limit", "16",
-                                "--max-new-tokens", "24", "--rows-per-shard", "2", "--batch-size", "2"],
-                               root, args.kills, args.seed, (5.0, 30.0))]
+    train = [*common, f"--train.max_steps={args.steps}", "--train.save_every=4", "--train.eval_every=4",
+             "--train.batch_size=2", "--train.eval_fraction=0.1"]
+    results = [soak_training(train, root, args.kills, args.seed),
+               soak_features([*common, "--features.samples_per_shard=8"], root, args.kills, args.seed),
+               soak_regenerate(["--target", recipe["target"]["path"], "--data", str(data), "--limit", str(args.rows // 4),
+                                "--max-new-tokens", "32", "--rows-per-shard", "2", "--batch-size", "2"],
+                               root, args.kills, args.seed)]
     lines = []
     for r in results:
         verdict = "**equal** to the uninterrupted run" if not r["differences"] else "DIFFERS: " + "; ".join(r["differences"])

@@ -42,6 +42,10 @@ def test_a_run_resumes_on_another_world_size_as_if_uninterrupted(tmp_path, backe
     whole, resumed = (train_losses(tmp_path / d / "metrics.jsonl") for d in ("whole", "resumed"))
     assert len(whole) == 4 and len(resumed) == 4 and whole[3] != whole[2]
     assert resumed == pytest.approx(whole, rel=1e-5, abs=1e-6)  # steps 3-4 on the other world size
+    # The gradient itself (its norm before clipping), not only the loss: a wrong scale (1/W, 1/accum) shows here.
+    norms = [[r["grad_norm"] for r in map(json.loads, (tmp_path / d / "metrics.jsonl").read_text().splitlines())
+              if r["split"] == "train"] for d in ("whole", "resumed")]
+    assert norms[1] == pytest.approx(norms[0], rel=1e-4) and norms[0][2] > 0
     state = json.loads((tmp_path / "resumed" / "checkpoints" / "step_000004" / "trainer_state.json").read_text())
     assert state["world_size"] == after and state["global_batch"] == 4 and state["rows_seen"] == 16
     a, b = (load_file(str(tmp_path / d / "final" / "model.safetensors")) for d in ("whole", "resumed"))

@@ -222,7 +222,8 @@ def test_the_best_head_by_acceptance_is_kept_and_published(tmp_path, capsys):
 
     from safetensors.torch import load_file
 
-    run(make_setup(tmp_path) + ["--train.max_steps=5", "--train.eval_every=1", "--train.lr=3e-3"])
+    run(make_setup(tmp_path) + ["--train.max_steps=5", "--train.eval_every=1", "--train.lr=3e-3", "--train.save_every=1",
+                                "--train.keep_checkpoints=5"])
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     evals = {r["step"]: r["sim_accept_len"] for r in records if r["split"] == "eval"}
     bests = [(r["step"], r["sim_accept_len"]) for r in records if r["split"] == "best"]
@@ -235,8 +236,7 @@ def test_the_best_head_by_acceptance_is_kept_and_published(tmp_path, capsys):
     assert record == {"step": best_step, "metric": "sim_accept_len", "value": best_value}
     draft = load_file(str(tmp_path / "run" / "best" / "model.safetensors"))
     checkpoint = tmp_path / "run" / "checkpoints" / f"step_{best_step:06d}" / "draft" / "model.safetensors"
-    if checkpoint.exists():  # the same weights as the checkpoint of that step
-        assert all(torch.equal(v, load_file(str(checkpoint))[k]) for k, v in draft.items())
+    assert all(torch.equal(v, load_file(str(checkpoint))[k]) for k, v in draft.items())  # that step's weights
     assert (tmp_path / "run" / "best" / "headstart.json").is_file()
 
     spec = importlib.util.spec_from_file_location("publish_head", Path(__file__).parents[1] / "scripts" / "publish_head.py")
@@ -320,6 +320,7 @@ def test_resume_refuses_a_checkpoint_of_another_head_shape_vocab_or_target(tmp_p
     with pytest.raises(ValueError, match=r"its draft vocab \(d2t/t2d\) differs"):
         run(overrides + [f"--data.files=[{tmp_path / 'other.jsonl'}]", "--train.max_steps=3"], resume=True)
     config = json.loads((tmp_path / "target" / "config.json").read_text())
-    (tmp_path / "target" / "config.json").write_text(json.dumps({**config, "rope_theta": 1234.0}))
+    rope = {**config.get("rope_parameters", {}), "rope_theta": 1234.0}
+    (tmp_path / "target" / "config.json").write_text(json.dumps({**config, "rope_parameters": rope, "rope_theta": 1234.0}))
     with pytest.raises(ValueError, match="its target .* has another config than this run's"):
         run(overrides + ["--train.max_steps=3"], resume=True)

@@ -198,6 +198,9 @@ class DeepSpeedBackend:
         )
         self.train, self.info = train, info
         self.zero_stage = ds_config.get("zero_optimization", {}).get("stage", 0)
+        if self.zero_stage not in (1, 2, 3):
+            raise ValueError(f"{path}: zero_optimization.stage must be 1, 2 or 3 (got {self.zero_stage}); without ZeRO "
+                             "use parallel.backend=fsdp")
         head = head.to(info.device)
         optimizer = _optimizer([p for p in head.parameters() if p.requires_grad], train)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(train))

@@ -27,11 +27,12 @@ class OnlineFeatures:
         self.t2d = vocab_mask(draft_vocab_ids, target.vocab_size)  # [V] bool
         self.draft_vocab_logits = target.vocab_head(draft_vocab_ids) if needs.draft_vocab_logits else None
 
-    @torch.no_grad()
+    on_disk = False  # nothing stored to go wrong: the trainer skips the per-step check
+
     def problems(self, rows: list[int]) -> list[str]:
-        """Online features have nothing on disk to go wrong."""
         return []
 
+    @torch.no_grad()
     def __call__(self, batch: dict[str, torch.Tensor]) -> Features:
         device = self.t2d.device
         input_ids = batch["input_ids"].to(device)

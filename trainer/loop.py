@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
+import shutil
 import time
 import warnings
 from pathlib import Path
@@ -100,7 +102,22 @@ class Trainer:
         self.plan.resume_at(self.step, rows_seen)
         self._drop_metrics_after(self.step)
         self.best = self._logged_best()
+        self._settle_best_dir()
         return True
+
+    def _settle_best_dir(self) -> None:
+        """After a kill: put back a best/ caught between its two renames, and drop one exported after the
+        checkpoint the run resumes from (its evaluations were dropped from the log; the rerun redoes them)."""
+        if not self.info.is_main:
+            return
+        best, old = Path(self.config.output_dir) / "best", Path(self.config.output_dir) / ".old-best"
+        if old.is_dir() and not best.exists():
+            os.replace(old, best)
+        record = best / BEST_RECORD
+        if record.is_file() and json.loads(record.read_text())["step"] > self.step:
+            shutil.rmtree(best)
+            if self.best is not None:  # the best the kept log names is re-exported by the rerun's next evaluations
+                self.best = None
 
     def _logged_best(self) -> dict | None:
         """The last best-head choice the interrupted run logged up to its checkpoint: later ones are made again."""
@@ -124,7 +141,8 @@ class Trainer:
             if not state[name].is_floating_point():
                 ints.update(name.encode() + state[name].detach().cpu().contiguous().numpy().tobytes())
         target = self.target_fingerprint or {}
-        return {"head": self.config.draft.head, "shapes": shapes, "vocab_sha256": ints.hexdigest(),
+        backend = self.config.parallel.backend + (f" ZeRO-{self.backend.zero_stage}" if hasattr(self.backend, "zero_stage") else "")
+        return {"head": self.config.draft.head, "backend": backend, "shapes": shapes, "vocab_sha256": ints.hexdigest(),
                 "target": {k: target.get(k) for k in ("config_sha256", "tokenizer_sha256", "name_or_path")}}
 
     def _check_same_run(self, path: Path, saved: dict | None) -> None:
@@ -133,6 +151,8 @@ class Trainer:
             return
         now = self.identity()
         problems = []
+        if saved.get("backend", now["backend"]) != now["backend"]:
+            problems.append(f"it was written by {saved['backend']}, this run uses {now['backend']}")
         if saved["head"] != now["head"]:
             problems.append(f"it trains a {saved['head']} head, this run a {now['head']} head")
         for key, what in (("config_sha256", "config"), ("tokenizer_sha256", "tokenizer")):
@@ -155,7 +175,9 @@ class Trainer:
         if self.info.is_main and self.logger.path.exists():
             lines = self.logger.path.read_text().splitlines()
             kept = [line for line in lines if _logged_step(line) <= step]
-            self.logger.path.write_text("".join(line + "\n" for line in kept))
+            tmp = self.logger.path.with_name(f".{self.logger.path.name}.tmp")
+            tmp.write_text("".join(line + "\n" for line in kept))
+            os.replace(tmp, self.logger.path)  # a kill now leaves the old log or the new, never a cut one
 
     # -- training -------------------------------------------------------------------------------
     def forward_backward(self, batch: dict[str, torch.Tensor], last_micro: bool, denominator: float) -> dict[str, float]:
@@ -187,7 +209,8 @@ class Trainer:
         length. Acceptance often peaks before the loss stops falling; ``best/`` is that head."""
         key = "decode_tau" if self.decode_eval is not None else "sim_accept_len"
         value = metrics.get(key)  # decode_tau exists on rank 0 only: rank 0 decides
-        better = [self.info.is_main and value is not None and (self.best is None or value > self.best["value"])]
+        previous = self.best if self.best is not None and self.best["metric"] == key else None
+        better = [self.info.is_main and value is not None and (previous is None or value > previous["value"])]
         if self.info.world_size > 1:
             torch.distributed.broadcast_object_list(better, src=0)
         if not better[0]:
@@ -208,6 +231,8 @@ class Trainer:
         """Every rank checks what this step's features are read from (stored shards) before any forward, and
         all learn every rank's problems: the run stops on all ranks together, before the optimizer step,
         naming every refused shard -- not with one rank dead and the others hung in a collective."""
+        if not getattr(self.features, "on_disk", True):  # the same on every rank: one recipe
+            return
         rows = [r for b in batches if "row" in b for r in b["row"].tolist()]
         problems = self.features.problems(rows)
         if self.info.world_size > 1:

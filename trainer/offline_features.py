@@ -39,6 +39,8 @@ class OfflineFeatures:
         self.num_draft = draft_vocab_ids.numel()
         self.draft_vocab_logits = matrices.vocab_head(draft_vocab_ids) if needs.draft_vocab_logits else None
 
+    on_disk = True
+
     def problems(self, rows: list[int]) -> list[str]:
         """What keeps the stored features of these dataset rows from being read (corrupt or missing shards)."""
         return self.store.problems(rows)
