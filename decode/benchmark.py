@@ -92,6 +92,14 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
+PROMPT_BUCKETS = ((512, "prompt < 512 tokens"), (2048, "prompt 512-2k tokens"), (None, "prompt > 2k tokens"))
+"""Prompt-length buckets tau is also reported by: drafts trained on short sequences lose acceptance on long prompts."""
+
+
+def prompt_bucket(n_tokens: int) -> str:
+    return next(name for limit, name in PROMPT_BUCKETS if limit is None or n_tokens < limit)
+
+
 def run_benchmark(
     runner: TargetRunner,
     make_drafter: Callable[[], Drafter],
@@ -115,6 +123,7 @@ def run_benchmark(
     depth = k if tree is None else (tree.depth if isinstance(tree, DynamicTree) else max(map(len, tree.paths)))
     generator = torch.Generator(device=device)
     tallies: dict[str, Tally] = defaultdict(Tally)
+    by_length: dict[str, Tally] = defaultdict(Tally)  # the same turns, by the length of their prompt
     mismatches = []
     for q in questions:
         messages: list[dict[str, str]] = []
@@ -143,8 +152,7 @@ def run_benchmark(
                 hf_seconds = time.perf_counter() - t2
             if verify_greedy and spec.tokens != plain.tokens:
                 mismatches.append(f"question {q['question_id']} turn {turn + 1}")
-            for key in (q["category"], "overall"):
-                tally = tallies[key]
+            for tally in (tallies[q["category"]], tallies["overall"], by_length[prompt_bucket(prompt.shape[1])]):
                 tally.add(spec, depth)
                 tally.spec_seconds += t1 - t0
                 tally.plain_seconds += t2 - t1
@@ -153,15 +161,17 @@ def run_benchmark(
             messages.append({"role": "assistant", "content": tokenizer.decode(plain.tokens, skip_special_tokens=True)})
         progress(f"question {q['question_id']} ({q['category']}): tau so far {tallies['overall'].summary()['tau']:.2f}")
     result = {k_: t.summary() for k_, t in tallies.items()}
-    return {"results": result, "mismatches": mismatches}
+    lengths = {name: by_length[name].summary() for _, name in PROMPT_BUCKETS if name in by_length}
+    return {"results": result, "by_prompt_length": lengths, "mismatches": mismatches}
 
 
-def markdown_table(results: dict) -> str:
+def markdown_table(results: dict, by_prompt_length: dict | None = None) -> str:
+    """One row per category, then (when given) per prompt-length bucket, then overall."""
     lines = ["| category | tau | acceptance by position | spec tok/s | plain tok/s | speed-up | HF generate tok/s |",
              "|---|---|---|---|---|---|---|"]
-    order = sorted(k for k in results if k != "overall") + ["overall"]
-    for name in order:
-        r = results[name]
+    rows = [(k, results[k]) for k in sorted(results) if k != "overall"]
+    rows += [(f"*{k}*", v) for k, v in (by_prompt_length or {}).items()] + [("overall", results["overall"])]
+    for name, r in rows:
         acc = " ".join("-" if a is None else f"{a:.2f}" for a in r["acceptance_by_position"])
         fmt = lambda x, spec="{:.1f}": "-" if x is None else spec.format(x)  # noqa: E731
         lines.append(f"| {name} | {r['tau']:.2f} | {acc} | {fmt(r['spec_tokens_per_s'])} | {fmt(r['plain_tokens_per_s'])} | "

@@ -16,7 +16,6 @@ instead of the [T, (k+1)T] block mask.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +26,8 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from headstart.models.draft_vocab import check_draft_vocab
+from headstart.models.ttt_attention import ttt_attention
+from headstart.models.vocab_loss import chunked_vocab_loss
 from headstart.models.head import FeatureNeeds, Features, check_layout, loss_denominator, shift_left
 from headstart.models.target import check_aux_layer_ids, default_aux_layer_ids, text_config
 
@@ -197,6 +198,11 @@ def _rope_original_max(scaling: dict | None) -> int:
     return int((scaling or {}).get("original_max_position_embeddings", 0)) + 1
 
 
+RECOMPUTE_ABOVE = 2**24
+"""Logit entries (positions x V_d) of one TTT step above which its loss is recomputed in backward instead of
+kept: 64 MiB of float32 per step. Below it (T = 256 at V_d = 32k) keeping them is faster and small."""
+
+
 class Eagle3Attention(nn.Module):
     """Attention whose q/k/v read the 2H input cat(embeds, hidden)."""
 
@@ -208,6 +214,7 @@ class Eagle3Attention(nn.Module):
         self.k_proj = nn.Linear(2 * h, nkv * hd, bias=False)
         self.v_proj = nn.Linear(2 * h, nkv * hd, bias=False)
         self.o_proj = nn.Linear(nh * hd, h, bias=False)
+        self.block = 512  # query rows per checkpointed block of the TTT attention
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """x [B, T, 2H] -> q [B, nh, T, hd], k and v [B, nh, T, hd] (kv heads repeated for GQA)."""
@@ -220,17 +227,10 @@ class Eagle3Attention(nn.Module):
         return q, k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
 
     def ttt(self, q, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
-        """Step-k attention: causal over keys[0], plus the own-position key of keys[1..k]. -> [B, T, nh*hd]"""
+        """Step-k attention: causal over keys[0], plus the own-position key of keys[1..k]. -> [B, T, nh*hd]
+        Memory linear in T (models/ttt_attention.py)."""
         B, nh, T, hd = q.shape
-        scale = 1.0 / math.sqrt(hd)
-        causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-        s0 = (q @ keys[0].transpose(-1, -2)) * scale  # [B, nh, T, T]
-        s0 = s0.masked_fill(~causal, torch.finfo(s0.dtype).min)
-        diag = [(q * k).sum(-1, keepdim=True) * scale for k in keys[1:]]  # each [B, nh, T, 1]
-        probs = torch.softmax(torch.cat([s0, *diag], dim=-1).float(), dim=-1).to(q.dtype)  # [B, nh, T, T+k]
-        out = probs[..., :T] @ values[0]
-        for j, v in enumerate(values[1:]):
-            out = out + probs[..., T + j : T + j + 1] * v
+        out = ttt_attention(q, keys, values, self.block)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, nh * hd))
 
 
@@ -264,6 +264,7 @@ class Eagle3Draft(nn.Module):
         super().__init__()
         self.config = config
         self.ttt_steps = ttt_steps
+        self.chunk_tokens = 1024  # trained positions per [chunk, V_d] logits block of the loss
         self.step_weight = step_weight
         n_aux = len(config.aux_layer_ids)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
@@ -297,9 +298,8 @@ class Eagle3Draft(nn.Module):
         # Training goes through forward so FSDP2 / ZeRO-3 hooks gather the parameters.
         return self.loss(features)
 
-    def unroll(self, f: Features):
-        """Yield the TTT steps' draft logits [B, T, V_d] (float32), step k at position t predicting
-        token t+2+k from token t+1+k and the previous step's hidden output."""
+    def unroll_hidden(self, f: Features):
+        """Yield the TTT steps' hidden outputs [B, T, H] (what ``logits`` reads)."""
         B, T = f.input_ids.shape
         hidden = self.fc(f.aux_hidden_states.to(self.fc.weight.dtype))  # [B, T, H]
         base_pos = torch.arange(T, device=hidden.device).unsqueeze(0).expand(B, T)
@@ -313,7 +313,16 @@ class Eagle3Draft(nn.Module):
             keys.append(key)
             values.append(value)
             hidden = self.midlayer.finish(hidden, self.midlayer.self_attn.ttt(q, keys, values))
-            yield self.lm_head(self.norm(hidden)).float()
+            yield hidden
+
+    def unroll(self, f: Features):
+        """Yield the TTT steps' draft logits [B, T, V_d] (float32), step k at position t predicting
+        token t+2+k from token t+1+k and the previous step's hidden output."""
+        for hidden in self.unroll_hidden(f):
+            yield self.logits(hidden)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(hidden)).float()
 
     def loss(self, f: Features) -> tuple[torch.Tensor, dict[str, float]]:
         """Unrolled TTT loss: forward KL to the target on the draft vocab, step weights w^k, summed over
@@ -323,21 +332,22 @@ class Eagle3Draft(nn.Module):
         valid = torch.zeros_like(f.loss_mask, dtype=torch.bool)
         valid[:, :-1] = f.loss_mask[:, 1:].bool() & f.target_in_draft[:, :-1]
         denominator = loss_denominator(f)
+        B, T, V_d = f.target_logits.shape
+        target_rows = f.target_logits.reshape(B * T, V_d)
         total = torch.zeros((), dtype=torch.float32, device=f.input_ids.device)
         step_stats = []  # per step: [loss, acc, accept]; moved to the host once, after the loop
-        for k, logits in enumerate(self.unroll(f)):  # logits [B, T, V_d]
-            tgt_k = shift_left(f.target_logits, 1 + k, 0.0)  # target logits at t+1+k: predicts t+2+k
+        for k, hidden in enumerate(self.unroll_hidden(f)):  # hidden [B, T, H]
             valid_k = shift_left(valid, 1 + k, False)
-            logq = torch.log_softmax(logits, dim=-1)
-            p = torch.softmax(tgt_k.float(), dim=-1)  # target restricted to the draft vocab, renormalised
-            n_valid = valid_k.sum().clamp(min=1)
-            step_sum = -((p * logq).sum(-1) * valid_k).sum()
+            b, t = valid_k.nonzero(as_tuple=True)  # the trained positions; their target is at t+1+k
+            # Only the trained positions' logits, a chunk at a time, recomputed in backward: no [B, T, V_d]
+            # float32 tensor is kept per step (target restricted to the draft vocab, renormalised).
+            step_sum, correct, _, accept = chunked_vocab_loss(
+                self.logits, hidden[b, t], lambda rows: target_rows[rows], b * T + t + 1 + k, torch.zeros_like(b),
+                soft=True, chunk_tokens=self.chunk_tokens, recompute=len(b) * V_d > RECOMPUTE_ABOVE)
             total = total + (self.step_weight**k) * step_sum / denominator
-            step_loss = step_sum / n_valid  # the step's mean, for the metrics
+            n_valid = valid_k.sum().clamp(min=1)
             with torch.no_grad():
-                acc = ((logits.argmax(-1) == tgt_k.argmax(-1)) & valid_k).sum() / n_valid
-                accept = (torch.minimum(p, logq.exp()).sum(-1) * valid_k).sum() / n_valid
-                step_stats.append(torch.stack([step_loss.detach(), acc, accept]))
+                step_stats.append(torch.stack([step_sum.detach() / n_valid, correct.sum() / n_valid, accept.sum() / n_valid]))
         # One host transfer for every metric: per-step stats, then the valid-token count.
         *stats, (n_valid_total, _, _) = torch.cat([torch.stack(step_stats), valid.sum().float().expand(1, 3)]).tolist()
         metrics: dict[str, float] = {"valid_tokens": n_valid_total}

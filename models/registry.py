@@ -43,7 +43,8 @@ class DraftConfig:
     labels: str = "target"
     """What Medusa heads learn: target (the target's own distribution, self-distillation) | data (the data's tokens)."""
     loss_chunk_tokens: int = 1024
-    """Positions per [chunk, V] float32 logits block of full-vocab losses (Medusa); lower it to save memory."""
+    """Positions per [chunk, V] float32 logits block of the loss (every head: EAGLE-3 over V_d, Medusa and MTP over
+    the full vocab); lower it to save memory."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ def build_eagle3(config: DraftConfig, target: Target, token_counts: torch.Tensor
         raise ValueError(f"the draft config reads layers {list(draft_config.aux_layer_ids)} but the target is set "
                          f"to capture {list(target.aux_layer_ids)}; set target.aux_layer_ids to match")
     head = Eagle3Draft(draft_config, ttt_steps=config.ttt_steps, step_weight=config.step_weight)
+    head.chunk_tokens = config.loss_chunk_tokens
     head.set_draft_vocab(*build_draft_vocab(token_counts, draft_config.draft_vocab_size))
     head.load_target_embeddings(target.embed_tokens.weight)
     return head

@@ -27,30 +27,35 @@ def lockstep_chunks(n: int, chunk_tokens: int, device: torch.device) -> int:
 
 def chunked_vocab_loss(project: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
                        teacher: Callable[[torch.Tensor], torch.Tensor], teacher_h: torch.Tensor, labels: torch.Tensor,
-                       soft: bool, chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       soft: bool, chunk_tokens: int, recompute: bool = True
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Summed cross-entropy of ``project(x)`` [N, V] against the teacher's distribution
     ``softmax(teacher(teacher_h))`` (``soft``) or the ``labels`` [N]; also per position whether the
-    draft's argmax equals the teacher's, and whether the teacher's argmax is in the draft's top 5.
+    draft's argmax equals the teacher's, whether the teacher's argmax is in the draft's top 5, and (``soft``)
+    the expected acceptance sum min(p, q) of a draft token sampled from q against the teacher's p.
 
-    Empty chunks are run too (see ``lockstep_chunks``), so every parameter gets a gradient on every rank."""
+    Empty chunks are run too (see ``lockstep_chunks``), so every parameter gets a gradient on every rank.
+    ``recompute=False`` keeps each chunk's logits for backward instead of recomputing them (faster when small)."""
     N = x.shape[0]
     loss_sum = torch.zeros((), dtype=torch.float32, device=x.device)
-    correct, top5 = [], []
+    correct, top5, accept = [], [], []
     for c in range(lockstep_chunks(N, chunk_tokens, x.device)):
         part = slice(c * chunk_tokens, (c + 1) * chunk_tokens)
         args = (project, teacher, x[part], teacher_h[part], labels[part], soft)
-        if torch.is_grad_enabled():  # keep only the chunk's inputs; backward recomputes its logits
-            chunk_loss, draft_top, target_top1 = checkpoint(_chunk, *args, use_reentrant=False)
+        if recompute and torch.is_grad_enabled():  # keep only the chunk's inputs; backward recomputes its logits
+            chunk_loss, draft_top, draft_top1, target_top1, chunk_accept = checkpoint(_chunk, *args, use_reentrant=False)
         else:
-            chunk_loss, draft_top, target_top1 = _chunk(*args)
+            chunk_loss, draft_top, draft_top1, target_top1, chunk_accept = _chunk(*args)
         loss_sum = loss_sum + chunk_loss
-        correct.append(draft_top[:, 0] == target_top1)
+        correct.append(draft_top1 == target_top1)  # argmax on both sides: ties go to the first id alike
         top5.append((draft_top == target_top1[:, None]).any(-1))
-    return loss_sum, torch.cat(correct), torch.cat(top5)
+        accept.append(chunk_accept)
+    return loss_sum, torch.cat(correct), torch.cat(top5), torch.cat(accept)
 
 
 def _chunk(project, teacher, x: torch.Tensor, teacher_h: torch.Tensor, labels: torch.Tensor, soft: bool):
-    """Summed loss of n positions, the draft's top-5 ids [n, 5] and the teacher's argmax [n]."""
+    """Summed loss of n positions, the draft's top-5 ids [n, 5] and argmax [n], the teacher's argmax [n] and
+    sum min(p, q) [n]."""
     with torch.no_grad():
         teacher_logits = teacher(teacher_h).float()  # [n, V]
         target_top1 = teacher_logits.argmax(-1)
@@ -58,7 +63,10 @@ def _chunk(project, teacher, x: torch.Tensor, teacher_h: torch.Tensor, labels: t
         del teacher_logits
     logq = torch.log_softmax(project(x).float(), -1)  # [n, V]
     loss = -(p * logq).sum() if soft else F.nll_loss(logq, labels, reduction="sum")
-    return loss, logq.detach().topk(min(5, logq.shape[-1]), -1).indices, target_top1
+    with torch.no_grad():
+        accept = torch.minimum(p, logq.exp()).sum(-1) if soft else torch.zeros(len(x), device=x.device)
+    draft = logq.detach()
+    return loss, draft.topk(min(5, logq.shape[-1]), -1).indices, draft.argmax(-1), target_top1, accept
 
 
 def multi_step_loss(steps: Iterable[tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor]], f: Features,
@@ -83,7 +91,7 @@ def multi_step_loss(steps: Iterable[tuple[Callable[[torch.Tensor], torch.Tensor]
         if s + 2 < T:
             valid[:, : T - s - 2] = f.loss_mask[:, s + 2 :].bool()
         b, t = valid.nonzero(as_tuple=True)  # the trained positions
-        step_sum, correct, top5 = chunked_vocab_loss(project, draft[b, t], teacher, target_h[b, t + 1 + s],
+        step_sum, correct, top5, _ = chunked_vocab_loss(project, draft[b, t], teacher, target_h[b, t + 1 + s],
                                                      f.input_ids[b, t + 2 + s], soft, chunk_tokens)
         total = total + (step_weight**s) * step_sum / denominator
         step_loss = step_sum / max(len(b), 1)  # the step's mean, for the metrics

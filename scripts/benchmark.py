@@ -111,7 +111,7 @@ def main() -> int:
              f"static tree of {len(tree.paths)} paths" if isinstance(tree, StaticTree) else
              f"dynamic tree depth {tree.depth} top-k {tree.topk} {tree.total_tokens} tokens")
     mode = "greedy" if sampling is None else f"sampling T={args.temperature} top-p {args.top_p} top-k {args.top_k}"
-    table = markdown_table(report["results"])
+    table = markdown_table(report["results"], report["by_prompt_length"])
     if args.predict:
         prompt = tokenizer.apply_chat_template([{"role": "user", "content": questions[0]["turns"][0]}],
                                                add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]

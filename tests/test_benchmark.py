@@ -45,7 +45,19 @@ def test_run_benchmark_multi_turn_and_verification(tmp_path):
     assert set(results) == {"writing", "math", "overall"}
     assert results["overall"]["generated_tokens"] == 3 * 12  # three turns of 12 tokens
     assert results["overall"]["tau"] >= 1.0
-    assert "| overall |" in markdown_table(results)
+    table = markdown_table(results, report["by_prompt_length"])
+    assert "| overall |" in table and "| *prompt < 512 tokens* |" in table
+    # every turn's prompt is short here: the one bucket holds exactly the overall tally
+    assert list(report["by_prompt_length"]) == ["prompt < 512 tokens"]
+    assert report["by_prompt_length"]["prompt < 512 tokens"] == results["overall"]
+
+
+def test_prompts_fall_into_length_buckets():
+    from headstart.decode.benchmark import prompt_bucket
+
+    assert [prompt_bucket(n) for n in (1, 511, 512, 2047, 2048, 30000)] == [
+        "prompt < 512 tokens", "prompt < 512 tokens", "prompt 512-2k tokens", "prompt 512-2k tokens",
+        "prompt > 2k tokens", "prompt > 2k tokens"]
 
 
 def test_run_benchmark_tree_draft_model_and_plot(tmp_path):

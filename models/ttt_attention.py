@@ -1,0 +1,64 @@
+"""EAGLE-3's training-time-test attention with extra memory linear in the sequence length.
+
+At TTT step k the query at position t attends causally to step 0's keys (positions <= t) and to its
+own position's key of steps 1..k (the draft's earlier guesses for t):
+
+    out_t = sum_{s<=t} p_s v0_s + sum_{j=1..k} p_j vj_t,    p = softmax(q_t . [k0_{<=t}, k1_t, ..., kk_t] / sqrt(d))
+
+Written densely (``ttt_attention_dense``) every step keeps a [B, heads, T, T+k] probability matrix for
+backward: 7 steps at T = 16k are tens of GB. ``ttt_attention`` computes the same in blocks of query
+rows, each under activation checkpointing: forward keeps only each block's output, backward recomputes
+one block's [B, heads, C, t_end] scores at a time. The softmax runs over the block's causal scores and
+its diagonal terms together, in float32, exactly as the dense form does, so the two agree to float
+rounding (tests/test_ttt_attention.py, forward and gradients).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+
+def ttt_attention_dense(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
+    """The reference: q [B, nh, T, hd], keys/values: step 0's and steps 1..k's [B, nh, T, hd] -> [B, nh, T, hd]."""
+    return _rows(q, keys[0], values[0], keys[1:], values[1:], 0)
+
+
+def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], block: int = 512) -> torch.Tensor:
+    """Same as ``ttt_attention_dense``; beyond ``block`` positions, in checkpointed blocks of query rows."""
+    T = q.shape[2]
+    if T <= block or not torch.is_grad_enabled():
+        # One block (or no backward to keep anything for): the dense form is already the cheapest.
+        return _rows(q, keys[0], values[0], keys[1:], values[1:], 0)
+    outs = []
+    for start in range(0, T, block):
+        end = min(T, start + block)
+        rows = slice(start, end)
+        outs.append(checkpoint(_block, start, q[:, :, rows], keys[0][:, :, :end], values[0][:, :, :end],
+                               *[k[:, :, rows] for k in keys[1:]], *[v[:, :, rows] for v in values[1:]],
+                               use_reentrant=False))
+    return torch.cat(outs, dim=2)
+
+
+def _block(start: int, q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, *diag: torch.Tensor) -> torch.Tensor:
+    n = len(diag) // 2
+    return _rows(q, k0, v0, list(diag[:n]), list(diag[n:]), start)
+
+
+def _rows(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, dk: list[torch.Tensor], dv: list[torch.Tensor],
+          start: int) -> torch.Tensor:
+    """Query rows start..start+C (q [B, nh, C, hd]) against step 0's keys 0..start+C-1 and their own diagonal keys."""
+    C, S = q.shape[2], k0.shape[2]
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    rows = torch.arange(start, start + C, device=q.device)[:, None]
+    causal = torch.arange(S, device=q.device)[None, :] <= rows  # [C, S]
+    s0 = (q @ k0.transpose(-1, -2)) * scale
+    s0 = s0.masked_fill(~causal, torch.finfo(s0.dtype).min)
+    diag = [(q * k).sum(-1, keepdim=True) * scale for k in dk]  # each [B, nh, C, 1]
+    probs = torch.softmax(torch.cat([s0, *diag], dim=-1).float(), dim=-1).to(q.dtype)  # [B, nh, C, S+k]
+    out = probs[..., :S] @ v0
+    for j, v in enumerate(dv):
+        out = out + probs[..., S + j : S + j + 1] * v
+    return out

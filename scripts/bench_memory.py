@@ -1,0 +1,152 @@
+"""Peak memory and time of one EAGLE-3 training step (forward + backward, 7 TTT steps) by sequence length.
+
+    python scripts/bench_memory.py --lengths 256 1024 2048 4096 --benchmarks BENCHMARKS.md
+
+"before": the TTT attention and the loss as they were written before they became memory-linear (a
+[B, heads, T, T+k] probability matrix and [B, T, V_d] float32 logits, log-probabilities and target
+probabilities kept per step for backward; reproduced in ``dense_loss`` below). "after": headstart's
+``Eagle3Draft.loss`` (blockwise TTT attention, chunked loss over the trained positions, both
+recomputed in backward). Each (implementation, length) runs in a fresh process: on CPU the number is
+the peak RSS above the RSS once the head and the step's inputs exist; on CUDA ``max_memory_allocated``
+above the memory allocated then. The head: hidden 1024, 16 heads (4 KV), draft vocab 32k over a 32k
+target vocab, batch 1, every position trained.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+VOCAB = 32768
+
+
+def build(T: int, device: torch.device):
+    from transformers import LlamaConfig
+
+    from headstart.models.eagle3 import Eagle3Config, Eagle3Draft
+    from headstart.models.head import Features
+
+    target = LlamaConfig(hidden_size=1024, num_attention_heads=16, num_key_value_heads=4, intermediate_size=2816,
+                         num_hidden_layers=16, vocab_size=VOCAB, max_position_embeddings=max(T, 4096) * 2)
+    torch.manual_seed(0)
+    head = Eagle3Draft(Eagle3Config.from_target(target, draft_vocab_size=VOCAB), ttt_steps=7).to(device)
+    g = torch.Generator(device=device).manual_seed(1)
+    f = Features(input_ids=torch.randint(0, VOCAB, (1, T), device=device, generator=g),
+                 loss_mask=torch.ones(1, T, dtype=torch.long, device=device),
+                 aux_hidden_states=torch.randn(1, T, 3 * 1024, device=device, generator=g),
+                 target_logits=torch.randn(1, T, VOCAB, device=device, generator=g) * 3,
+                 target_in_draft=torch.ones(1, T, dtype=torch.bool, device=device))
+    return head, f
+
+
+def dense_loss(head, f) -> torch.Tensor:
+    """The loss as it was: every step's full logits and the dense attention, kept for backward."""
+    from headstart.models.head import loss_denominator, shift_left
+
+    head.midlayer.self_attn.block = 10**9  # ttt_attention's single-block path is the dense form
+    valid = torch.zeros_like(f.loss_mask, dtype=torch.bool)
+    valid[:, :-1] = f.loss_mask[:, 1:].bool() & f.target_in_draft[:, :-1]
+    total = torch.zeros((), device=f.input_ids.device)
+    for k, logits in enumerate(head.unroll(f)):
+        tgt_k = shift_left(f.target_logits, 1 + k, 0.0)
+        valid_k = shift_left(valid, 1 + k, False)
+        logq = torch.log_softmax(logits, dim=-1)
+        p = torch.softmax(tgt_k.float(), dim=-1)
+        total = total + head.step_weight**k * -((p * logq).sum(-1) * valid_k).sum() / loss_denominator(f)
+    return total
+
+
+def rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def worker(impl: str, T: int) -> dict:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    head, f = build(T, device)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated() / 2**20
+    else:
+        base = rss_mb()
+    start = time.perf_counter()
+    loss = dense_loss(head, f) if impl == "before" else head.loss(f)[0]
+    loss.backward()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() / 2**20
+    else:
+        peak = rss_mb()
+    return {"impl": impl, "T": T, "extra_mb": peak - base, "step_s": time.perf_counter() - start, "loss": float(loss)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--lengths", type=int, nargs="+", default=[256, 1024, 2048, 4096])
+    p.add_argument("--impls", nargs="+", default=["before", "after"])
+    p.add_argument("--worker", nargs=2, metavar=("IMPL", "T"), help=argparse.SUPPRESS)
+    p.add_argument("--benchmarks", default=None)
+    p.add_argument("--plot", default=str(REPO / "docs" / "bench_memory.png"))
+    args = p.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker[0], int(args.worker[1]))))
+        return 0
+    results = []
+    for T in args.lengths:
+        for impl in args.impls:
+            run = subprocess.run([sys.executable, __file__, "--worker", impl, str(T)], capture_output=True, text=True)
+            if run.returncode != 0:  # killed for memory, most likely: recorded, not fatal
+                results.append({"impl": impl, "T": T, "extra_mb": float("nan"), "step_s": float("nan"),
+                                "error": (run.stderr.strip().splitlines() or [f"exit {run.returncode}"])[-1]})
+            else:
+                results.append(json.loads(run.stdout.strip().splitlines()[-1]))
+            print(json.dumps(results[-1]), flush=True)
+    by = {(r["impl"], r["T"]): r for r in results}
+    rows = []
+    for T in args.lengths:
+        b, a = by.get(("before", T)), by.get(("after", T))
+        ratio = b["extra_mb"] / a["extra_mb"] if a and b and a["extra_mb"] > 0 else float("nan")
+        cell = lambda r: "n/a" if r is None else (f"failed ({r['error']})" if "error" in r else f"{r['extra_mb']:,.0f} MiB / {r['step_s']:.2f} s")  # noqa: E731
+        rows.append(f"| {T:,} | {cell(b)} | {cell(a)} | {ratio:.1f}x |")
+    table = ("| T | before: peak extra memory / step time | after | memory before / after |\n|---|---|---|---|\n"
+             + "\n".join(rows))
+    print(table)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for impl in args.impls:
+        pts = [(r["T"], r["extra_mb"]) for r in results if r["impl"] == impl and "error" not in r]
+        ax.plot([t for t, _ in pts], [m for _, m in pts], marker="o", label=impl)
+    ax.set_xlabel("sequence length T")
+    ax.set_ylabel("peak memory above the model (MiB)")
+    ax.set_title("one EAGLE-3 training step, 7 TTT steps, V_d 32k")
+    ax.legend()
+    fig.tight_layout()
+    Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.plot, dpi=100)
+    if args.benchmarks:
+        sys.path.insert(0, str(REPO / "scripts"))
+        from bench_common import append_section
+
+        append_section(args.benchmarks, "Training memory by sequence length: TTT attention and loss",
+                       "One EAGLE-3 training step (forward + backward, 7 TTT steps, batch 1, hidden 1024, 16 heads, "
+                       "draft vocab 32,768, every position trained), each in a fresh process; memory is the peak above "
+                       "the head and its inputs. before = dense TTT attention and full per-step logits kept for backward; "
+                       f"after = headstart's blockwise attention and chunked loss.\n\n{table}\n\n"
+                       f"![memory by length]({Path(args.plot).relative_to(REPO)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
