@@ -324,3 +324,25 @@ def test_resume_refuses_a_checkpoint_of_another_head_shape_vocab_or_target(tmp_p
     (tmp_path / "target" / "config.json").write_text(json.dumps({**config, "rope_parameters": rope, "rope_theta": 1234.0}))
     with pytest.raises(ValueError, match="its target .* has another config than this run's"):
         run(overrides + ["--train.max_steps=3"], resume=True)
+
+
+def test_a_kill_between_the_best_heads_renames_and_after_its_checkpoint_is_repaired_on_resume(tmp_path):
+    overrides = make_setup(tmp_path) + ["--train.max_steps=4", "--train.eval_every=1", "--train.save_every=2",
+                                        "--train.lr=3e-3"]
+    run(overrides[:1] + [f"--output_dir={tmp_path / 'whole'}"] + overrides[1:])
+    run(overrides)
+    out = tmp_path / "run"
+    # As if killed after step 3's best export (best/ moved aside, the new one not yet in place) and before step 4's
+    # checkpoint: the run resumes from step 2 with best/ missing and .old-best/ holding a head from after step 2.
+    (out / "best").rename(out / ".old-best")
+    (out / "checkpoints" / "latest").write_text("step_000002")
+    import shutil
+
+    shutil.rmtree(out / "checkpoints" / "step_000004")
+    shutil.rmtree(out / "final")
+    run(overrides, resume=True)
+    strip = lambda p: [{k: v for k, v in json.loads(x).items() if k != "tokens_per_s"}  # noqa: E731
+                       for x in (p / "metrics.jsonl").read_text().splitlines()]
+    assert strip(out) == strip(tmp_path / "whole")
+    assert json.loads((out / "best" / "best.json").read_text()) == json.loads((tmp_path / "whole" / "best" / "best.json").read_text())
+    assert not (out / ".old-best").exists()

@@ -12,7 +12,6 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
 import time
 import warnings
 from pathlib import Path
@@ -106,8 +105,9 @@ class Trainer:
         return True
 
     def _settle_best_dir(self) -> None:
-        """After a kill: put back a best/ caught between its two renames, and drop one exported after the
-        checkpoint the run resumes from (its evaluations were dropped from the log; the rerun redoes them)."""
+        """After a kill: put back a best/ caught between its two renames. A best/ exported after the checkpoint
+        the run resumes from is kept (the one before it was replaced by it, so deleting it would lose both); the
+        resumed run compares with the best its kept log names and replaces best/ when it evaluates that far."""
         if not self.info.is_main:
             return
         best, old = Path(self.config.output_dir) / "best", Path(self.config.output_dir) / ".old-best"
@@ -115,9 +115,8 @@ class Trainer:
             os.replace(old, best)
         record = best / BEST_RECORD
         if record.is_file() and json.loads(record.read_text())["step"] > self.step:
-            shutil.rmtree(best)
-            if self.best is not None:  # the best the kept log names is re-exported by the rerun's next evaluations
-                self.best = None
+            print(f"{best} holds the head of step {json.loads(record.read_text())['step']}, after the checkpoint this "
+                  f"run resumes from (step {self.step}); it is replaced when the resumed run evaluates that far")
 
     def _logged_best(self) -> dict | None:
         """The last best-head choice the interrupted run logged up to its checkpoint: later ones are made again."""
