@@ -51,37 +51,47 @@ def plan_kills(n: int, seed: int, writing: list[str], window: tuple[float, float
     return kills
 
 
+TAG = "HEADSTART_SOAK_LAUNCH"
+"""An environment variable every process of a launch inherits (torchrun passes its environment on): how a kill
+finds them all, whatever session they are in and even while the launcher is still starting its workers."""
+
+
 def _launch(argv: list[str], log: Path) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", TAG: f"{os.getpid()}-{time.monotonic_ns()}"}
     with log.open("a") as f:
-        return subprocess.Popen(argv, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    proc.tag = env[TAG]
+    return proc
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid``: torchrun starts its workers in sessions of their own, so a kill of its
-    process group alone would leave them training (and writing) beside the resumed run."""
-    children: dict[int, list[int]] = {}
-    for stat in glob.glob("/proc/[0-9]*/stat"):
+def _tagged(tag: str) -> list[int]:
+    """Processes whose environment carries ``tag``: torchrun starts its workers in sessions of their own, so a
+    kill of its process group alone would leave them training (and writing) beside the resumed run."""
+    needle = f"{TAG}={tag}".encode() + b"\0"
+    pids = []
+    for environ in glob.glob("/proc/[0-9]*/environ"):
         try:
-            fields = Path(stat).read_text().rsplit(")", 1)[1].split()
+            if needle in Path(environ).read_bytes():
+                pids.append(int(environ.split("/")[2]))
         except OSError:
-            continue  # exited meanwhile
-        children.setdefault(int(fields[1]), []).append(int(stat.split("/")[2]))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
+            continue  # exited meanwhile, or not ours
+    return pids
 
 
 def _kill_all(proc: subprocess.Popen) -> None:
-    """SIGKILL the launched command and every process under it at once, as a lost node loses them."""
-    for pid in [proc.pid, *_descendants(proc.pid)]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    """SIGKILL the launched command and every process it started, as a lost node loses them; again until none is
+    left (a launcher may be starting a worker while the first ones die)."""
+    while True:
+        pids = [p for p in _tagged(proc.tag) if p != os.getpid()]
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+        proc.poll()  # reap the launcher so it does not linger as a zombie with our tag
     proc.wait()
 
 
