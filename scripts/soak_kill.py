@@ -146,24 +146,23 @@ def differences(a: Path, b: Path, files: list[str]) -> list[str]:
     return out
 
 
-def timed(argv: list[str], out: Path, log: Path) -> tuple[float, float]:
-    """Run the uninterrupted reference; the window random kills are drawn from: up to 60% of its time, so
-    that most land even in a resumed run (which skips what is done but starts up again)."""
+def whole_and_killed(job, root: Path, name: str, kills: int, seed: int, writing: list[str],
+                     window: tuple[float, float] | None) -> tuple[Path, Path, list[str]]:
+    """Run ``job(out)`` uninterrupted into root/<name>-whole, then killed as planned into root/<name>-killed.
+    Without ``window`` random kills fall in up to 60% of the uninterrupted run's time, so that most land even in a
+    resumed run (which skips what is done but starts up again). Returns both outputs and what the kills hit."""
+    whole, killed, log = root / f"{name}-whole", root / f"{name}-killed", root / f"{name}.log"
     start = time.monotonic()
-    run_with_kills(argv, out, [], log)
-    return 1.0, 0.6 * (time.monotonic() - start)
+    run_with_kills(job(whole), whole, [], log)
+    window = window or (1.0, 0.6 * (time.monotonic() - start))
+    return whole, killed, run_with_kills(job(killed), killed, plan_kills(kills, seed, writing, window), log)
 
 
 def soak_training(base: list[str], root: Path, kills: int, seed: int, window: tuple[float, float] | None = None) -> dict:
     train = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
              str(REPO / "scripts" / "train_eagle3.py"), *base]
-    log = root / "train.log"
-    window = window or timed([*train, f"--output_dir={root / 'train-whole'}"], root / "train-whole", log)
-    if not (root / "train-whole" / "final").is_dir():
-        run_with_kills([*train, f"--output_dir={root / 'train-whole'}"], root / "train-whole", [], log)
-    plan = plan_kills(kills, seed, [".tmp-.best-staging", "checkpoints/.tmp-step_*", ".tmp-final"], window)
-    hits = run_with_kills([*train, f"--output_dir={root / 'train-killed'}"], root / "train-killed", plan, log)
-    a, b = root / "train-whole", root / "train-killed"
+    a, b, hits = whole_and_killed(lambda out: [*train, f"--output_dir={out}"], root, "train", kills, seed,
+                                  [".tmp-.best-staging", "checkpoints/.tmp-step_*", ".tmp-final"], window)
     diffs = differences(a, b, ["final/model.safetensors", "final/config.json", "best/model.safetensors", "best/best.json"])
     if metrics_without_timing(a) != metrics_without_timing(b):
         diffs.append("metrics.jsonl differs (timing left out)")
@@ -173,15 +172,9 @@ def soak_training(base: list[str], root: Path, kills: int, seed: int, window: tu
 def soak_features(base: list[str], root: Path, kills: int, seed: int, window: tuple[float, float] | None = None) -> dict:
     job = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(REPO / "scripts" / "generate_features.py"), *base]
-    log = root / "features.log"
-    window = window or timed([*job, f"--features.path={root / 'features-whole'}"], root / "features-whole", log)
-    if not (root / "features-whole" / "manifest.json").is_file():
-        run_with_kills([*job, f"--features.path={root / 'features-whole'}"], root / "features-whole", [], log)
-    plan = plan_kills(kills, seed, [".shard-*.safetensors.tmp"], window)
-    hits = run_with_kills([*job, f"--features.path={root / 'features-killed'}"], root / "features-killed", plan, log)
-    a, b = root / "features-whole", root / "features-killed"
-    shards = sorted(p.name for p in a.glob("shard-*.safetensors"))
-    diffs = differences(a, b, shards)
+    a, b, hits = whole_and_killed(lambda out: [*job, f"--features.path={out}"], root, "features", kills, seed,
+                                  [".shard-*.safetensors.tmp"], window)
+    diffs = differences(a, b, sorted(p.name for p in a.glob("shard-*.safetensors")))
     ma, mb = (json.loads((d / "manifest.json").read_text()) for d in (a, b))
     if ma["shards"] != mb["shards"] or ma["num_tokens"] != mb["num_tokens"]:
         diffs.append("manifest.json lists other shards")
@@ -190,14 +183,9 @@ def soak_features(base: list[str], root: Path, kills: int, seed: int, window: tu
 
 def soak_regenerate(args: list[str], root: Path, kills: int, seed: int, window: tuple[float, float] | None = None) -> dict:
     job = [sys.executable, str(REPO / "scripts" / "regenerate_data.py"), *args, "--no-progress"]
-    log = root / "regenerate.log"
-    window = window or timed([*job, "--output", str(root / "regen-whole")], root / "regen-whole", log)
-    if not (root / "regen-whole" / "regenerated.jsonl").is_file():
-        run_with_kills([*job, "--output", str(root / "regen-whole")], root / "regen-whole", [], log)
-    plan = plan_kills(kills, seed, ["shards/.shard-*.tmp*"], window)
-    hits = run_with_kills([*job, "--output", str(root / "regen-killed")], root / "regen-killed", plan, log)
-    diffs = differences(root / "regen-whole", root / "regen-killed", ["regenerated.jsonl"])
-    return {"job": "regenerate_data.py (hf backend)", "kills": hits, "differences": diffs}
+    a, b, hits = whole_and_killed(lambda out: [*job, "--output", str(out)], root, "regen", kills, seed,
+                                  ["shards/.shard-*.tmp*"], window)
+    return {"job": "regenerate_data.py (hf backend)", "kills": hits, "differences": differences(a, b, ["regenerated.jsonl"])}
 
 
 def main() -> int:
