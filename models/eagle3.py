@@ -27,7 +27,7 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, Lla
 
 from headstart.models.draft_vocab import check_draft_vocab
 from headstart.models.ttt_attention import ttt_attention
-from headstart.models.vocab_loss import chunked_vocab_loss
+from headstart.models.vocab_loss import VocabProjection, chunked_vocab_loss
 from headstart.models.head import FeatureNeeds, Features, check_layout, loss_denominator, shift_left
 from headstart.models.target import check_aux_layer_ids, default_aux_layer_ids, text_config
 
@@ -342,7 +342,7 @@ class Eagle3Draft(nn.Module):
             # Only the trained positions' logits, a chunk at a time, recomputed in backward: no [B, T, V_d]
             # float32 tensor is kept per step (target restricted to the draft vocab, renormalised).
             step_sum, correct, _, accept = chunked_vocab_loss(
-                self.logits, hidden[b, t], lambda rows: target_rows[rows], b * T + t + 1 + k, torch.zeros_like(b),
+                VocabProjection(self.norm, self.lm_head.weight), hidden[b, t], lambda rows: target_rows[rows], b * T + t + 1 + k, torch.zeros_like(b),
                 soft=True, chunk_tokens=self.chunk_tokens, recompute=len(b) * V_d > RECOMPUTE_ABOVE)
             total = total + (self.step_weight**k) * step_sum / denominator
             n_valid = valid_k.sum().clamp(min=1)

@@ -29,7 +29,7 @@ from torch import nn
 
 from headstart.models.head import FeatureNeeds, Features, check_layout
 from headstart.models.target import text_config
-from headstart.models.vocab_loss import multi_step_loss
+from headstart.models.vocab_loss import VocabProjection, multi_step_loss
 
 
 @dataclass(frozen=True)
@@ -165,7 +165,8 @@ class MedusaHeads(nn.Module):
             raise ValueError("Medusa heads read the target's final hidden state; the features carry none")
         if self.teacher is None:
             raise ValueError("Medusa training needs the target's lm_head (set_teacher) for soft labels and metrics")
-        steps = ((lambda z, k=k: self.logits_of(k, z), f.last_hidden_state) for k in range(self.config.num_heads))
+        steps = ((VocabProjection(lambda z, k=k: self.blocks[k](z.to(self.lm_heads[k].weight.dtype)), self.lm_heads[k].weight),
+                  f.last_hidden_state) for k in range(self.config.num_heads))
         return multi_step_loss(steps, f, self.teacher, self.labels == "target", self.step_weight, self.chunk_tokens)
 
     # -- checkpoint -----------------------------------------------------------------------------

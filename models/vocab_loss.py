@@ -6,6 +6,8 @@ chunk's [n, H] inputs are kept. Used by every head that predicts the target's fu
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import torch
@@ -13,7 +15,33 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from headstart.models.fused_loss import fused_linear_loss, triton_usable
 from headstart.models.head import Features, loss_denominator
+
+
+@dataclass
+class VocabProjection:
+    """A head's vocab projection written as ``logits = pre(x) @ weight.T``, so that the loss can run it through
+    the fused Triton kernels (models/fused_loss.py) instead of calling it as a black box."""
+
+    pre: Callable[[torch.Tensor], torch.Tensor]
+    weight: torch.Tensor
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.pre(x), self.weight).float()
+
+
+def use_fused(project: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> bool:
+    """Whether a ``VocabProjection``'s loss runs through the fused Triton kernels: ``HEADSTART_LOSS_KERNEL`` =
+    ``auto`` (default: on a GPU), ``triton`` (also on CPU, under ``TRITON_INTERPRET=1``: the tests) or ``torch``
+    (never). Not under ZeRO-3, whose partitioned weights exist whole only inside their module's call (and whose
+    lockstep gathers ``chunked_vocab_loss`` keeps)."""
+    choice = os.environ.get("HEADSTART_LOSS_KERNEL", "auto")
+    if choice not in ("auto", "triton", "torch"):
+        raise ValueError(f"HEADSTART_LOSS_KERNEL={choice!r}: expected auto, triton or torch")
+    if not isinstance(project, VocabProjection) or hasattr(project.weight, "ds_id") or choice == "torch":
+        return False
+    return triton_usable(x) and (x.is_cuda or choice == "triton")
 
 
 def lockstep_chunks(n: int, chunk_tokens: int, device: torch.device) -> int:
@@ -36,6 +64,8 @@ def chunked_vocab_loss(project: Callable[[torch.Tensor], torch.Tensor], x: torch
 
     Empty chunks are run too (see ``lockstep_chunks``), so every parameter gets a gradient on every rank.
     ``recompute=False`` keeps each chunk's logits for backward instead of recomputing them (faster when small)."""
+    if use_fused(project, x):
+        return fused_linear_loss(project.pre(x), project.weight, teacher, teacher_h, labels, soft, chunk_tokens)
     N = x.shape[0]
     loss_sum = torch.zeros((), dtype=torch.float32, device=x.device)
     correct, top5, accept = [], [], []

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-import pytest
+import os
+
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
+
+# Triton picks interpreter or compiler when a kernel is defined (at import): without a GPU, interpret, so the
+# kernels' tests run on CPU. Nothing uses the kernels on CPU unless a test asks (HEADSTART_LOSS_KERNEL=triton).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+from transformers import PreTrainedTokenizerFast  # noqa: E402
 
 # Real chat templates of different structure (trimmed to the parts that matter for masking).
 LLAMA3_TEMPLATE = (

@@ -1,0 +1,151 @@
+"""The fused Triton vocab loss (models/fused_loss.py) against the PyTorch chunked loss: loss, metrics and
+gradients. On CPU the kernels run under TRITON_INTERPRET=1 (tests/conftest.py); on a GPU, compiled."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from test_eagle3 import random_features, tiny_draft  # noqa: E402
+from test_medusa import batch, heads_for  # noqa: E402
+from tiny_models import tiny_causal_lm  # noqa: E402
+
+from headstart.models import fused_loss  # noqa: E402
+from headstart.models.target import Target  # noqa: E402
+from headstart.models.vocab_loss import VocabProjection, chunked_vocab_loss, use_fused  # noqa: E402
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def _case(N: int, D: int, V: int, seed: int, device: str, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(N, D, generator=g).to(device, dtype).requires_grad_()
+    w = (torch.randn(V, D, generator=g) * 0.3).to(device, dtype).requires_grad_()
+    rows = torch.randperm(N + 3, generator=g)[:N]  # the teacher's rows, gathered as EAGLE-3 does
+    teacher_logits = torch.randn(N + 3, V, generator=g) * 2
+    # Half the rows close to the draft's own logits, so the argmaxes agree on some and not on others.
+    close = torch.arange(N) % 2 == 0
+    teacher_logits[rows[close]] = 3 * (x.detach().cpu().float() @ w.detach().cpu().float().t())[close] + 0.1 * teacher_logits[rows[close]]
+    teacher_logits, rows = teacher_logits.to(device, dtype), rows.to(device)
+    labels = torch.randint(0, V, (N,), generator=g).to(device)
+    return x, w, (lambda r: teacher_logits[r]), rows, labels
+
+
+def _run(fused: bool, x, w, teacher, rows, labels, soft: bool, chunk: int):
+    x = x.detach().clone().requires_grad_()
+    w = w.detach().clone().requires_grad_()
+    if fused:
+        out = fused_loss.fused_linear_loss(x, w, teacher, rows, labels, soft, chunk)
+    else:  # a plain function: chunked_vocab_loss's PyTorch path
+        out = chunked_vocab_loss(lambda v: (v @ w.t()).float(), x, teacher, rows, labels, soft, chunk)
+    (out[0] * 0.7).backward()  # a non-unit upstream gradient, as the step weights give
+    return out, x.grad, w.grad
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("N,D,V,chunk,soft", [
+    (37, 24, 3000, 16, True),    # V not a multiple of the kernel's 2048-wide block; rows across chunks
+    (9, 16, 100, 4, True),       # V smaller than one block
+    (12, 8, 2049, 64, False),    # hard labels; one entry past a block
+    (0, 8, 50, 4, True),         # a rank with no trained position still gives (zero) gradients
+])
+def test_fused_loss_equals_the_pytorch_loss(device, N, D, V, chunk, soft):
+    case = _case(N, D, V, seed=N + V, device=device)
+    (loss, correct, top5, accept), gx, gw = _run(True, *case, soft, chunk)
+    (ref_loss, ref_correct, ref_top5, ref_accept), ref_gx, ref_gw = _run(False, *case, soft, chunk)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-4)
+    assert torch.equal(correct, ref_correct) and torch.equal(top5, ref_top5)
+    torch.testing.assert_close(accept, ref_accept, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gx, ref_gx, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(gw, ref_gw, rtol=1e-4, atol=1e-5)
+    if N:
+        assert 0 < correct.float().mean() < 1  # cases where the argmax comparison goes either way
+        assert loss.item() > 0 and gw.abs().sum() > 0
+
+
+def test_loss_is_the_soft_cross_entropy_by_hand():
+    x, w, teacher, rows, labels = _case(6, 8, 300, seed=3, device="cpu")
+    loss, correct, _, accept = fused_loss.fused_linear_loss(x, w, teacher, rows, labels, True, 4)
+    p = torch.softmax(teacher(rows), -1)
+    logq = torch.log_softmax(x @ w.t(), -1)
+    torch.testing.assert_close(loss, -(p * logq).sum(), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(accept, torch.minimum(p, logq.exp()).sum(-1), rtol=1e-5, atol=1e-6)
+    assert torch.equal(correct, (x @ w.t()).argmax(-1) == teacher(rows).argmax(-1))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 through the compiled kernels needs a GPU")
+def test_fused_loss_in_bf16_on_gpu_is_as_close_as_the_pytorch_loss():
+    case = _case(300, 256, 32000, seed=0, device="cuda", dtype=torch.bfloat16)
+    (loss, *_), gx, gw = _run(True, *case, True, 128)
+    f32 = [t.float() if torch.is_tensor(t) and t.is_floating_point() else t for t in case]
+    f32[2] = lambda r, t=case[2]: t(r).float()
+    (ref_loss, *_), ref_gx, ref_gw = _run(False, *f32, True, 128)
+    assert abs(loss.item() - ref_loss.item()) < 1e-2 * abs(ref_loss.item())
+    assert (gx.float() - ref_gx).norm() < 2e-2 * ref_gx.norm()
+    assert (gw.float() - ref_gw).norm() < 2e-2 * ref_gw.norm()
+
+
+def _grads(module: torch.nn.Module, loss: torch.Tensor) -> dict[str, torch.Tensor]:
+    module.zero_grad()
+    loss.backward()
+    return {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
+
+
+def _both_kernels(monkeypatch, run):
+    out = {}
+    for kernel in ("torch", "triton"):
+        monkeypatch.setenv("HEADSTART_LOSS_KERNEL", kernel)
+        out[kernel] = run()
+    return out["torch"], out["triton"]
+
+
+def test_eagle3_head_loss_and_gradients_are_the_same_through_the_kernels(monkeypatch):
+    draft = tiny_draft(ttt_steps=3, draft_vocab=48)
+    f = random_features(draft, B=3, T=12)  # padded rows, untrained positions
+    f.target_in_draft[0, :4] = False
+    draft.chunk_tokens = 5  # several chunks per step
+
+    def run():
+        loss, metrics = draft.loss(f)
+        return loss.item(), metrics, _grads(draft, loss)
+
+    (ref_loss, ref_metrics, ref_grads), (loss, metrics, grads) = _both_kernels(monkeypatch, run)
+    assert abs(loss - ref_loss) < 1e-5 * abs(ref_loss)
+    for key, value in ref_metrics.items():
+        assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    assert set(grads) == set(ref_grads)
+    for name in grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_medusa_loss_and_gradients_are_the_same_through_the_kernels(monkeypatch):
+    target = Target(tiny_causal_lm("llama", num_hidden_layers=8))
+    heads = heads_for(target, num_heads=2)
+    heads.chunk_tokens = 7
+    f = batch(target)
+
+    def run():
+        loss, metrics = heads.loss(f)
+        return loss.item(), metrics, _grads(heads, loss)
+
+    (ref_loss, ref_metrics, ref_grads), (loss, metrics, grads) = _both_kernels(monkeypatch, run)
+    assert abs(loss - ref_loss) < 1e-5 * abs(ref_loss)
+    for key, value in ref_metrics.items():
+        assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    for name in ref_grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_kernel_choice(monkeypatch):
+    x = torch.zeros(2, 4)
+    projection = VocabProjection(lambda v: v, torch.zeros(3, 4))
+    monkeypatch.delenv("HEADSTART_LOSS_KERNEL", raising=False)
+    assert not use_fused(projection, x)  # auto: the PyTorch path on CPU
+    assert not use_fused(lambda v: v, x)  # an opaque projection cannot be fused
+    monkeypatch.setenv("HEADSTART_LOSS_KERNEL", "triton")
+    assert use_fused(projection, x)
+    monkeypatch.setenv("HEADSTART_LOSS_KERNEL", "fast")
+    with pytest.raises(ValueError, match="HEADSTART_LOSS_KERNEL='fast'"):
+        use_fused(projection, x)
