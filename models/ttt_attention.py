@@ -11,14 +11,23 @@ rows, each under activation checkpointing: forward keeps only each block's outpu
 one block's [B, heads, C, t_end] scores at a time. The softmax runs over the block's causal scores and
 its diagonal terms together, in float32, exactly as the dense form does, so the two agree to float
 rounding (tests/test_ttt_attention.py, forward and gradients).
+
+On a GPU, ``ttt_attention_flex`` runs the same attention as one compiled ``flex_attention`` (Triton) call per
+step over the steps' keys side by side, with a block mask: causal over step 0's keys, the own-position
+diagonal over the later steps' -- so the later steps cost one [block x block] tile per query block, and
+nothing of size T x T exists in forward or backward.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 
 import torch
 from torch.utils.checkpoint import checkpoint
+
+FLEX_BLOCK = 128  # flex_attention's tile; sequences are padded to a multiple of it (see ttt_attention_flex)
 
 
 def ttt_attention_dense(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
@@ -27,8 +36,11 @@ def ttt_attention_dense(q: torch.Tensor, keys: list[torch.Tensor], values: list[
 
 
 def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], block: int = 512) -> torch.Tensor:
-    """Same as ``ttt_attention_dense``; beyond ``block`` positions, in checkpointed blocks of query rows."""
+    """Same as ``ttt_attention_dense``: on a GPU through ``ttt_attention_flex``; elsewhere, beyond ``block``
+    positions, in checkpointed blocks of query rows. ``HEADSTART_TTT_ATTENTION=blocks`` keeps the blocks on a GPU."""
     T = q.shape[2]
+    if q.is_cuda and os.environ.get("HEADSTART_TTT_ATTENTION", "auto") != "blocks":
+        return ttt_attention_flex(q, keys, values)
     if T <= block or not torch.is_grad_enabled():
         # One block (or no backward to keep anything for): the dense form is already the cheapest.
         return _rows(q, keys[0], values[0], keys[1:], values[1:], 0)
@@ -62,3 +74,44 @@ def _rows(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, dk: list[torch.Te
     for j, v in enumerate(dv):
         out = out + probs[..., S + j : S + j + 1] * v
     return out
+
+
+def ttt_attention_flex(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
+                       compiled: bool | None = None) -> torch.Tensor:
+    """``ttt_attention_dense`` through ``flex_attention``: the query at t sees kv index i of [k0 | k1 | ... | kk]
+    when i < T and i <= t (causal over step 0) or i >= T and i mod T == t (its own position in steps 1..k).
+
+    T is padded to a multiple of ``FLEX_BLOCK`` so a run compiles for a handful of lengths, not one per batch;
+    padding is exact: a real query's mask never reaches a padded key. ``compiled`` (default: on a GPU) runs
+    the Triton kernels; eager flex_attention is the math form, for checking the mask on CPU."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    B, nh, T, hd = q.shape
+    Tp = -(-T // FLEX_BLOCK) * FLEX_BLOCK
+
+    def pad(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (0, 0, 0, Tp - T)) if Tp != T else x
+
+    mask = _ttt_block_mask(Tp, len(keys), str(q.device))
+    k = torch.cat([pad(x) for x in keys], dim=2)
+    v = torch.cat([pad(x) for x in values], dim=2)
+    attend = _compiled_flex() if (q.is_cuda if compiled is None else compiled) else flex_attention
+    return attend(pad(q), k, v, block_mask=mask)[:, :, :T]
+
+
+@functools.lru_cache(maxsize=64)
+def _ttt_block_mask(T: int, steps: int, device: str):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def ttt_mask(b, h, q_idx, kv_idx):
+        return ((kv_idx < T) & (kv_idx <= q_idx)) | ((kv_idx >= T) & (kv_idx % T == q_idx))
+
+    return create_block_mask(ttt_mask, B=None, H=None, Q_LEN=T, KV_LEN=T * steps, device=device,
+                             BLOCK_SIZE=FLEX_BLOCK)
+
+
+@functools.cache
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)

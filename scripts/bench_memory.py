@@ -1,15 +1,20 @@
 """Peak memory and time of one EAGLE-3 training step (forward + backward, 7 TTT steps) by sequence length.
 
     python scripts/bench_memory.py --lengths 256 1024 2048 4096 --benchmarks BENCHMARKS.md
+    python scripts/bench_memory.py --lengths 256 1024 2048 4096 8192 16384 32768 --impls before blocks after  # GPU
 
 "before": the TTT attention and the loss as they were written before they became memory-linear (a
 [B, heads, T, T+k] probability matrix and [B, T, V_d] float32 logits, log-probabilities and target
 probabilities kept per step for backward; reproduced in ``dense_loss`` below). "after": headstart's
-``Eagle3Draft.loss`` (blockwise TTT attention, chunked loss over the trained positions, both
-recomputed in backward). Each (implementation, length) runs in a fresh process: on CPU the number is
-the peak RSS above the RSS once the head and the step's inputs exist; on CUDA ``max_memory_allocated``
-above the memory allocated then. The head: hidden 1024, 16 heads (4 KV), draft vocab 32k over a 32k
-target vocab, batch 1, every position trained.
+``Eagle3Draft.loss`` as it runs on the device: on CPU blockwise TTT attention and the chunked PyTorch
+loss, both recomputed in backward; on a GPU the compiled flex_attention TTT mask and the fused Triton loss.
+"blocks": the CPU path run on a GPU (``HEADSTART_TTT_ATTENTION=blocks HEADSTART_LOSS_KERNEL=torch``).
+
+On CPU each (implementation, length) runs in a fresh process and the number is the peak RSS above the RSS
+once the head and the step's inputs exist. On CUDA (bfloat16, as training runs there) each implementation
+runs its lengths in one process: one untimed step first (compilation), then the timed step, whose
+``max_memory_allocated`` above the memory allocated before it is the number. The head: hidden 1024, 16
+heads (4 KV), draft vocab 32k over a 32k target vocab, batch 1, every position trained.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 VOCAB = 32768
 
 
-def build(T: int, device: torch.device):
+def build(T: int, device: torch.device, dtype: torch.dtype = torch.float32):
     from transformers import LlamaConfig
 
     from headstart.models.eagle3 import Eagle3Config, Eagle3Draft
@@ -37,12 +42,12 @@ def build(T: int, device: torch.device):
     target = LlamaConfig(hidden_size=1024, num_attention_heads=16, num_key_value_heads=4, intermediate_size=2816,
                          num_hidden_layers=16, vocab_size=VOCAB, max_position_embeddings=max(T, 4096) * 2)
     torch.manual_seed(0)
-    head = Eagle3Draft(Eagle3Config.from_target(target, draft_vocab_size=VOCAB), ttt_steps=7).to(device)
+    head = Eagle3Draft(Eagle3Config.from_target(target, draft_vocab_size=VOCAB), ttt_steps=7).to(device, dtype)
     g = torch.Generator(device=device).manual_seed(1)
     f = Features(input_ids=torch.randint(0, VOCAB, (1, T), device=device, generator=g),
                  loss_mask=torch.ones(1, T, dtype=torch.long, device=device),
-                 aux_hidden_states=torch.randn(1, T, 3 * 1024, device=device, generator=g),
-                 target_logits=torch.randn(1, T, VOCAB, device=device, generator=g) * 3,
+                 aux_hidden_states=torch.randn(1, T, 3 * 1024, device=device, generator=g).to(dtype),
+                 target_logits=(torch.randn(1, T, VOCAB, device=device, generator=g) * 3).to(dtype),
                  target_in_draft=torch.ones(1, T, dtype=torch.bool, device=device))
     return head, f
 
@@ -68,24 +73,51 @@ def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
-def worker(impl: str, T: int) -> dict:
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    head, f = build(T, device)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated() / 2**20
-    else:
-        base = rss_mb()
-    start = time.perf_counter()
+def step(impl: str, head, f) -> torch.Tensor:
     loss = dense_loss(head, f) if impl == "before" else head.loss(f)[0]
     loss.backward()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() / 2**20
-    else:
-        peak = rss_mb()
-    return {"impl": impl, "T": T, "extra_mb": peak - base, "step_s": time.perf_counter() - start, "loss": float(loss)}
+    head.zero_grad(set_to_none=True)
+    return loss
+
+
+def worker(impl: str, T: int) -> dict:
+    """CPU: one step in this (fresh) process; peak RSS above the RSS with the head and inputs built."""
+    device = torch.device("cpu")
+    head, f = build(T, device)
+    base = rss_mb()
+    start = time.perf_counter()
+    loss = step(impl, head, f)
+    return {"impl": impl, "T": T, "extra_mb": rss_mb() - base, "step_s": time.perf_counter() - start, "loss": float(loss)}
+
+
+def cuda_worker(impl: str, lengths: list[int]) -> list[dict]:
+    """CUDA: every length in this process; a warm-up step each (compilation), then the measured one."""
+    import os
+
+    if impl in ("before", "blocks"):  # the CPU path's attention (before: forced dense in dense_loss)
+        os.environ["HEADSTART_TTT_ATTENTION"] = "blocks"
+    if impl == "blocks":
+        os.environ["HEADSTART_LOSS_KERNEL"] = "torch"
+    out = []
+    for T in lengths:
+        head = f = None
+        torch.cuda.empty_cache()
+        try:
+            head, f = build(T, torch.device("cuda"), torch.bfloat16)
+            step(impl, head, f)  # warm-up: compiles flex_attention and the Triton kernels for this length
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated() / 2**20
+            start = time.perf_counter()
+            loss = step(impl, head, f)
+            torch.cuda.synchronize()
+            out.append({"impl": impl, "T": T, "extra_mb": torch.cuda.max_memory_allocated() / 2**20 - base,
+                        "step_s": time.perf_counter() - start, "loss": float(loss)})
+        except torch.cuda.OutOfMemoryError:
+            out.append({"impl": impl, "T": T, "extra_mb": float("nan"), "step_s": float("nan"),
+                        "error": f"out of memory ({torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB)"})
+        print(json.dumps(out[-1]), flush=True)
+    return out
 
 
 def main() -> int:
@@ -93,31 +125,41 @@ def main() -> int:
     p.add_argument("--lengths", type=int, nargs="+", default=[256, 1024, 2048, 4096])
     p.add_argument("--impls", nargs="+", default=["before", "after"])
     p.add_argument("--worker", nargs=2, metavar=("IMPL", "T"), help=argparse.SUPPRESS)
+    p.add_argument("--cuda-worker", nargs=2, metavar=("IMPL", "LENGTHS"), help=argparse.SUPPRESS)
     p.add_argument("--benchmarks", default=None)
     p.add_argument("--plot", default=str(REPO / "docs" / "bench_memory.png"))
     args = p.parse_args()
     if args.worker:
         print(json.dumps(worker(args.worker[0], int(args.worker[1]))))
         return 0
+    if args.cuda_worker:
+        print(json.dumps(cuda_worker(args.cuda_worker[0], [int(t) for t in args.cuda_worker[1].split(",")])))
+        return 0
+    cuda = torch.cuda.is_available()
     results = []
-    for T in args.lengths:
-        for impl in args.impls:
-            run = subprocess.run([sys.executable, __file__, "--worker", impl, str(T)], capture_output=True, text=True)
-            if run.returncode != 0:  # killed for memory, most likely: recorded, not fatal
-                results.append({"impl": impl, "T": T, "extra_mb": float("nan"), "step_s": float("nan"),
-                                "error": (run.stderr.strip().splitlines() or [f"exit {run.returncode}"])[-1]})
-            else:
-                results.append(json.loads(run.stdout.strip().splitlines()[-1]))
-            print(json.dumps(results[-1]), flush=True)
+    runs = ([(impl, None) for impl in args.impls] if cuda else [(impl, T) for T in args.lengths for impl in args.impls])
+    for impl, T in runs:
+        cmd = ([sys.executable, __file__, "--cuda-worker", impl, ",".join(map(str, args.lengths))] if cuda
+               else [sys.executable, __file__, "--worker", impl, str(T)])
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        if run.returncode != 0:  # killed for memory, most likely: recorded, not fatal
+            error = (run.stderr.strip().splitlines() or [f"exit {run.returncode}"])[-1]
+            results += [{"impl": impl, "T": t, "extra_mb": float("nan"), "step_s": float("nan"), "error": error}
+                        for t in ([T] if T is not None else args.lengths)]
+        else:
+            got = json.loads(run.stdout.strip().splitlines()[-1])
+            results += got if isinstance(got, list) else [got]
+        print(json.dumps(results[-1]), flush=True)
     by = {(r["impl"], r["T"]): r for r in results}
+    cell = lambda r: "n/a" if r is None else (f"failed ({r['error']})" if "error" in r else f"{r['extra_mb']:,.0f} MiB / {r['step_s']:.3f} s")  # noqa: E731
     rows = []
     for T in args.lengths:
         b, a = by.get(("before", T)), by.get(("after", T))
-        ratio = b["extra_mb"] / a["extra_mb"] if a and b and a["extra_mb"] > 0 else float("nan")
-        cell = lambda r: "n/a" if r is None else (f"failed ({r['error']})" if "error" in r else f"{r['extra_mb']:,.0f} MiB / {r['step_s']:.2f} s")  # noqa: E731
-        rows.append(f"| {T:,} | {cell(b)} | {cell(a)} | {ratio:.1f}x |")
-    table = ("| T | before: peak extra memory / step time | after | memory before / after |\n|---|---|---|---|\n"
-             + "\n".join(rows))
+        ratio = b["extra_mb"] / a["extra_mb"] if a and b and "error" not in a and "error" not in b else float("nan")
+        rows.append(f"| {T:,} | " + " | ".join(cell(by.get((impl, T))) for impl in args.impls) + f" | {ratio:.1f}x |")
+    device = torch.cuda.get_device_name(0) + ", bfloat16" if cuda else "CPU, float32"
+    table = (f"{device}\n\n| T | " + " | ".join(f"{impl}: peak extra memory / step time" for impl in args.impls)
+             + " | memory before / after |\n|---|" + "---|" * len(args.impls) + "---|\n" + "\n".join(rows))
     print(table)
     import matplotlib
 
@@ -139,11 +181,14 @@ def main() -> int:
         sys.path.insert(0, str(REPO / "scripts"))
         from bench_common import append_section
 
-        append_section(args.benchmarks, "Training memory by sequence length: TTT attention and loss",
+        append_section(args.benchmarks, "Training memory by sequence length: TTT attention and loss"
+                       + (" (CUDA)" if cuda else ""),
                        "One EAGLE-3 training step (forward + backward, 7 TTT steps, batch 1, hidden 1024, 16 heads, "
                        "draft vocab 32,768, every position trained), each in a fresh process; memory is the peak above "
                        "the head and its inputs. before = dense TTT attention and full per-step logits kept for backward; "
-                       f"after = headstart's blockwise attention and chunked loss.\n\n{table}\n\n"
+                       "after = headstart's loss as it runs there (CPU: blockwise attention and chunked loss; GPU: compiled "
+                       "flex_attention and the fused Triton loss, after one warm-up step); blocks = the CPU path on the "
+                       f"GPU.\n\n{table}\n\n"
                        f"![memory by length]({Path(args.plot).relative_to(REPO)})")
     return 0
 

@@ -3,6 +3,8 @@ gradients. On CPU the kernels run under TRITON_INTERPRET=1 (tests/conftest.py); 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -17,6 +19,9 @@ from headstart.models.target import Target  # noqa: E402
 from headstart.models.vocab_loss import VocabProjection, chunked_vocab_loss, use_fused  # noqa: E402
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+DEVICE = DEVICES[-1]  # the heads' tests: the GPU when there is one (compiled kernels), else the interpreter
+if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+    DEVICES = []  # a GPU machine's CPU has no kernels to test against
 
 
 def _case(N: int, D: int, V: int, seed: int, device: str, dtype=torch.float32):
@@ -105,6 +110,7 @@ def test_eagle3_head_loss_and_gradients_are_the_same_through_the_kernels(monkeyp
     draft = tiny_draft(ttt_steps=3, draft_vocab=48)
     f = random_features(draft, B=3, T=12)  # padded rows, untrained positions
     f.target_in_draft[0, :4] = False
+    draft, f = draft.to(DEVICE), f.to(DEVICE)
     draft.chunk_tokens = 5  # several chunks per step
 
     def run():
@@ -123,8 +129,10 @@ def test_eagle3_head_loss_and_gradients_are_the_same_through_the_kernels(monkeyp
 def test_medusa_loss_and_gradients_are_the_same_through_the_kernels(monkeypatch):
     target = Target(tiny_causal_lm("llama", num_hidden_layers=8))
     heads = heads_for(target, num_heads=2)
+    f = batch(target).to(DEVICE)
+    target.model.to(DEVICE)
+    heads.to(DEVICE).set_teacher(target.vocab_head())
     heads.chunk_tokens = 7
-    f = batch(target)
 
     def run():
         loss, metrics = heads.loss(f)
@@ -139,10 +147,11 @@ def test_medusa_loss_and_gradients_are_the_same_through_the_kernels(monkeypatch)
 
 
 def test_kernel_choice(monkeypatch):
-    x = torch.zeros(2, 4)
-    projection = VocabProjection(lambda v: v, torch.zeros(3, 4))
+    x = torch.zeros(2, 4, device=DEVICE)
+    projection = VocabProjection(lambda v: v, torch.zeros(3, 4, device=DEVICE))
     monkeypatch.delenv("HEADSTART_LOSS_KERNEL", raising=False)
-    assert not use_fused(projection, x)  # auto: the PyTorch path on CPU
+    assert use_fused(projection, x) == (DEVICE == "cuda")  # auto: the kernels on a GPU, PyTorch on CPU
+    assert not use_fused(projection, x.cpu())  # auto never interprets
     assert not use_fused(lambda v: v, x)  # an opaque projection cannot be fused
     monkeypatch.setenv("HEADSTART_LOSS_KERNEL", "triton")
     assert use_fused(projection, x)

@@ -55,3 +55,47 @@ def test_the_draft_loss_and_its_gradients_do_not_depend_on_blocks_chunks_or_reco
         torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
         for name, g in ref_grads.items():
             torch.testing.assert_close(grads[name], g, rtol=1e-4, atol=1e-6, msg=name)
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("T,steps", [(50, 1), (50, 4), (128, 3), (200, 7), (5, 2)])
+def test_flex_attention_path_equals_dense(device, T, steps):
+    """The flex_attention path (the GPU's) computes the TTT attention, also on lengths padded to its 128-wide
+    tiles: on CPU eager (math) flex, forward only (it has no CPU backward); on a GPU compiled, with gradients."""
+    from headstart.models.ttt_attention import ttt_attention_flex
+
+    dtype = torch.float64 if device == "cpu" else torch.float32
+    grad = device != "cpu"
+    q, keys, values = (t.detach().to(device, dtype).requires_grad_(grad) if torch.is_tensor(t) else
+                       [x.detach().to(device, dtype).requires_grad_(grad) for x in t] for t in inputs(2, T, steps, seed=T))
+    dense = ttt_attention_dense(q, keys, values)
+    flex = ttt_attention_flex(q, keys, values)
+    tol = dict(rtol=1e-5, atol=1e-6) if device == "cpu" else dict(rtol=2e-3, atol=2e-4)  # GPU: TF32 tiles
+    torch.testing.assert_close(flex, dense, **tol)
+    if grad:
+        upstream = torch.randn_like(dense)
+        want = torch.autograd.grad(dense, [q, *keys, *values], upstream)
+        got = torch.autograd.grad(flex, [q, *keys, *values], upstream)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, **tol)
+
+
+def test_flex_block_mask_is_the_ttt_mask():
+    """Element by element: causal over step 0's keys, the own position over each later step's."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    from headstart.models.ttt_attention import _ttt_block_mask
+
+    T, steps = 256, 3
+    mask = create_mask(_ttt_block_mask(T, steps, "cpu").mask_mod, None, None, T, T * steps, device="cpu")[0, 0]
+    want = torch.cat([torch.ones(T, T).tril()] + [torch.eye(T)] * (steps - 1), dim=1).bool()
+    assert torch.equal(mask, want)
+    block = _ttt_block_mask(T, steps, "cpu")
+    # Per 128-row query block: the causal diagonal tile of step 0 plus one diagonal tile per later step are
+    # partial; step 0's tiles below the diagonal are full; nothing else is computed (T x T never is).
+    assert block.kv_num_blocks[0, 0].tolist() == [steps, steps]
+    assert block.full_kv_num_blocks[0, 0].tolist() == [0, 1]
+    assert sorted(block.kv_indices[0, 0, 1, :steps].tolist()) == [1, 3, 5]  # kv tiles 1 (step 0), 3, 5 (steps 1, 2)
