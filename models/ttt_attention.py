@@ -39,8 +39,8 @@ def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.
     """Same as ``ttt_attention_dense``: on a GPU through ``ttt_attention_flex``; elsewhere, beyond ``block``
     positions, in checkpointed blocks of query rows. ``HEADSTART_TTT_ATTENTION=blocks`` keeps the blocks on a GPU."""
     T = q.shape[2]
-    if q.is_cuda and os.environ.get("HEADSTART_TTT_ATTENTION", "auto") != "blocks":
-        return ttt_attention_flex(q, keys, values)
+    if q.is_cuda and q.shape[-1] >= 16 and os.environ.get("HEADSTART_TTT_ATTENTION", "auto") != "blocks":
+        return ttt_attention_flex(q, keys, values)  # (compiled flex_attention needs head_dim >= 16)
     if T <= block or not torch.is_grad_enabled():
         # One block (or no backward to keep anything for): the dense form is already the cheapest.
         return _rows(q, keys[0], values[0], keys[1:], values[1:], 0)
@@ -101,17 +101,36 @@ def ttt_attention_flex(q: torch.Tensor, keys: list[torch.Tensor], values: list[t
 
 @functools.lru_cache(maxsize=64)
 def _ttt_block_mask(T: int, steps: int, device: str):
-    from torch.nn.attention.flex_attention import create_block_mask
+    """The TTT mask as flex_attention's BlockMask, its tiles written down rather than found by evaluating the
+    mask on all T x steps*T pairs (create_block_mask would hold that dense mask): query tile i computes step 0's
+    tiles 0..i-1 in full and, partially, step 0's tile i and tile i of every later step. T: a multiple of
+    FLEX_BLOCK."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    # T as a captured tensor, not a Python int: compiled flex_attention then treats it as an input instead of
+    # specialising (and recompiling) on every length.
+    length = torch.tensor(T, device=device)
 
     def ttt_mask(b, h, q_idx, kv_idx):
-        return ((kv_idx < T) & (kv_idx <= q_idx)) | ((kv_idx >= T) & (kv_idx % T == q_idx))
+        return ((kv_idx < length) & (kv_idx <= q_idx)) | ((kv_idx >= length) & (kv_idx % length == q_idx))
 
-    return create_block_mask(ttt_mask, B=None, H=None, Q_LEN=T, KV_LEN=T * steps, device=device,
-                             BLOCK_SIZE=FLEX_BLOCK)
+    n = T // FLEX_BLOCK
+    tiles = torch.arange(n, device=device, dtype=torch.int32)
+    partial = torch.stack([tiles + j * n for j in range(steps)], dim=-1)  # [n, steps]
+    kv_indices = torch.cat([partial, torch.zeros(n, n * steps - steps, dtype=torch.int32, device=device)], dim=-1)
+    full_kv_indices = tiles.expand(n, n * steps).contiguous() if steps == 1 else torch.cat(
+        [tiles.expand(n, n), torch.zeros(n, n * (steps - 1), dtype=torch.int32, device=device)], dim=-1)
+    return BlockMask.from_kv_blocks(
+        torch.full((1, 1, n), steps, dtype=torch.int32, device=device), kv_indices[None, None],
+        tiles[None, None].clone(), full_kv_indices[None, None],  # query tile i: step 0's tiles 0..i-1 are full
+        BLOCK_SIZE=FLEX_BLOCK, mask_mod=ttt_mask, seq_lengths=(T, T * steps))
 
 
 @functools.cache
 def _compiled_flex():
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=False)
+    # dynamic: one compilation for every length and step (KV_LEN = (k+1) T differs per step); with static
+    # shapes a run would compile 7 times per length and hit dynamo's recompile limit, then fall back to the
+    # unfused (T x T) form.
+    return torch.compile(flex_attention, dynamic=True)

@@ -189,7 +189,7 @@ def main() -> int:
                        "after = headstart's loss as it runs there (CPU: blockwise attention and chunked loss; GPU: compiled "
                        "flex_attention and the fused Triton loss, after one warm-up step); blocks = the CPU path on the "
                        f"GPU.\n\n{table}\n\n"
-                       f"![memory by length]({Path(args.plot).relative_to(REPO)})")
+                       f"![memory by length]({Path(args.plot).resolve().relative_to(REPO)})")
     return 0
 
 

@@ -9,9 +9,9 @@ from test_eagle3 import random_features, tiny_draft
 from headstart.models.ttt_attention import ttt_attention, ttt_attention_dense
 
 
-def inputs(B: int, T: int, steps: int, seed: int = 0):
+def inputs(B: int, T: int, steps: int, seed: int = 0, hd: int = 8):
     g = torch.Generator().manual_seed(seed)
-    make = lambda: torch.randn(B, 3, T, 8, generator=g, dtype=torch.float64).requires_grad_()  # noqa: E731
+    make = lambda: torch.randn(B, 3, T, hd, generator=g, dtype=torch.float64).requires_grad_()  # noqa: E731
     return make(), [make() for _ in range(steps)], [make() for _ in range(steps)]
 
 
@@ -70,7 +70,7 @@ def test_flex_attention_path_equals_dense(device, T, steps):
     dtype = torch.float64 if device == "cpu" else torch.float32
     grad = device != "cpu"
     q, keys, values = (t.detach().to(device, dtype).requires_grad_(grad) if torch.is_tensor(t) else
-                       [x.detach().to(device, dtype).requires_grad_(grad) for x in t] for t in inputs(2, T, steps, seed=T))
+                       [x.detach().to(device, dtype).requires_grad_(grad) for x in t] for t in inputs(2, T, steps, seed=T, hd=16))
     dense = ttt_attention_dense(q, keys, values)
     flex = ttt_attention_flex(q, keys, values)
     tol = dict(rtol=1e-5, atol=1e-6) if device == "cpu" else dict(rtol=2e-3, atol=2e-4)  # GPU: TF32 tiles
@@ -99,3 +99,6 @@ def test_flex_block_mask_is_the_ttt_mask():
     assert block.kv_num_blocks[0, 0].tolist() == [steps, steps]
     assert block.full_kv_num_blocks[0, 0].tolist() == [0, 1]
     assert sorted(block.kv_indices[0, 0, 1, :steps].tolist()) == [1, 3, 5]  # kv tiles 1 (step 0), 3, 5 (steps 1, 2)
+    # the tiles computed are exactly those where the mask has a true entry
+    tiles = want.reshape(T // 128, 128, steps * T // 128, 128).any(-1).any(1)
+    assert torch.equal(block.to_dense()[0, 0].bool(), tiles)
