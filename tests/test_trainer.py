@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -346,3 +347,22 @@ def test_a_kill_between_the_best_heads_renames_and_after_its_checkpoint_is_repai
     assert strip(out) == strip(tmp_path / "whole")
     assert json.loads((out / "best" / "best.json").read_text()) == json.loads((tmp_path / "whole" / "best" / "best.json").read_text())
     assert not (out / ".old-best").exists()
+
+
+@pytest.mark.parametrize("schedule,at_half,at_end", [("cosine", 0.5, 0.0), ("linear", 0.5, 0.0), ("constant", 1.0, 1.0)])
+def test_learning_rate_schedules(schedule, at_half, at_end):
+    from headstart.trainer.config import TrainConfig
+    from headstart.trainer.distributed import lr_lambda
+
+    f = lr_lambda(TrainConfig(max_steps=110, warmup_ratio=10 / 110, schedule=schedule))
+    assert [f(s) for s in (0, 4, 9)] == pytest.approx([0.1, 0.5, 1.0])  # linear warm-up over 10 steps
+    assert f(10) == pytest.approx(1.0) and f(60) == pytest.approx(at_half) and f(110) == pytest.approx(at_end, abs=1e-12)
+    assert f(35) == pytest.approx({"cosine": 0.5 * (1 + math.cos(math.pi / 4)), "linear": 0.75, "constant": 1.0}[schedule])
+
+
+def test_unknown_schedule_is_refused_by_name():
+    from headstart.trainer.config import TrainConfig
+    from headstart.trainer.distributed import lr_lambda
+
+    with pytest.raises(ValueError, match="train.schedule='cosin'"):
+        lr_lambda(TrainConfig(schedule="cosin"))

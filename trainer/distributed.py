@@ -79,14 +79,23 @@ def shard_frozen_layers(layers: list[nn.Module]) -> None:
         fully_shard(layer, reshard_after_forward=True)
 
 
-def lr_lambda(train: TrainConfig):
-    warmup = max(1, int(train.warmup_ratio * train.max_steps))
+SCHEDULES = {
+    "cosine": lambda progress: 0.5 * (1.0 + math.cos(math.pi * progress)),
+    "linear": lambda progress: 1.0 - progress,
+    "constant": lambda progress: 1.0,
+}
 
-    def f(step: int) -> float:  # linear warmup, then cosine to 0
+
+def lr_lambda(train: TrainConfig):
+    if train.schedule not in SCHEDULES:
+        raise ValueError(f"train.schedule={train.schedule!r}: expected one of {', '.join(SCHEDULES)}")
+    warmup = max(1, int(train.warmup_ratio * train.max_steps))
+    decay = SCHEDULES[train.schedule]
+
+    def f(step: int) -> float:  # linear warmup, then the schedule's decay
         if step < warmup:
             return (step + 1) / warmup
-        progress = (step - warmup) / max(1, train.max_steps - warmup)
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+        return decay(min(1.0, (step - warmup) / max(1, train.max_steps - warmup)))
 
     return f
 
