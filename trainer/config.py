@@ -34,8 +34,8 @@ class TrainConfig:
     """Micro-batches per optimizer step."""
     warmup_ratio: float = 0.015
     """Share of max_steps with linear warm-up; then ``schedule`` decays the rate."""
-    schedule: str = "cosine"
-    """After warm-up: cosine (to 0), linear (to 0) or constant."""
+    schedule: str = "linear"
+    """After warm-up: linear (to 0; it won the recipe ablation in BENCHMARKS.md), cosine (to 0) or constant."""
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.95)
     """AdamW betas."""
