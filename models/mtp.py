@@ -33,9 +33,11 @@ from typing import Callable
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import AutoModelForCausalLM, DynamicCache
+from transformers import AttentionInterface, AutoModelForCausalLM, DynamicCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from headstart.models.head import FeatureNeeds, Features, check_layout, shift_left
+from headstart.models.ttt_attention import ttt_attention
 from headstart.models.target import _decoder_layers, additive_mask, text_config
 from headstart.models.vocab_loss import multi_step_loss
 
@@ -64,6 +66,29 @@ class MTPConfig:
             raise ValueError(f"{where}: the MTP layer does not fit the target:\n  " + "\n  ".join(problems))
 
 
+class TTTMask:
+    """Passed as the layer's ``attention_mask`` during the training unroll instead of the additive mask
+    [T, (j+1)T]: the keys are j+1 steps of T positions, and step j's queries see step 0's causally and their
+    own position in steps 1..j. ``ttt_or_sdpa_attention`` then runs models/ttt_attention.py: memory linear in
+    T (blocks on CPU, flex_attention on a GPU), where the additive mask and SDPA's scores are quadratic."""
+
+
+def ttt_or_sdpa_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                          attention_mask, scaling: float | None = None, dropout: float = 0.0, **kwargs):
+    """The MTP block's attention (registered with transformers as ``headstart_ttt``): the TTT pattern for a
+    ``TTTMask``, transformers' own SDPA for any other mask (drafting, with its KV cache)."""
+    if not isinstance(attention_mask, TTTMask):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    T, rep = query.shape[2], query.shape[1] // key.shape[1]
+    keys = [k.repeat_interleave(rep, dim=1) for k in key.split(T, dim=2)]  # step 0's keys, then steps 1..j
+    values = [v.repeat_interleave(rep, dim=1) for v in value.split(T, dim=2)]
+    return ttt_attention(query, keys, values, block=TTT_BLOCK, scale=scaling).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register("headstart_ttt", ttt_or_sdpa_attention)
+TTT_BLOCK = 512  # query rows per checkpointed block (models/ttt_attention.py)
+
+
 def block_config(target_config, layer_index: int):
     """The target's text config, extended so that a decoder layer at ``layer_index`` can be built
     (a per-layer ``layer_types`` list gets full attention there, as MTP layers use)."""
@@ -71,8 +96,9 @@ def block_config(target_config, layer_index: int):
     types = getattr(cfg, "layer_types", None)
     if isinstance(types, list) and len(types) <= layer_index:
         cfg.layer_types = types + ["full_attention"] * (layer_index + 1 - len(types))
-    if getattr(cfg, "_attn_implementation", None) not in ("sdpa", "eager"):
-        cfg._attn_implementation = "sdpa"  # an explicit mask is needed: the TTT pattern is not causal
+    # An explicit pattern is needed (TTT is not causal): SDPA with masks, and the memory-linear TTT attention
+    # in training. A model whose attention softcaps its scores (Gemma 2) keeps its eager form and the mask.
+    cfg._attn_implementation = "eager" if getattr(cfg, "attn_logit_softcapping", None) else "headstart_ttt"
     return cfg
 
 
@@ -94,6 +120,7 @@ class MTPHead(nn.Module):
         self.enorm, self.hnorm, self.norm = norm_cls(H, eps=eps), norm_cls(H, eps=eps), norm_cls(H, eps=eps)
         self.eh_proj = nn.Linear(2 * H, H, bias=False)
         self.block = layer_cls(cfg, layer_idx=config.layer_index)  # MoE, attention type etc. as layer N would be
+        self.block_attention = cfg._attn_implementation
         for module in self.block.modules():  # its KV lives at index 0 of the head's own one-layer cache
             if hasattr(module, "layer_idx"):
                 module.layer_idx = 0
@@ -137,7 +164,8 @@ class MTPHead(nn.Module):
     def layer(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
         """The decoder block on x [B, n, H] at rotary ``positions`` [B, n] under an additive ``mask``
         [B or 1, 1, n, S] over the cache's keys (its new ones included) -> the state the next step reads."""
-        out = self.block(x, attention_mask=mask.to(x.dtype), position_ids=positions, past_key_values=cache, use_cache=True,
+        mask = mask if isinstance(mask, TTTMask) else mask.to(x.dtype)
+        out = self.block(x, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
                          position_embeddings=self.rotary_emb(x, positions))
         out = out[0] if isinstance(out, tuple) else out
         return self.norm(out) if self.feeds_normed else out
@@ -156,12 +184,14 @@ class MTPHead(nn.Module):
         B, T = f.input_ids.shape
         device = f.input_ids.device
         base = torch.arange(T, device=device).unsqueeze(0).expand(B, T)
-        causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()  # step 0: causal
-        diagonal = torch.eye(T, dtype=torch.bool, device=device)  # steps 1..j: the own position only
+        linear = self.block_attention == "headstart_ttt"  # else the additive mask, quadratic in T
+        causal = None if linear else torch.ones(T, T, dtype=torch.bool, device=device).tril()  # step 0: causal
+        diagonal = None if linear else torch.eye(T, dtype=torch.bool, device=device)  # steps 1..j: own position
         cache, hidden = DynamicCache(), f.last_hidden_state
         for j in range(self.unroll_steps):
             positions = base + j
-            mask = additive_mask(torch.cat([causal] + [diagonal] * j, dim=1), self.eh_proj.weight.dtype)  # [1, 1, T, (j+1)T]
+            mask = TTTMask() if linear else additive_mask(torch.cat([causal] + [diagonal] * j, dim=1),
+                                                          self.eh_proj.weight.dtype)  # [1, 1, T, (j+1)T]
             hidden = self.layer(self.fuse(shift_left(f.input_ids, 1 + j, 0), hidden, positions), positions, mask, cache)
             yield hidden
 

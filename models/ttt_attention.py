@@ -30,40 +30,44 @@ from torch.utils.checkpoint import checkpoint
 FLEX_BLOCK = 128  # flex_attention's tile; sequences are padded to a multiple of it (see ttt_attention_flex)
 
 
-def ttt_attention_dense(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
-    """The reference: q [B, nh, T, hd], keys/values: step 0's and steps 1..k's [B, nh, T, hd] -> [B, nh, T, hd]."""
-    return _rows(q, keys[0], values[0], keys[1:], values[1:], 0)
+def ttt_attention_dense(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
+                        scale: float | None = None) -> torch.Tensor:
+    """The reference: q [B, nh, T, hd], keys/values: step 0's and steps 1..k's [B, nh, T, hd] -> [B, nh, T, hd_v].
+    ``scale``: of the scores, default 1/sqrt(hd)."""
+    return _rows(q, keys[0], values[0], keys[1:], values[1:], 0, scale)
 
 
-def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], block: int = 512) -> torch.Tensor:
+def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], block: int = 512,
+                  scale: float | None = None) -> torch.Tensor:
     """Same as ``ttt_attention_dense``: on a GPU through ``ttt_attention_flex``; elsewhere, beyond ``block``
     positions, in checkpointed blocks of query rows. ``HEADSTART_TTT_ATTENTION=blocks`` keeps the blocks on a GPU."""
     T = q.shape[2]
     if q.is_cuda and q.shape[-1] >= 16 and os.environ.get("HEADSTART_TTT_ATTENTION", "auto") != "blocks":
-        return ttt_attention_flex(q, keys, values)  # (compiled flex_attention needs head_dim >= 16)
+        return ttt_attention_flex(q, keys, values, scale=scale)  # (compiled flex_attention needs head_dim >= 16)
     if T <= block or not torch.is_grad_enabled():
         # One block (or no backward to keep anything for): the dense form is already the cheapest.
-        return _rows(q, keys[0], values[0], keys[1:], values[1:], 0)
+        return _rows(q, keys[0], values[0], keys[1:], values[1:], 0, scale)
     outs = []
     for start in range(0, T, block):
         end = min(T, start + block)
         rows = slice(start, end)
-        outs.append(checkpoint(_block, start, q[:, :, rows], keys[0][:, :, :end], values[0][:, :, :end],
+        outs.append(checkpoint(_block, start, scale, q[:, :, rows], keys[0][:, :, :end], values[0][:, :, :end],
                                *[k[:, :, rows] for k in keys[1:]], *[v[:, :, rows] for v in values[1:]],
                                use_reentrant=False))
     return torch.cat(outs, dim=2)
 
 
-def _block(start: int, q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, *diag: torch.Tensor) -> torch.Tensor:
+def _block(start: int, scale: float | None, q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor,
+           *diag: torch.Tensor) -> torch.Tensor:
     n = len(diag) // 2
-    return _rows(q, k0, v0, list(diag[:n]), list(diag[n:]), start)
+    return _rows(q, k0, v0, list(diag[:n]), list(diag[n:]), start, scale)
 
 
 def _rows(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, dk: list[torch.Tensor], dv: list[torch.Tensor],
-          start: int) -> torch.Tensor:
+          start: int, scale: float | None = None) -> torch.Tensor:
     """Query rows start..start+C (q [B, nh, C, hd]) against step 0's keys 0..start+C-1 and their own diagonal keys."""
     C, S = q.shape[2], k0.shape[2]
-    scale = 1.0 / math.sqrt(q.shape[-1])
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     rows = torch.arange(start, start + C, device=q.device)[:, None]
     causal = torch.arange(S, device=q.device)[None, :] <= rows  # [C, S]
     s0 = (q @ k0.transpose(-1, -2)) * scale
@@ -77,7 +81,7 @@ def _rows(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, dk: list[torch.Te
 
 
 def ttt_attention_flex(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
-                       compiled: bool | None = None) -> torch.Tensor:
+                       compiled: bool | None = None, scale: float | None = None) -> torch.Tensor:
     """``ttt_attention_dense`` through ``flex_attention``: the query at t sees kv index i of [k0 | k1 | ... | kk]
     when i < T and i <= t (causal over step 0) or i >= T and i mod T == t (its own position in steps 1..k).
 
@@ -96,7 +100,7 @@ def ttt_attention_flex(q: torch.Tensor, keys: list[torch.Tensor], values: list[t
     k = torch.cat([pad(x) for x in keys], dim=2)
     v = torch.cat([pad(x) for x in values], dim=2)
     attend = _compiled_flex() if (q.is_cuda if compiled is None else compiled) else flex_attention
-    return attend(pad(q), k, v, block_mask=mask)[:, :, :T]
+    return attend(pad(q), k, v, block_mask=mask, scale=scale)[:, :, :T]
 
 
 @functools.lru_cache(maxsize=64)

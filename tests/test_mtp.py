@@ -272,3 +272,40 @@ def test_proposals_and_trees_follow_the_training_positions(target):
     assert argmaxes == drafts.tolist()
     tree = build_dynamic_tree(drafter, DynamicTree(3, 1, 3), max_depth=10)
     assert tree.tokens.tolist() == drafts.tolist() and tree.parents.tolist() == [-1, 0, 1]
+
+
+@pytest.mark.parametrize("family", ["llama", "deepseek", "qwen3_next"])
+def test_training_unroll_runs_the_memory_linear_ttt_attention_equal_to_the_masked_one(family, monkeypatch):
+    """The unroll's attention goes through models/ttt_attention.py (no [T, (j+1)T] mask, blocks of query rows)
+    and gives the additive mask + SDPA's loss and gradients: GQA (Qwen3-Next), MLA with its own scaling and
+    a value head dim unlike the query's (DeepSeek-V3)."""
+    import headstart.models.mtp as mtp
+
+    if family == "llama":
+        model = tiny_causal_lm("llama", num_hidden_layers=8)
+    else:
+        name, kwargs = NATIVE_CONFIGS[family]
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(name, **kwargs))
+    target = Target(model)
+    head = randomized(build_mtp(target, unroll=3, chunk_tokens=7), seed=2)
+    assert head.block_attention == "headstart_ttt"
+    f = features(target, B=2, T=30)
+
+    def run():
+        head.zero_grad()
+        loss, metrics = head.loss(f)
+        loss.backward()
+        return loss.item(), {n: p.grad.clone() for n, p in head.named_parameters() if p.grad is not None}
+
+    monkeypatch.setattr(mtp, "TTT_BLOCK", 8)  # 30 positions: 4 checkpointed blocks
+    with monkeypatch.context() as m:
+        m.setattr(mtp, "additive_mask", lambda *a: pytest.fail("the linear path built a [T, (j+1)T] mask"))
+        loss, grads = run()
+    head.block_attention = "sdpa"  # the masked path, as before
+    head.block.self_attn.config._attn_implementation = "sdpa"
+    want_loss, want_grads = run()
+    assert loss == pytest.approx(want_loss, rel=1e-5)
+    assert set(grads) == set(want_grads) and len(grads) > 5
+    for name in grads:
+        torch.testing.assert_close(grads[name], want_grads[name], rtol=1e-4, atol=1e-6, msg=name)
