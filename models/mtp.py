@@ -39,7 +39,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from headstart.models.head import FeatureNeeds, Features, check_layout, shift_left
 from headstart.models.ttt_attention import ttt_attention
 from headstart.models.target import _decoder_layers, additive_mask, text_config
-from headstart.models.vocab_loss import multi_step_loss
+from headstart.models.vocab_loss import VocabProjection, multi_step_loss
 
 @dataclass(frozen=True)
 class MTPConfig:
@@ -200,7 +200,10 @@ class MTPHead(nn.Module):
             raise ValueError("the MTP layer reads the target's final hidden state; the features carry none")
         if self.lm_head is None:
             raise ValueError("the MTP layer needs the target's lm_head (set_lm_head)")
-        return multi_step_loss(((self.logits, hidden) for hidden in self.unroll(f)), f, self.lm_head, True,
+        weight = getattr(self.lm_head, "linear_weight", None)  # the target's lm_head, when a plain projection
+        project = self.logits if weight is None else VocabProjection(
+            lambda h: (h if self.feeds_normed else self.norm(h)).to(self.lm_head_dtype), weight)
+        return multi_step_loss(((project, hidden) for hidden in self.unroll(f)), f, self.lm_head, True,
                                self.step_weight, self.chunk_tokens)
 
     # -- headstart's own layout (dense targets) --------------------------------------------------

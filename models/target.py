@@ -199,6 +199,8 @@ def vocab_head(weight: torch.Tensor, bias: torch.Tensor | None, softcap: float |
         logits = F.linear(hidden, weight, bias)
         return logits if softcap is None else torch.tanh(logits / softcap) * softcap
 
+    # A plain projection (no bias, no softcap) says so, so that a loss can fuse it (models/fused_loss.py).
+    head.linear_weight = weight if bias is None and softcap is None else None
     return head
 
 

@@ -103,10 +103,17 @@ def _grads(module: torch.nn.Module, loss: torch.Tensor) -> dict[str, torch.Tenso
 
 
 def _both_kernels(monkeypatch, run):
+    """run() with the PyTorch loss, then with the kernels -- checking that the kernels did run the second time."""
+    import headstart.models.vocab_loss as vocab_loss
+
+    calls = []
+    fused = vocab_loss.fused_linear_loss
+    monkeypatch.setattr(vocab_loss, "fused_linear_loss", lambda *a: calls.append(1) or fused(*a))
     out = {}
     for kernel in ("torch", "triton"):
         monkeypatch.setenv("HEADSTART_LOSS_KERNEL", kernel)
         out[kernel] = run()
+        assert bool(calls) == (kernel == "triton"), kernel
     return out["torch"], out["triton"]
 
 
@@ -162,3 +169,38 @@ def test_kernel_choice(monkeypatch):
     monkeypatch.setenv("HEADSTART_LOSS_KERNEL", "fast")
     with pytest.raises(ValueError, match="HEADSTART_LOSS_KERNEL='fast'"):
         use_fused(projection, x)
+
+
+def test_mtp_loss_and_gradients_are_the_same_through_the_kernels(monkeypatch):
+    """MTP projects with the target's own (frozen) lm_head over the full vocab: fused when it is a plain linear."""
+    from test_mtp import features, randomized
+
+    from headstart.models.mtp import build_mtp
+
+    target = Target(tiny_causal_lm("llama", num_hidden_layers=8))
+    head = randomized(build_mtp(target, unroll=2, chunk_tokens=6))
+    f = features(target).to(DEVICE)
+    target.model.to(DEVICE)
+    head.to(DEVICE).set_lm_head(target.vocab_head(), target.lm_head_weight.dtype)
+    assert head.lm_head.linear_weight is not None
+
+    def run():
+        loss, metrics = head.loss(f)
+        return loss.item(), metrics, _grads(head, loss)
+
+    (ref_loss, ref_metrics, ref_grads), (loss, metrics, grads) = _both_kernels(monkeypatch, run)
+    assert abs(loss - ref_loss) < 1e-5 * abs(ref_loss)
+    for key, value in ref_metrics.items():
+        assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    assert set(grads) == set(ref_grads) and "eh_proj.weight" in grads
+    for name in ref_grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_softcapped_lm_head_is_not_fused():
+    from headstart.models.target import vocab_head
+
+    w = torch.randn(5, 3)
+    assert vocab_head(w, None, None).linear_weight is w
+    assert vocab_head(w, None, 30.0).linear_weight is None  # Gemma's softcap: not a linear projection
+    assert vocab_head(w, torch.zeros(5), None).linear_weight is None
