@@ -24,8 +24,9 @@ def run(overrides: list[str], resume: bool = False) -> Trainer:
     return trainer
 
 
-def test_resume_after_a_crash_matches_an_uninterrupted_run(tmp_path, monkeypatch):
-    base = make_setup(tmp_path)
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_resume_after_a_crash_matches_an_uninterrupted_run(tmp_path, monkeypatch, optimizer):
+    base = make_setup(tmp_path) + [f"--train.optimizer={optimizer}"]
     reference = run(base + [f"--output_dir={tmp_path / 'a'}"])
     losses_a = train_losses(tmp_path / "a" / "metrics.jsonl")
     assert len(losses_a) == 6 and losses_a[-1] < losses_a[0]
@@ -316,6 +317,8 @@ def test_resume_refuses_a_checkpoint_of_another_head_shape_vocab_or_target(tmp_p
         run(overrides + ["--draft.draft_vocab_size=48", "--train.max_steps=3"], resume=True)
     with pytest.raises(ValueError, match="it trains a eagle3 head, this run a medusa head"):
         run(overrides + ["--draft.head=medusa", "--train.max_steps=3"], resume=True)
+    with pytest.raises(ValueError, match="its optimizer state is adamw's, this run uses muon"):
+        run(overrides + ["--train.optimizer=muon", "--train.max_steps=3"], resume=True)
     rows = (tmp_path / "chat.jsonl").read_text().splitlines()
     (tmp_path / "other.jsonl").write_text("\n".join(rows[:6]) + "\n")  # other data: another draft vocab
     with pytest.raises(ValueError, match=r"its draft vocab \(d2t/t2d\) differs"):
@@ -366,3 +369,23 @@ def test_unknown_schedule_is_refused_by_name():
 
     with pytest.raises(ValueError, match="train.schedule='cosin'"):
         lr_lambda(TrainConfig(schedule="cosin"))
+
+
+def test_muon_takes_the_hidden_matrices_and_adamw_the_rest(tmp_path):
+    from headstart.trainer.config import TrainConfig
+    from headstart.trainer.distributed import _optimizers
+
+    trainer = build_trainer(load_config(None, make_setup(tmp_path) + [f"--output_dir={tmp_path / 'm'}"]))
+    head = trainer.backend.module
+    muon, adamw = _optimizers(head, TrainConfig(optimizer="muon"), 1)
+    names = {id(p): n for n, p in head.named_parameters()}
+    in_muon = {names[id(p)] for g in muon.param_groups for p in g["params"]}
+    in_adamw = {names[id(p)] for g in adamw.param_groups for p in g["params"]}
+    assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
+    assert {"fc.weight", "midlayer.self_attn.q_proj.weight", "midlayer.mlp.down_proj.weight"} <= in_muon
+    assert {"lm_head.weight", "norm.weight", "midlayer.hidden_norm.weight"} <= in_adamw and not in_muon & in_adamw
+    assert in_muon | in_adamw == {n for n, p in head.named_parameters() if p.requires_grad}
+    with pytest.raises(ValueError, match="FSDP shards"):
+        _optimizers(head, TrainConfig(optimizer="muon"), 2)
+    with pytest.raises(ValueError, match="train.optimizer='sgd'"):
+        _optimizers(head, TrainConfig(optimizer="sgd"), 1)

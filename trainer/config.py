@@ -36,6 +36,9 @@ class TrainConfig:
     """Share of max_steps with linear warm-up; then ``schedule`` decays the rate."""
     schedule: str = "linear"
     """After warm-up: linear (to 0; it won the recipe ablation in BENCHMARKS.md), cosine (to 0) or constant."""
+    optimizer: str = "adamw"
+    """adamw, or muon: torch.optim.Muon for the head's hidden matrices (AdamW for norms, embeddings and lm_head),
+    its update scaled to AdamW's RMS so ``lr`` means the same for both. Muon needs whole matrices: one process."""
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.95)
     """AdamW betas."""

@@ -103,8 +103,22 @@ def lr_lambda(train: TrainConfig):
 ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
-def _optimizer(params, train: TrainConfig) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(params, lr=train.lr, betas=train.betas, weight_decay=train.weight_decay)
+def _optimizers(module: nn.Module, train: TrainConfig, world_size: int) -> list[torch.optim.Optimizer]:
+    """AdamW over every trainable parameter, or (``train.optimizer=muon``) Muon over the hidden matrices and AdamW
+    over the rest (norms, embeddings, lm_head: Muon's orthogonalised update is for hidden layers' matrices)."""
+    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    adamw = lambda params: torch.optim.AdamW(params, lr=train.lr, betas=train.betas, weight_decay=train.weight_decay)  # noqa: E731
+    if train.optimizer == "adamw":
+        return [adamw([p for _, p in named])]
+    if train.optimizer != "muon":
+        raise ValueError(f"train.optimizer={train.optimizer!r}: expected adamw or muon")
+    if world_size > 1:
+        raise ValueError("train.optimizer=muon orthogonalises whole matrices, which FSDP shards across ranks: "
+                         "train on one process (or use adamw)")
+    hidden = [p for n, p in named if p.ndim == 2 and "embed" not in n and "lm_head" not in n]
+    ids = {id(p) for p in hidden}
+    muon = torch.optim.Muon(hidden, lr=train.lr, weight_decay=train.weight_decay, adjust_lr_fn="match_rms_adamw")
+    return [muon, adamw([p for _, p in named if id(p) not in ids])]
 
 
 class FSDPBackend:
@@ -116,8 +130,10 @@ class FSDPBackend:
         if info.world_size > 1:
             apply_fsdp(self.module)
         self.params = [p for p in self.module.parameters() if p.requires_grad]
-        self.optimizer = _optimizer(self.params, train)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(train))
+        self.optimizers = _optimizers(self.module, train, info.world_size)
+        self.schedulers = [torch.optim.lr_scheduler.LambdaLR(o, lr_lambda(train)) for o in self.optimizers]
+        # DCP's state-dict helpers take one optimizer or several; one keeps the checkpoint layout AdamW always had.
+        self.optimizer = self.optimizers[0] if len(self.optimizers) == 1 else self.optimizers
 
     def forward(self, features):
         return self.module(features)
@@ -130,14 +146,15 @@ class FSDPBackend:
     def step(self) -> float:
         norm = torch.nn.utils.clip_grad_norm_(self.params, self.train.grad_clip)
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        for optimizer, scheduler in zip(self.optimizers, self.schedulers):
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
         return float(norm)
 
     @property
     def lr(self) -> float:
-        return self.scheduler.get_last_lr()[0]
+        return self.schedulers[0].get_last_lr()[0]
 
     def _state_dicts(self):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
@@ -165,7 +182,7 @@ class FSDPBackend:
                    for fqn, state in optim_sd["state"].items() for key, v in state.items()}
         save_file(tensors, str(directory / "optimizer.safetensors"))
         groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in optim_sd["param_groups"]]
-        sched = {k: v for k, v in self.scheduler.state_dict().items() if k != "lr_lambdas"}
+        sched = {k: v for k, v in self.schedulers[0].state_dict().items() if k != "lr_lambdas"}  # all in step
         (directory / "optimizer.json").write_text(json.dumps({"param_groups": groups, "scheduler": sched}))
 
     def load(self, directory: Path, written_by: int) -> None:
@@ -183,7 +200,8 @@ class FSDPBackend:
         optim_sd = {"state": state, "param_groups": meta["param_groups"]}
         options = StateDictOptions(full_state_dict=True, strict=False)
         set_state_dict(self.module, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd, options=options)
-        self.scheduler.load_state_dict({**meta["scheduler"], "lr_lambdas": [None]})
+        for scheduler in self.schedulers:
+            scheduler.load_state_dict({**meta["scheduler"], "lr_lambdas": [None]})
 
 
 class DeepSpeedBackend:
@@ -211,7 +229,10 @@ class DeepSpeedBackend:
             raise ValueError(f"{path}: zero_optimization.stage must be 1, 2 or 3 (got {self.zero_stage}); without ZeRO "
                              "use parallel.backend=fsdp")
         head = head.to(info.device)
-        optimizer = _optimizer([p for p in head.parameters() if p.requires_grad], train)
+        if train.optimizer != "adamw":
+            raise ValueError(f"train.optimizer={train.optimizer!r}: the DeepSpeed backend trains with adamw (ZeRO "
+                             "partitions the matrices Muon orthogonalises); use parallel.backend=fsdp on one process")
+        (optimizer,) = _optimizers(head, train, 1)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(train))
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=head, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
@@ -257,7 +278,7 @@ class DeepSpeedBackend:
                 tensors[f"{name}/{key}"] = value.detach().float().cpu().contiguous()
         if self.info.is_main:
             save_file(tensors, str(directory / "portable.safetensors"))
-            sched = {k: v for k, v in self.scheduler.state_dict().items() if k != "lr_lambdas"}
+            sched = {k: v for k, v in self.schedulers[0].state_dict().items() if k != "lr_lambdas"}  # all in step
             (directory / "portable.json").write_text(json.dumps({"adam_step": self._adam_step(), "scheduler": sched}))
 
     def load(self, directory: Path, written_by: int) -> None:
@@ -297,7 +318,8 @@ class DeepSpeedBackend:
             for lp, hp in zip(zero.fp16_partitioned_groups_flat, zero.fp32_partitioned_groups_flat):
                 if hp.numel():
                     lp.data.copy_(hp.data)
-        self.scheduler.load_state_dict({**meta["scheduler"], "lr_lambdas": [None]})
+        for scheduler in self.schedulers:
+            scheduler.load_state_dict({**meta["scheduler"], "lr_lambdas": [None]})
         for group, lr in zip(zero.optimizer.param_groups, self.scheduler.get_last_lr()):
             group["lr"] = lr  # load_state_dict restores the schedule's position, not the rate it last set
 

@@ -141,7 +141,8 @@ class Trainer:
                 ints.update(name.encode() + state[name].detach().cpu().contiguous().numpy().tobytes())
         target = self.target_fingerprint or {}
         backend = self.config.parallel.backend + (f" ZeRO-{self.backend.zero_stage}" if hasattr(self.backend, "zero_stage") else "")
-        return {"head": self.config.draft.head, "backend": backend, "shapes": shapes, "vocab_sha256": ints.hexdigest(),
+        return {"head": self.config.draft.head, "backend": backend, "optimizer": self.config.train.optimizer,
+                "shapes": shapes, "vocab_sha256": ints.hexdigest(),
                 "target": {k: target.get(k) for k in ("config_sha256", "tokenizer_sha256", "name_or_path")}}
 
     def _check_same_run(self, path: Path, saved: dict | None) -> None:
@@ -152,6 +153,8 @@ class Trainer:
         problems = []
         if saved.get("backend", now["backend"]) != now["backend"]:
             problems.append(f"it was written by {saved['backend']}, this run uses {now['backend']}")
+        if saved.get("optimizer", "adamw") != now["optimizer"]:  # (checkpoints before the option: AdamW)
+            problems.append(f"its optimizer state is {saved.get('optimizer', 'adamw')}'s, this run uses {now['optimizer']}")
         if saved["head"] != now["head"]:
             problems.append(f"it trains a {saved['head']} head, this run a {now['head']} head")
         for key, what in (("config_sha256", "config"), ("tokenizer_sha256", "tokenizer")):
