@@ -38,7 +38,7 @@ class TrainConfig:
     """After warm-up: linear (to 0; it won the recipe ablation in BENCHMARKS.md), cosine (to 0) or constant."""
     optimizer: str = "adamw"
     """adamw, or muon: torch.optim.Muon for the head's hidden matrices (AdamW for norms, embeddings and lm_head),
-    its update scaled to AdamW's RMS so ``lr`` means the same for both. Muon needs whole matrices: one process."""
+    its update scaled to AdamW's RMS so ``lr`` means the same for both. The FSDP backend (any world size)."""
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.95)
     """AdamW betas."""

@@ -103,7 +103,7 @@ def lr_lambda(train: TrainConfig):
 ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
-def _optimizers(module: nn.Module, train: TrainConfig, world_size: int) -> list[torch.optim.Optimizer]:
+def _optimizers(module: nn.Module, train: TrainConfig) -> list[torch.optim.Optimizer]:
     """AdamW over every trainable parameter, or (``train.optimizer=muon``) Muon over the hidden matrices and AdamW
     over the rest (norms, embeddings, lm_head: Muon's orthogonalised update is for hidden layers' matrices)."""
     named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
@@ -112,9 +112,9 @@ def _optimizers(module: nn.Module, train: TrainConfig, world_size: int) -> list[
         return [adamw([p for _, p in named])]
     if train.optimizer != "muon":
         raise ValueError(f"train.optimizer={train.optimizer!r}: expected adamw or muon")
-    if world_size > 1:
-        raise ValueError("train.optimizer=muon orthogonalises whole matrices, which FSDP shards across ranks: "
-                         "train on one process (or use adamw)")
+    # Under FSDP2 the matrices are DTensors sharded by rows: Muon's Newton-Schulz products and norms on them are
+    # the whole matrix's (DTensor gathers what a product needs), so every rank applies the full-matrix update
+    # to its shard (tests/test_distributed.py: 2 ranks follow 1 process).
     hidden = [p for n, p in named if p.ndim == 2 and "embed" not in n and "lm_head" not in n]
     ids = {id(p) for p in hidden}
     muon = torch.optim.Muon(hidden, lr=train.lr, weight_decay=train.weight_decay, adjust_lr_fn="match_rms_adamw")
@@ -130,7 +130,7 @@ class FSDPBackend:
         if info.world_size > 1:
             apply_fsdp(self.module)
         self.params = [p for p in self.module.parameters() if p.requires_grad]
-        self.optimizers = _optimizers(self.module, train, info.world_size)
+        self.optimizers = _optimizers(self.module, train)
         self.schedulers = [torch.optim.lr_scheduler.LambdaLR(o, lr_lambda(train)) for o in self.optimizers]
         # DCP's state-dict helpers take one optimizer or several; one keeps the checkpoint layout AdamW always had.
         self.optimizer = self.optimizers[0] if len(self.optimizers) == 1 else self.optimizers
@@ -232,7 +232,7 @@ class DeepSpeedBackend:
         if train.optimizer != "adamw":
             raise ValueError(f"train.optimizer={train.optimizer!r}: the DeepSpeed backend trains with adamw (ZeRO "
                              "partitions the matrices Muon orthogonalises); use parallel.backend=fsdp on one process")
-        (optimizer,) = _optimizers(head, train, 1)
+        (optimizer,) = _optimizers(head, train)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(train))
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=head, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
