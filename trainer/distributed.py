@@ -278,7 +278,7 @@ class DeepSpeedBackend:
                 tensors[f"{name}/{key}"] = value.detach().float().cpu().contiguous()
         if self.info.is_main:
             save_file(tensors, str(directory / "portable.safetensors"))
-            sched = {k: v for k, v in self.schedulers[0].state_dict().items() if k != "lr_lambdas"}  # all in step
+            sched = {k: v for k, v in self.scheduler.state_dict().items() if k != "lr_lambdas"}
             (directory / "portable.json").write_text(json.dumps({"adam_step": self._adam_step(), "scheduler": sched}))
 
     def load(self, directory: Path, written_by: int) -> None:
@@ -318,8 +318,7 @@ class DeepSpeedBackend:
             for lp, hp in zip(zero.fp16_partitioned_groups_flat, zero.fp32_partitioned_groups_flat):
                 if hp.numel():
                     lp.data.copy_(hp.data)
-        for scheduler in self.schedulers:
-            scheduler.load_state_dict({**meta["scheduler"], "lr_lambdas": [None]})
+        self.scheduler.load_state_dict({**meta["scheduler"], "lr_lambdas": [None]})
         for group, lr in zip(zero.optimizer.param_groups, self.scheduler.get_last_lr()):
             group["lr"] = lr  # load_state_dict restores the schedule's position, not the rate it last set
 
