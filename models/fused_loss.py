@@ -97,13 +97,14 @@ if triton is not None:
             tl.store(accept_ptr + row, 0.0)
 
     @triton.jit
-    def _soft_ce_bwd(z_ptr, t_ptr, label_ptr, lse_z_ptr, lse_t_ptr, grad, V, z_stride, t_stride,
+    def _soft_ce_bwd(z_ptr, t_ptr, label_ptr, lse_z_ptr, lse_t_ptr, grad_ptr, V, z_stride, t_stride,
                      SOFT: tl.constexpr, BLOCK_V: tl.constexpr):
-        """z <- grad x (softmax(z) - q), in place (z's dtype)."""
+        """z <- grad x (softmax(z) - q), in place (z's dtype); grad read on the device (no host sync)."""
         row = tl.program_id(0).to(tl.int64)
         z_row = z_ptr + row * z_stride
         t_row = t_ptr + row * t_stride
         lse_z = tl.load(lse_z_ptr + row)
+        grad = tl.load(grad_ptr)
         lse_t = tl.load(lse_t_ptr + row)
         label = tl.load(label_ptr + row)
         cols = tl.arange(0, BLOCK_V)
@@ -161,7 +162,7 @@ class _LinearSoftCE(torch.autograd.Function):
         x, weight, teacher_h, labels, lse_z, lse_t = ctx.saved_tensors
         grad_x = torch.empty_like(x) if ctx.needs_input_grad[0] else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
-        g = float(grad_loss)
+        g = grad_loss.detach().float().reshape(1)
         for start in range(0, x.shape[0], ctx.chunk_tokens):
             part = slice(start, start + ctx.chunk_tokens)
             z = F.linear(x[part], weight).contiguous()  # recomputed, then overwritten by its gradient

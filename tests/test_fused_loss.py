@@ -117,16 +117,11 @@ def _both_kernels(monkeypatch, run):
     return out["torch"], out["triton"]
 
 
-def test_eagle3_head_loss_and_gradients_are_the_same_through_the_kernels(monkeypatch):
-    draft = tiny_draft(ttt_steps=3, draft_vocab=48)
-    f = random_features(draft, B=3, T=12)  # padded rows, untrained positions
-    f.target_in_draft[0, :4] = False
-    draft, f = draft.to(DEVICE), f.to(DEVICE)
-    draft.chunk_tokens = 5  # several chunks per step
-
+def _head_is_the_same_through_the_kernels(monkeypatch, head: torch.nn.Module, f) -> dict[str, torch.Tensor]:
+    """The head's loss, metrics and every parameter gradient, PyTorch loss against the kernels; the gradients."""
     def run():
-        loss, metrics = draft.loss(f)
-        return loss.item(), metrics, _grads(draft, loss)
+        loss, metrics = head.loss(f)
+        return loss.item(), metrics, _grads(head, loss)
 
     (ref_loss, ref_metrics, ref_grads), (loss, metrics, grads) = _both_kernels(monkeypatch, run)
     assert abs(loss - ref_loss) < 1e-5 * abs(ref_loss)
@@ -135,6 +130,16 @@ def test_eagle3_head_loss_and_gradients_are_the_same_through_the_kernels(monkeyp
     assert set(grads) == set(ref_grads)
     for name in grads:
         torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+    return grads
+
+
+def test_eagle3_head_loss_and_gradients_are_the_same_through_the_kernels(monkeypatch):
+    draft = tiny_draft(ttt_steps=3, draft_vocab=48)
+    f = random_features(draft, B=3, T=12)  # padded rows, untrained positions
+    f.target_in_draft[0, :4] = False
+    draft, f = draft.to(DEVICE), f.to(DEVICE)
+    draft.chunk_tokens = 5  # several chunks per step
+    _head_is_the_same_through_the_kernels(monkeypatch, draft, f)
 
 
 def test_medusa_loss_and_gradients_are_the_same_through_the_kernels(monkeypatch):
@@ -144,17 +149,7 @@ def test_medusa_loss_and_gradients_are_the_same_through_the_kernels(monkeypatch)
     target.model.to(DEVICE)
     heads.to(DEVICE).set_teacher(target.vocab_head())
     heads.chunk_tokens = 7
-
-    def run():
-        loss, metrics = heads.loss(f)
-        return loss.item(), metrics, _grads(heads, loss)
-
-    (ref_loss, ref_metrics, ref_grads), (loss, metrics, grads) = _both_kernels(monkeypatch, run)
-    assert abs(loss - ref_loss) < 1e-5 * abs(ref_loss)
-    for key, value in ref_metrics.items():
-        assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
-    for name in ref_grads:
-        torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+    assert "lm_heads.0.weight" in _head_is_the_same_through_the_kernels(monkeypatch, heads, f)
 
 
 def test_kernel_choice(monkeypatch):
@@ -183,18 +178,7 @@ def test_mtp_loss_and_gradients_are_the_same_through_the_kernels(monkeypatch):
     target.model.to(DEVICE)
     head.to(DEVICE).set_lm_head(target.vocab_head(), target.lm_head_weight.dtype)
     assert head.lm_head.linear_weight is not None
-
-    def run():
-        loss, metrics = head.loss(f)
-        return loss.item(), metrics, _grads(head, loss)
-
-    (ref_loss, ref_metrics, ref_grads), (loss, metrics, grads) = _both_kernels(monkeypatch, run)
-    assert abs(loss - ref_loss) < 1e-5 * abs(ref_loss)
-    for key, value in ref_metrics.items():
-        assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
-    assert set(grads) == set(ref_grads) and "eh_proj.weight" in grads
-    for name in ref_grads:
-        torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+    assert "eh_proj.weight" in _head_is_the_same_through_the_kernels(monkeypatch, head, f)
 
 
 def test_a_softcapped_lm_head_is_not_fused():
