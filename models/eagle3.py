@@ -28,7 +28,14 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, Lla
 from headstart.models.draft_vocab import check_draft_vocab
 from headstart.models.ttt_attention import ttt_attention
 from headstart.models.vocab_loss import VocabProjection, chunked_vocab_loss
-from headstart.models.head import FeatureNeeds, Features, check_layout, loss_denominator, shift_left
+from headstart.models.head import (
+    DEFAULT_SPECULATIVE_TOKENS,
+    FeatureNeeds,
+    Features,
+    check_layout,
+    loss_denominator,
+    shift_left,
+)
 from headstart.models.target import check_aux_layer_ids, default_aux_layer_ids, text_config
 
 
@@ -51,7 +58,7 @@ class Eagle3Config:
     rope_scaling: dict | None = None
     max_position_embeddings: int = 4096
     hidden_act: str = "silu"
-    speculative_tokens: int = 3
+    speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS
     """Tokens a server drafts per step unless told otherwise (speculators' ``speculative_tokens``)."""
 
     @classmethod
@@ -136,7 +143,7 @@ class Eagle3Config:
             rope_scaling=d.get("rope_scaling"),
             max_position_embeddings=d.get("max_position_embeddings", 4096),
             hidden_act=d.get("hidden_act", "silu"),
-            speculative_tokens=d.get("headstart", {}).get("speculative_tokens", 3),
+            speculative_tokens=d.get("headstart", {}).get("speculative_tokens", DEFAULT_SPECULATIVE_TOKENS),
         )
 
     @classmethod

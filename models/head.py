@@ -14,6 +14,11 @@ from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 
+DEFAULT_SPECULATIVE_TOKENS = 4
+"""The k every headstart tool drafts unless told otherwise (benchmark, check_head, evaluation during
+training), and the ``speculative_tokens`` an export tells a server: one number, so the head a server runs
+is the head that was measured."""
+
 
 @dataclass(frozen=True)
 class FeatureNeeds:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from headstart.models.eagle3 import Eagle3Config
+from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
 
 SPECULATORS_VERSION = "0.9.0"  # the speculators release the conformance tests read these exports with
 ARCHITECTURE = "Eagle3DraftModel"
@@ -126,7 +127,7 @@ def from_speculators_config(d: dict, where: str = "config.json") -> Eagle3Config
         **layer, "architectures": ["LlamaForCausalLMEagle3"], "rope_theta": rope_theta, "rope_scaling": scaling,
         "draft_vocab_size": d["draft_vocab_size"], "target_hidden_size": d.get("target_hidden_size"),
         "eagle_aux_hidden_state_layer_ids": d["eagle_aux_hidden_state_layer_ids"],
-        "headstart": {**(d.get("headstart") or {}), "speculative_tokens": proposals[0].get("speculative_tokens", 3)},
+        "headstart": {**(d.get("headstart") or {}), "speculative_tokens": proposals[0].get("speculative_tokens", DEFAULT_SPECULATIVE_TOKENS)},
     })
 
 

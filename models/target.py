@@ -80,6 +80,16 @@ def check_aux_layer_ids(layer_ids: tuple[int, ...], num_layers: int) -> tuple[in
     return ids
 
 
+def context_length(config) -> int:
+    """``max_position_embeddings`` of the (text) config; a config without one is refused by name rather
+    than guessed, since a guess too small fails mid-generation and one too large wastes cache memory."""
+    n = getattr(text_config(config), "max_position_embeddings", None)
+    if not n:
+        raise ValueError(f"{type(config).__name__} has no max_position_embeddings; pass the context length "
+                         "explicitly (--max-len)")
+    return int(n)
+
+
 def _decoder_layers(model: PreTrainedModel) -> nn.ModuleList:
     base = getattr(model, model.base_model_prefix, None)
     layers = getattr(base, "layers", None)
@@ -133,6 +143,12 @@ class Target(nn.Module):
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+    @property
+    def context_length(self) -> int:
+        """The longest sequence the target was built for (its config's ``max_position_embeddings``): the
+        decoder's KV caches hold this many positions unless a tool is told fewer."""
+        return context_length(self.model.config)
 
     @property
     def hidden_size(self) -> int:

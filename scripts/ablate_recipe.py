@@ -24,6 +24,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -65,7 +67,7 @@ def main() -> int:
     p.add_argument("--common", default="", help="overrides for every variant")
     p.add_argument("--target", default="configs/demo/target")
     p.add_argument("--questions", default="configs/demo/eval/mt_bench.jsonl")
-    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--k", type=int, default=DEFAULT_SPECULATIVE_TOKENS)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--parallel", type=int, default=1)
     p.add_argument("--benchmarks", default=None)

@@ -30,6 +30,7 @@ from headstart.decode.generate import Sampling
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.predict import measure_step_times, predict_speedups, recommend_k, round_overhead
 from headstart.decode.target_runner import TargetRunner
+from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
 from headstart.decode.tree import DynamicTree, StaticTree
 from headstart.models.registry import HEADS, load_head
 from headstart.models.target import Target, TargetConfig, load_causal_lm, load_tokenizer
@@ -42,7 +43,9 @@ def main() -> int:
                    help="a trained head type (its exported directory in --draft), n-gram lookup, or a draft model")
     p.add_argument("--draft", help="the head's exported directory, or the draft model's HF directory")
     p.add_argument("--questions", required=True)
-    p.add_argument("--num-speculative-tokens", type=int, default=4)
+    p.add_argument("--max-len", type=int, default=None,
+                   help="KV cache length of the target and drafter (default: the target's max_position_embeddings)")
+    p.add_argument("--num-speculative-tokens", type=int, default=DEFAULT_SPECULATIVE_TOKENS)
     p.add_argument("--tree", action="store_true", help="draft a dynamic (EAGLE-2) tree instead of a chain")
     p.add_argument("--tree-depth", type=int, default=DynamicTree.depth)
     p.add_argument("--tree-topk", type=int, default=DynamicTree.topk)
@@ -77,7 +80,7 @@ def main() -> int:
     if args.per_category:
         questions = first_per_category(questions, args.per_category)
     eos = {t for t in [tokenizer.eos_token_id, target.model.generation_config.eos_token_id] if isinstance(t, int)}
-    max_len = 4096
+    max_len = args.max_len or target.context_length
     vocab_size = target.lm_head.weight.shape[0]
     reads_aux = args.method in HEADS and HEADS[args.method].cls.needs.aux_hidden_states
     runner = TargetRunner(target, max_len=max_len, with_aux=reads_aux)

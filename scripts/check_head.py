@@ -18,6 +18,7 @@ import sys
 import torch
 
 from headstart.models.head_check import check_head
+from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
 
 
 def measure_tau(head_dir: str, head: str, target_path: str, questions: str, limit: int, k: int, max_new_tokens: int,
@@ -33,10 +34,10 @@ def measure_tau(head_dir: str, head: str, target_path: str, questions: str, limi
                                                  device=device))
     tokenizer = load_tokenizer(target_path)
     model = load_head(head, head_dir, target, allow_other_target).to(device=device, dtype=target.lm_head_weight.dtype)
-    runner = TargetRunner(target, max_len=4096, with_aux=model.needs.aux_hidden_states)
+    runner = TargetRunner(target, max_len=target.context_length, with_aux=model.needs.aux_hidden_states)
     eos = {t for t in [tokenizer.eos_token_id, target.model.generation_config.eos_token_id] if isinstance(t, int)}
     qs = [dict(q, turns=q["turns"][:1]) for q in read_questions(questions)[:limit]]
-    report = run_benchmark(runner, lambda: drafter_for(model, 4096), tokenizer, qs, k, max_new_tokens, eos,
+    report = run_benchmark(runner, lambda: drafter_for(model, target.context_length), tokenizer, qs, k, max_new_tokens, eos,
                            verify_greedy=True, hf_reference=False, progress=lambda _: None)
     return {**report["results"]["overall"], "mismatches": report["mismatches"]}
 
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", required=True, help="the target's HF directory, as the server will load it")
     p.add_argument("--questions", default=None, help="Spec-Bench-format JSONL: also decode and print tau")
     p.add_argument("--limit", type=int, default=4, help="questions decoded with --questions")
-    p.add_argument("--k", type=int, default=4, help="drafts per round with --questions")
+    p.add_argument("--k", type=int, default=DEFAULT_SPECULATIVE_TOKENS, help="drafts per round with --questions")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--min-tau", type=float, default=1.2,
                    help="with --questions: tau below this is reported as a problem (a head that accepts nothing has 1.0)")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from tqdm import tqdm
+from headstart.trainer.progress import progress_bar
 
 from headstart.models.registry import head_type
 from headstart.models.target import Target
@@ -78,7 +78,7 @@ def generate(config, resume: bool = False, overwrite: bool = False) -> dict | No
     rows = list(range(info.rank, len(dataset), info.world_size))
     shards = [rows[i : i + fc.samples_per_shard] for i in range(0, len(rows), fc.samples_per_shard)]
     lengths = dataset.select(rows)["input_ids"] if rows else []
-    bar = tqdm(total=sum(len(x) for x in lengths), unit="tok", unit_scale=True, desc=f"features rank {info.rank}",
+    bar = progress_bar(total=sum(len(x) for x in lengths), unit="tok", unit_scale=True, desc=f"features rank {info.rank}",
                disable=not info.is_main, dynamic_ncols=True)
     n_aux, full_vocab = len(target.aux_layer_ids), target.vocab_head()
     skipped, rebuilt = 0, []

@@ -11,6 +11,7 @@ from headstart.decode.eagle3_drafter import Eagle3Drafter
 from headstart.decode.generate import speculative_generate
 from headstart.decode.target_runner import TargetRunner
 from headstart.models.eagle3 import Eagle3Draft
+from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
 from headstart.models.target import Target, TargetConfig, load_tokenizer
 from headstart.trainer.batches import split_eval
 from headstart.trainer.config import load_config
@@ -20,7 +21,7 @@ from headstart.trainer.decode_eval import held_out_prompts
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 p.add_argument("--config", required=True)
 p.add_argument("--heads", nargs="+", required=True)
-p.add_argument("--k", type=int, default=4)
+p.add_argument("--k", type=int, default=DEFAULT_SPECULATIVE_TOKENS)
 p.add_argument("--max-new-tokens", type=int, default=64)
 args, overrides = p.parse_known_args()
 cfg = load_config(args.config, overrides)

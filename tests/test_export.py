@@ -13,6 +13,7 @@ from tiny_models import random_eagle3_head, tiny_causal_lm
 
 from headstart.models.eagle3 import Eagle3Config, Eagle3Draft
 from headstart.models.export import convert_eagle3, export_head, layouts_for
+from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
 from headstart.models.medusa import MedusaConfig, MedusaHeads
 from headstart.models.provenance import OtherTargetError, fingerprint, read_provenance
 from headstart.models.registry import load_head
@@ -63,7 +64,7 @@ def test_flat_and_speculators_layouts_round_trip_without_loss(tmp_path, targets)
     assert layer["num_hidden_layers"] == 1 and layer["vocab_size"] == 128 and layer["model_type"] == "llama"
     verifier = spec_config["speculators_config"]["verifier"]
     assert verifier == {"name_or_path": str(targets["llama"]), "architectures": ["LlamaForCausalLM"]}
-    assert spec_config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
+    assert spec_config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == DEFAULT_SPECULATIVE_TOKENS
     assert read_provenance(tmp_path / "spec")["layout"] == "speculators"
     assert read_provenance(tmp_path / "spec")["target"] == read_provenance(tmp_path / "flat")["target"]
 

@@ -73,3 +73,15 @@ def test_not_a_checkpoint_and_not_a_causal_lm(tmp_path):
         Target.from_pretrained(TargetConfig(path=str(tmp_path / "vit")))
     with pytest.raises(FileNotFoundError, match="tokenizer directory not found"):
         load_tokenizer(str(tmp_path / "missing"))
+
+
+def test_context_length_comes_from_the_config():
+    """The decoder sizes its caches from this (the benchmark's old hard-coded 4096 was wrong both ways)."""
+    from types import SimpleNamespace
+
+    from headstart.models.target import context_length
+
+    target = Target(tiny_causal_lm("llama", max_position_embeddings=777))
+    assert target.context_length == 777
+    with pytest.raises(ValueError, match="no max_position_embeddings"):
+        context_length(SimpleNamespace())

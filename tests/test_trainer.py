@@ -387,3 +387,16 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_rest(tmp_path):
     assert in_muon | in_adamw == {n for n, p in head.named_parameters() if p.requires_grad}
     with pytest.raises(ValueError, match="train.optimizer='sgd'"):
         _optimizers(head, TrainConfig(optimizer="sgd"))
+
+
+def test_without_periodic_evaluation_there_is_no_best_and_the_resolved_aux_ids_are_recorded(tmp_path, capsys):
+    """eval_every 0: only the final evaluation runs, and one evaluation is no choice, so no best/ (it would
+    be a copy of final/). run_config.json says which target layers the head read, not ``null``."""
+    run(make_setup(tmp_path, layers=8))  # eval_fraction 0.2, eval_every left at its default 0
+    out = tmp_path / "run"
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["split"] == "eval"] == [6]  # the final evaluation is still logged
+    assert not [r for r in records if r["split"] == "best"]
+    assert not (out / "best").exists() and (out / "final" / "model.safetensors").is_file()
+    assert json.loads((out / "run_config.json").read_text())["target"]["aux_layer_ids"] == [2, 4, 5]  # (2, L//2, L-3)
+    assert "reads the target's hidden states [2, 4, 5]" in capsys.readouterr().out

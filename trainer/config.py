@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from headstart.models.registry import DraftConfig
+from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
 from headstart.models.target import TargetConfig
 from headstart.trainer.data import DataConfig
 
@@ -61,7 +62,7 @@ class TrainConfig:
     decode_eval_prompts: int = 0
     """Held-out prompts decoded speculatively (greedy chain) at every evaluation to log tau; 0 = off."""
     decode_eval_max_new_tokens: int = 64
-    decode_eval_k: int = 4
+    decode_eval_k: int = DEFAULT_SPECULATIVE_TOKENS
     mixed_precision: str = "auto"
     """auto (bf16 autocast on GPU, fp32 on CPU) | bf16 | fp32."""
 

@@ -21,6 +21,8 @@ import datasets
 import torch
 from tqdm import tqdm
 
+from headstart.trainer.progress import progress_bar
+
 from headstart.models.export import replace_dir
 from headstart.models.head import Features, trained_positions
 from headstart.trainer.batches import BatchPlan, collate
@@ -277,7 +279,7 @@ class Trainer:
             print(f"resumed from step {self.step}")
         # Resumed from the final checkpoint (killed while exporting final/): its evaluation is logged already.
         trained_before = self.step >= t.max_steps
-        bar = tqdm(total=t.max_steps, initial=self.step, desc="train", disable=not (self.info.is_main and self.config.logging.progress),
+        bar = progress_bar(total=t.max_steps, initial=self.step, desc="train", disable=not (self.info.is_main and self.config.logging.progress),
                    dynamic_ncols=True)
         start, start_tokens = time.perf_counter(), self.tokens_seen
         while self.step < t.max_steps:
@@ -288,8 +290,9 @@ class Trainer:
             metrics["tokens_per_s"] = tok_s
             if self.step % t.log_every == 0 or self.step == t.max_steps:
                 self.logger.log(self.step, "train", metrics)
+            bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc0=f"{metrics.get('acc_0', 0):.3f}", tok_s=f"{tok_s:,.0f}",
+                            refresh=False)  # shown by update's (throttled) redraw
             bar.update(1)
-            bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc0=f"{metrics.get('acc_0', 0):.3f}", tok_s=f"{tok_s:,.0f}")
             if t.eval_every and self.step % t.eval_every == 0 and self.step < t.max_steps:
                 self._log_eval()
             if self.step % t.save_every == 0 and self.step < t.max_steps:
@@ -312,7 +315,8 @@ class Trainer:
                 metrics = {**(metrics or {}), **decoded}
         if metrics is not None:
             self.logger.log(self.step, "eval", metrics)
-            self._keep_best(metrics)
+            if self.config.train.eval_every:  # one evaluation (the final) is no choice: best/ would be final/
+                self._keep_best(metrics)
             if self.info.is_main:
                 accs = " ".join(f"{metrics[f'acc_{k}']:.3f}" for k in range(100) if f"acc_{k}" in metrics)
                 tau = f"  decode tau {metrics['decode_tau']:.3f}" if "decode_tau" in metrics else ""

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tqdm import tqdm
+from headstart.trainer.progress import progress_bar
 
 from headstart.trainer.conversations import RowError, detect_format, to_messages
 from headstart.trainer.data import read_rows
@@ -203,7 +203,7 @@ def run_shards(out: Path, sources: list[Source], generate, sampling: SamplingSet
     ``.failed.jsonl`` with the reason); a transient failure leaves the shard for the next run."""
     summary = Summary()
     rows_todo = sum(len(sources[k * rows_per_shard:(k + 1) * rows_per_shard]) for k in shards)
-    bar = tqdm(total=rows_todo, unit="row", disable=not progress, dynamic_ncols=True,
+    bar = progress_bar(total=rows_todo, unit="row", disable=not progress, dynamic_ncols=True,
                desc=f"regenerating {len(shards)} shards")
     start = time.perf_counter()
     for k in shards:
@@ -222,7 +222,7 @@ def run_shards(out: Path, sources: list[Source], generate, sampling: SamplingSet
         for row in rows:
             summary.add(row)
         summary.seconds = time.perf_counter() - start
-        bar.set_postfix_str(f"{summary.tokens / max(summary.seconds, 1e-9):.0f} tok/s")
+        bar.set_postfix_str(f"{summary.tokens / max(summary.seconds, 1e-9):.0f} tok/s", refresh=False)
     bar.close()
     summary.seconds = time.perf_counter() - start
     return summary

@@ -102,6 +102,13 @@ def build_trainer(config: RunConfig, info: DistInfo | None = None) -> Trainer:
     def export_draft(state: dict[str, torch.Tensor], directory: Path) -> None:
         export_head(module, directory, config.draft.head, trained_for, config.export.format, state)
 
+    if head.needs.aux_hidden_states:
+        # Record what the head really reads: a recipe that leaves aux_layer_ids to the default says null,
+        # and a reader of run_config.json should not have to know the default's formula.
+        config = replace(config, target=replace(config.target, aux_layer_ids=tuple(target.aux_layer_ids)))
+        if info.is_main:
+            print(f"the head reads the target's hidden states {list(target.aux_layer_ids)} (HF hidden_states ids, "
+                  f"of {target.num_layers} layers)", flush=True)
     out = Path(config.output_dir)
     if info.is_main:
         out.mkdir(parents=True, exist_ok=True)
