@@ -81,7 +81,7 @@ def test_context_length_comes_from_the_config():
 
     from headstart.models.target import context_length
 
-    target = Target(tiny_causal_lm("llama", max_position_embeddings=777))
+    target = Target(tiny_causal_lm("llama", max_position_embeddings=777), aux_layer_ids=(1,))
     assert target.context_length == 777
     with pytest.raises(ValueError, match="no max_position_embeddings"):
         context_length(SimpleNamespace())
