@@ -24,11 +24,12 @@ class MedusaDrafter:
     def __init__(self, heads: MedusaHeads, max_len: int = 0) -> None:  # max_len: no cache to size
         self.heads = heads.eval()
         self.num_heads = heads.config.num_heads
-        self.logits: torch.Tensor | None = None  # [K, V]: head i's logits for the token after the next one
+        self.token_map = heads.token_map  # [V'] target ids of a truncated vocab, or None
+        self.logits: torch.Tensor | None = None  # [K, V']: head i's logits for the token after the next one
 
     @torch.no_grad()
     def _read(self, states: TargetOutput) -> None:
-        self.logits = self.heads.head_logits(states.last_hidden_state[0, -1]).float()  # [K, V]
+        self.logits = self.heads.head_logits(states.last_hidden_state[0, -1]).float()  # [K, V']
 
     def begin(self, prompt_ids: torch.Tensor, states: TargetOutput, next_token: int) -> None:
         self._read(states)
@@ -37,12 +38,12 @@ class MedusaDrafter:
         self._read(states)
 
     def propose(self, k: int) -> torch.Tensor:
-        """The top-1 of heads 1..min(k, K)."""
-        return self.logits[: min(k, self.num_heads)].argmax(-1)
+        """The top-1 of heads 1..min(k, K), as target ids."""
+        return self.to_target(self.logits[: min(k, self.num_heads)].argmax(-1))
 
     # -- trees (decode/tree.py) ------------------------------------------------------------------
     def to_target(self, ids: torch.Tensor) -> torch.Tensor:
-        return ids
+        return ids if self.token_map is None else self.token_map[ids]
 
     def tree_root(self) -> torch.Tensor:
         return self.logits[0]
@@ -75,9 +76,18 @@ def rank_accuracy(runner: TargetRunner, heads: MedusaHeads, prompts: list[torch.
             # positions t >= start whose token t+i+2 (head i+1's target) lies inside the sequence
             for first in range(start, L - i - 2, 256):  # [K, 256, V] float32 at a time, not [K, L, V]
                 t = torch.arange(first, min(first + 256, L - i - 2), device=hidden.device)
-                scores = heads.logits_of(i, hidden[t]).float()  # [m, V]
-                truth = sequence[0, t + i + 2]
+                scores = heads.logits_of(i, hidden[t]).float()  # [m, V']
+                truth, named = draft_index(heads.token_map, sequence[0, t + i + 2])
                 rank = (scores > scores.gather(1, truth[:, None])).sum(-1)  # [m] rank of the true token
+                rank = torch.where(named, rank, max_rank)  # a token the heads cannot name is never ranked
                 hits[i] += torch.bincount(rank.clamp(max=max_rank), minlength=max_rank + 1)[:max_rank].double().cpu()
                 counts[i] += t.numel()
     return hits / counts.clamp(min=1)[:, None]
+
+
+def draft_index(token_map: torch.Tensor | None, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target ids -> (their row in a truncated vocab, whether they are in it); the identity without one."""
+    if token_map is None:
+        return ids, torch.ones_like(ids, dtype=torch.bool)
+    index = torch.searchsorted(token_map, ids).clamp(max=len(token_map) - 1)
+    return index, token_map[index] == ids

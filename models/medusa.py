@@ -7,6 +7,10 @@
 W and b start at zero, so every head starts as the identity, and every lm_head starts as a copy of
 the target's: head i begins by guessing token t+1 for t+i+1 and learns the shift.
 
+A truncated vocab (vLLM's ``truncated_vocab_size`` + ``token_map``) keeps each lm_head to the N most
+frequent trained tokens: four full-vocab heads of a 49k-vocab target are 229 MB, four of 4,096 rows 21 MB.
+``token_map`` [N] lists their target ids, ascending; vLLM scatters the N logits into the full vocab.
+
 Training (Medusa-1, frozen target): per-head cross-entropy against the target's own distribution
 at t+i (self-distillation; the target's lm_head over its final hidden state at t+i, which predicts
 token t+i+1) or against the data's token t+i+1 (``labels="data"``), on assistant tokens, head i
@@ -40,15 +44,30 @@ class MedusaConfig:
     vocab_size: int  # the target vocab V
     num_heads: int = 4
     num_layers: int = 1  # ResBlocks per head
+    truncated_vocab_size: int | None = None  # rows of each lm_head (a token_map vocab); None = vocab_size
 
     def __post_init__(self) -> None:
         if self.num_heads < 1 or self.num_layers < 1:
             raise ValueError(f"Medusa needs num_heads >= 1 and num_layers >= 1, got {self.num_heads} / {self.num_layers}")
+        if self.truncated_vocab_size is not None and not 0 < self.truncated_vocab_size <= self.vocab_size:
+            raise ValueError(f"Medusa truncated_vocab_size must be in 1..{self.vocab_size} (the target vocab), "
+                             f"got {self.truncated_vocab_size}")
+
+    @property
+    def draft_vocab_size(self) -> int:
+        """Rows of each lm_head: the truncated vocab, or the target's."""
+        return self.truncated_vocab_size or self.vocab_size
+
+    @property
+    def truncated(self) -> bool:
+        return self.draft_vocab_size < self.vocab_size
 
     @classmethod
-    def from_target(cls, target_config, num_heads: int = 4, num_layers: int = 1) -> "MedusaConfig":
+    def from_target(cls, target_config, num_heads: int = 4, num_layers: int = 1,
+                    truncated_vocab_size: int | None = None) -> "MedusaConfig":
         tc = text_config(target_config)
-        return cls(hidden_size=tc.hidden_size, vocab_size=tc.vocab_size, num_heads=num_heads, num_layers=num_layers)
+        return cls(hidden_size=tc.hidden_size, vocab_size=tc.vocab_size, num_heads=num_heads, num_layers=num_layers,
+                   truncated_vocab_size=truncated_vocab_size if truncated_vocab_size != tc.vocab_size else None)
 
     def to_hf_dict(self, dtype: torch.dtype = torch.bfloat16) -> dict:
         """vLLM's MedusaConfig. vLLM renames every top-level key containing "num" and "heads" (or
@@ -60,7 +79,7 @@ class MedusaConfig:
             "vocab_size": self.vocab_size,
             "num_heads": self.num_heads,
             "num_hidden_layers": self.num_layers,
-            "truncated_vocab_size": self.vocab_size,  # no token_map: every head predicts the full vocab
+            "truncated_vocab_size": self.draft_vocab_size,  # < vocab_size: model.safetensors holds token_map
             "medusa_fc_bias": True,
             "original_lm_head": False,  # one lm_head per head
             "torch_dtype": str(dtype).removeprefix("torch."),
@@ -74,14 +93,12 @@ class MedusaConfig:
         missing = [k for k in ("hidden_size", "vocab_size", "num_heads", "num_hidden_layers") if d.get(k) is None]
         if missing:
             raise ValueError(f"{where}: Medusa config lacks {missing}")
-        if d.get("truncated_vocab_size", d["vocab_size"]) != d["vocab_size"]:
-            raise ValueError(f"{where}: truncated_vocab_size {d['truncated_vocab_size']} differs from vocab_size "
-                             f"{d['vocab_size']} (a token_map head); headstart reads full-vocab Medusa heads only")
         if not d.get("medusa_fc_bias", False) or d.get("original_lm_head", False):
             raise ValueError(f"{where}: headstart's Medusa heads have ResBlock biases and one lm_head per head "
                              "(medusa_fc_bias true, original_lm_head false)")
+        truncated = d.get("truncated_vocab_size") or d["vocab_size"]
         return cls(hidden_size=d["hidden_size"], vocab_size=d["vocab_size"], num_heads=d["num_heads"],
-                   num_layers=d["num_hidden_layers"])
+                   num_layers=d["num_hidden_layers"], truncated_vocab_size=truncated if truncated != d["vocab_size"] else None)
 
     def check_target(self, target_config, where: str = "the Medusa config") -> None:
         """Refuse, by name, heads made for a target of another hidden size or vocab."""
@@ -124,34 +141,52 @@ class MedusaHeads(nn.Module):
         if labels not in ("target", "data"):
             raise ValueError(f"Medusa labels must be 'target' (self-distillation) or 'data', got {labels!r}")
         self.config, self.step_weight, self.labels, self.chunk_tokens = config, step_weight, labels, chunk_tokens
-        H, V = config.hidden_size, config.vocab_size
+        H, V = config.hidden_size, config.draft_vocab_size
         self.blocks = nn.ModuleList(ResidualBlock(H, config.num_layers) for _ in range(config.num_heads))
         self.lm_heads = nn.ModuleList(nn.Linear(H, V, bias=False) for _ in range(config.num_heads))
+        # vLLM's ``token_map`` [V'] int64 (saved with the weights) for a truncated vocab; set by set_token_map
+        # or a checkpoint. None: the full vocab.
+        self.register_buffer("token_map", torch.arange(V, dtype=torch.int64) if config.truncated else None)
         self.teacher: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    def set_token_map(self, token_map: torch.Tensor) -> None:
+        """The target ids [V'] the heads predict, ascending (e.g. the most frequent trained tokens)."""
+        if not self.config.truncated:
+            raise ValueError("these Medusa heads predict the full vocab; a token_map needs truncated_vocab_size")
+        ids = token_map.to(torch.int64)
+        if ids.shape != self.token_map.shape or not bool((ids[1:] > ids[:-1]).all()) or int(ids.max()) >= self.config.vocab_size:
+            raise ValueError(f"token_map must be {self.config.draft_vocab_size} strictly increasing ids below "
+                             f"{self.config.vocab_size}, got shape {tuple(ids.shape)}")
+        self.token_map.copy_(ids)
 
     def set_teacher(self, vocab_head: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """The target's lm_head as a function [..., H] -> logits [..., V] (``Target.vocab_head()``)."""
         self.teacher = vocab_head
 
     def load_target_lm_head(self, weight: torch.Tensor) -> None:
-        """Every head's vocab projection starts as the target's lm_head [V, H]."""
+        """Every head's vocab projection starts as the target's lm_head [V, H] (its token_map rows)."""
         if tuple(weight.shape) != (self.config.vocab_size, self.config.hidden_size):
             raise ValueError(f"target lm_head is {tuple(weight.shape)}, the heads expect "
                              f"{(self.config.vocab_size, self.config.hidden_size)}")
+        rows = weight if self.token_map is None else weight[self.token_map.to(weight.device)]
         with torch.no_grad():
             for lm_head in self.lm_heads:
-                lm_head.weight.copy_(weight.to(lm_head.weight.dtype))
+                lm_head.weight.copy_(rows.to(lm_head.weight.dtype))
 
     def target_vocab_ids(self) -> torch.Tensor:
+        """The target id of each lm_head row [V']."""
+        if self.token_map is not None:
+            return self.token_map
         return torch.arange(self.config.vocab_size, device=self.lm_heads[0].weight.device)
 
     # -- inference ------------------------------------------------------------------------------
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [..., H] -> every head's logits [K, ..., V] (row i-1 predicts token t+i+1)."""
+        """hidden [..., H] -> every head's logits [K, ..., V'] over ``target_vocab_ids`` (row i-1 predicts
+        token t+i+1)."""
         return torch.stack([self.logits_of(k, hidden) for k in range(self.config.num_heads)])
 
     def logits_of(self, k: int, hidden: torch.Tensor) -> torch.Tensor:
-        """Head k+1's logits [..., V] for hidden [..., H]."""
+        """Head k+1's logits [..., V'] for hidden [..., H]."""
         return self.lm_heads[k](self.blocks[k](hidden.to(self.lm_heads[k].weight.dtype)))
 
     # -- training -------------------------------------------------------------------------------
@@ -167,11 +202,12 @@ class MedusaHeads(nn.Module):
             raise ValueError("Medusa training needs the target's lm_head (set_teacher) for soft labels and metrics")
         steps = ((VocabProjection(lambda z, k=k: self.blocks[k](z.to(self.lm_heads[k].weight.dtype)), self.lm_heads[k].weight),
                   f.last_hidden_state) for k in range(self.config.num_heads))
-        return multi_step_loss(steps, f, self.teacher, self.labels == "target", self.step_weight, self.chunk_tokens)
+        return multi_step_loss(steps, f, self.teacher, self.labels == "target", self.step_weight, self.chunk_tokens,
+                               vocab_ids=self.token_map)
 
     # -- checkpoint -----------------------------------------------------------------------------
     def export_state_dict(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-        """Tensors under vLLM's names: blocks.{i}.layers.{j}.{weight,bias}, lm_heads.{i}.weight."""
+        """Tensors under vLLM's names: blocks.{i}.layers.{j}.{weight,bias}, lm_heads.{i}.weight (and token_map)."""
         return {name: t.detach().to("cpu").contiguous() for name, t in (self.state_dict() if state is None else state).items()}
 
     def save_pretrained(self, directory: str | Path, dtype: torch.dtype = torch.bfloat16,
@@ -181,7 +217,8 @@ class MedusaHeads(nn.Module):
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         tensors = state_dict if state_dict is not None else self.export_state_dict()
-        save_file({k: v.to(dtype) for k, v in tensors.items()}, str(directory / "model.safetensors"), metadata={"format": "pt"})
+        save_file({k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()},  # token_map stays int64
+                  str(directory / "model.safetensors"), metadata={"format": "pt"})
         (directory / "config.json").write_text(json.dumps(self.config.to_hf_dict(dtype), indent=2))
 
     @classmethod

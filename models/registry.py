@@ -40,6 +40,9 @@ class DraftConfig:
     """Medusa heads K: head i predicts the token i+1 positions after the next one."""
     num_layers: int = 1
     """ResBlocks per Medusa head."""
+    truncated_vocab_size: int | None = None
+    """Medusa: each head predicts only the N most frequent trained tokens (vLLM's token_map layout; smaller
+    exports and cheaper heads, a token outside them is never drafted); None = the target's full vocab."""
     labels: str = "target"
     """What Medusa heads learn: target (the target's own distribution, self-distillation) | data (the data's tokens)."""
     loss_chunk_tokens: int = 1024
@@ -77,10 +80,14 @@ def build_medusa(config: DraftConfig, target: Target, token_counts: torch.Tensor
     if config.config:
         medusa_config = MedusaConfig.from_hf_dict(json.loads(Path(config.config).read_text()), config.config)
     else:
-        medusa_config = MedusaConfig.from_target(target.config, config.num_heads, config.num_layers)
+        medusa_config = MedusaConfig.from_target(target.config, config.num_heads, config.num_layers,
+                                                 config.truncated_vocab_size)
     medusa_config.check_target(target.config)
     head = MedusaHeads(medusa_config, step_weight=config.step_weight, labels=config.labels,
                        chunk_tokens=config.loss_chunk_tokens)
+    if medusa_config.truncated:  # the most frequent trained tokens, ascending (EAGLE-3's draft vocab rule)
+        _, t2d = build_draft_vocab(token_counts, medusa_config.draft_vocab_size)
+        head.set_token_map(t2d.nonzero().squeeze(1))
     head.load_target_lm_head(target.lm_head_weight)
     head.set_teacher(target.vocab_head())
     return head
@@ -88,7 +95,8 @@ def build_medusa(config: DraftConfig, target: Target, token_counts: torch.Tensor
 
 HEADS: dict[str, HeadType] = {
     "eagle3": HeadType(Eagle3Draft, build_eagle3, ("draft_vocab_size", "ttt_steps", "step_weight")),
-    "medusa": HeadType(MedusaHeads, build_medusa, ("num_heads", "num_layers", "labels", "step_weight")),
+    "medusa": HeadType(MedusaHeads, build_medusa, ("num_heads", "num_layers", "truncated_vocab_size", "labels",
+                                                   "step_weight")),
     "mtp": HeadType(MTPHead, lambda c, t, _: build_mtp(t, c.ttt_steps, c.step_weight, c.loss_chunk_tokens),
                     ("ttt_steps", "step_weight")),
 }

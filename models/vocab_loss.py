@@ -55,7 +55,7 @@ def lockstep_chunks(n: int, chunk_tokens: int, device: torch.device) -> int:
 
 def chunked_vocab_loss(project: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
                        teacher: Callable[[torch.Tensor], torch.Tensor], teacher_h: torch.Tensor, labels: torch.Tensor,
-                       soft: bool, chunk_tokens: int, recompute: bool = True
+                       soft: bool, chunk_tokens: int, recompute: bool = True, vocab_ids: torch.Tensor | None = None
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Summed cross-entropy of ``project(x)`` [N, V] against the teacher's distribution
     ``softmax(teacher(teacher_h))`` (``soft``) or the ``labels`` [N]; also per position whether the
@@ -63,15 +63,26 @@ def chunked_vocab_loss(project: Callable[[torch.Tensor], torch.Tensor], x: torch
     the expected acceptance sum min(p, q) of a draft token sampled from q against the teacher's p.
 
     Empty chunks are run too (see ``lockstep_chunks``), so every parameter gets a gradient on every rank.
-    ``recompute=False`` keeps each chunk's logits for backward instead of recomputing them (faster when small)."""
+    ``recompute=False`` keeps each chunk's logits for backward instead of recomputing them (faster when small).
+
+    ``vocab_ids`` [V'] (ascending target ids): the draft predicts only these tokens (a truncated vocab, e.g.
+    Medusa's ``token_map``). The teacher's distribution is then restricted to them and renormalised, a data
+    label outside them is not trained, and accuracy still compares with the teacher's full-vocab argmax: a
+    position whose right token the draft cannot name counts as wrong, as it is when decoding."""
+    if vocab_ids is not None:
+        return _chunks(project, x, teacher, teacher_h, labels, soft, chunk_tokens, recompute, vocab_ids)
     if use_fused(project, x):
         return fused_linear_loss(project.pre(x), project.weight, teacher, teacher_h, labels, soft, chunk_tokens)
+    return _chunks(project, x, teacher, teacher_h, labels, soft, chunk_tokens, recompute, None)
+
+
+def _chunks(project, x, teacher, teacher_h, labels, soft, chunk_tokens, recompute, vocab_ids):
     N = x.shape[0]
     loss_sum = torch.zeros((), dtype=torch.float32, device=x.device)
     correct, top5, accept = [], [], []
     for c in range(lockstep_chunks(N, chunk_tokens, x.device)):
         part = slice(c * chunk_tokens, (c + 1) * chunk_tokens)
-        args = (project, teacher, x[part], teacher_h[part], labels[part], soft)
+        args = (project, teacher, x[part], teacher_h[part], labels[part], soft, vocab_ids)
         if recompute and torch.is_grad_enabled():  # keep only the chunk's inputs; backward recomputes its logits
             chunk_loss, draft_top, draft_top1, target_top1, chunk_accept = checkpoint(_chunk, *args, use_reentrant=False)
         else:
@@ -83,28 +94,38 @@ def chunked_vocab_loss(project: Callable[[torch.Tensor], torch.Tensor], x: torch
     return loss_sum, torch.cat(correct), torch.cat(top5), torch.cat(accept)
 
 
-def _chunk(project, teacher, x: torch.Tensor, teacher_h: torch.Tensor, labels: torch.Tensor, soft: bool):
+def _chunk(project, teacher, x: torch.Tensor, teacher_h: torch.Tensor, labels: torch.Tensor, soft: bool,
+           vocab_ids: torch.Tensor | None = None):
     """Summed loss of n positions, the draft's top-5 ids [n, 5] and argmax [n], the teacher's argmax [n] and
-    sum min(p, q) [n]."""
+    sum min(p, q) [n]; ids are target ids (``vocab_ids`` maps a truncated draft's outputs to them)."""
     with torch.no_grad():
         teacher_logits = teacher(teacher_h).float()  # [n, V]
         target_top1 = teacher_logits.argmax(-1)
+        if vocab_ids is not None:
+            teacher_logits = teacher_logits[:, vocab_ids]  # [n, V']: renormalised over what the draft can say
         p = torch.softmax(teacher_logits, -1) if soft else None
         del teacher_logits
-    logq = torch.log_softmax(project(x).float(), -1)  # [n, V]
-    loss = -(p * logq).sum() if soft else F.nll_loss(logq, labels, reduction="sum")
+        if vocab_ids is not None and not soft:  # target id -> draft index; a token outside the vocab is not trained
+            index = torch.searchsorted(vocab_ids, labels).clamp(max=len(vocab_ids) - 1)
+            labels = torch.where(vocab_ids[index] == labels, index, -100)
+    logq = torch.log_softmax(project(x).float(), -1)  # [n, V']
+    loss = -(p * logq).sum() if soft else F.nll_loss(logq, labels, reduction="sum", ignore_index=-100)
     with torch.no_grad():
         accept = torch.minimum(p, logq.exp()).sum(-1) if soft else torch.zeros(len(x), device=x.device)
     draft = logq.detach()
-    return loss, draft.topk(min(5, logq.shape[-1]), -1).indices, draft.argmax(-1), target_top1, accept
+    top5, top1 = draft.topk(min(5, logq.shape[-1]), -1).indices, draft.argmax(-1)
+    if vocab_ids is not None:
+        top5, top1 = vocab_ids[top5], vocab_ids[top1]
+    return loss, top5, top1, target_top1, accept
 
 
 def multi_step_loss(steps: Iterable[tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor]], f: Features,
                     teacher: Callable[[torch.Tensor], torch.Tensor], soft: bool, step_weight: float,
-                    chunk_tokens: int) -> tuple[torch.Tensor, dict[str, float]]:
+                    chunk_tokens: int, vocab_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss of a head whose step s (s = 0, 1, ...) predicts, at position t, token t+2+s -- Medusa's
     head s+1, MTP's unrolled step s: ``steps`` yields (project, draft states [B, T, D]) per step,
-    ``project`` mapping draft states to logits over the full vocab.
+    ``project`` mapping draft states to logits over the full vocab (or over ``vocab_ids``: see
+    ``chunked_vocab_loss``).
 
     Position t is trained at step s when token t+2+s is an assistant token; the label is the target's
     distribution at t+1+s (``soft``, from ``teacher`` over ``f.last_hidden_state``) or that token.
@@ -122,7 +143,7 @@ def multi_step_loss(steps: Iterable[tuple[Callable[[torch.Tensor], torch.Tensor]
             valid[:, : T - s - 2] = f.loss_mask[:, s + 2 :].bool()
         b, t = valid.nonzero(as_tuple=True)  # the trained positions
         step_sum, correct, top5, _ = chunked_vocab_loss(project, draft[b, t], teacher, target_h[b, t + 1 + s],
-                                                     f.input_ids[b, t + 2 + s], soft, chunk_tokens)
+                                                     f.input_ids[b, t + 2 + s], soft, chunk_tokens, vocab_ids=vocab_ids)
         total = total + (step_weight**s) * step_sum / denominator
         step_loss = step_sum / max(len(b), 1)  # the step's mean, for the metrics
         right = torch.zeros_like(valid)

@@ -218,3 +218,93 @@ def test_medusa_tree_script_writes_a_tree_the_benchmark_reads(tmp_path):
     tree = StaticTree(tuple(paths))  # prefix-closed and unique, or this raises
     assert len(tree.paths) == 6 and max(map(len, paths)) <= 3 and max(max(p) for p in paths) < 4
     assert "expected tau" in result.stdout and "| 3 |" in result.stdout
+
+
+# -- a truncated vocab (vLLM's token_map) ------------------------------------------------------------
+
+def truncated_heads(target, n=40, labels="target", seed=0) -> MedusaHeads:
+    g = torch.Generator().manual_seed(seed)
+    token_map = torch.randperm(128, generator=g)[:n].sort().values
+    heads = MedusaHeads(MedusaConfig.from_target(target.config, 3, 1, truncated_vocab_size=n), labels=labels,
+                        chunk_tokens=7)
+    heads.set_token_map(token_map)
+    heads.load_target_lm_head(target.lm_head_weight)
+    heads.set_teacher(target.vocab_head())
+    with torch.no_grad():
+        for block in heads.blocks:
+            for layer in block.layers:
+                layer.weight.normal_(0, 0.3, generator=g)
+    return heads
+
+
+@pytest.mark.parametrize("labels", ["target", "data"])
+def test_truncated_heads_loss_and_accuracy_by_hand(target, labels):
+    """The loss is the cross-entropy against the target's distribution renormalised over token_map (or the data
+    token, untrained when outside it); accuracy compares the mapped draft argmax with the target's FULL argmax."""
+    f = batch(target)
+    heads = truncated_heads(target, labels=labels)
+    loss, metrics = heads.loss(f)
+    loss.backward()
+    tm = heads.token_map
+    h = f.last_hidden_state
+    teacher = target.logits(h).float()  # [B, T, V]
+    B, T = f.input_ids.shape
+    total, wrong_outside = 0.0, 0
+    for k in range(3):
+        losses, right = [], []
+        for b, t in itertools.product(range(B), range(T - k - 2)):
+            if not f.loss_mask[b, t + k + 2]:
+                continue
+            logq = torch.log_softmax(heads.logits_of(k, h[b, t]).float(), -1)  # [n]
+            if labels == "target":
+                losses.append(-(torch.softmax(teacher[b, t + k + 1, tm], -1) * logq).sum())
+            elif (hit := (tm == f.input_ids[b, t + k + 2]).nonzero()).numel():
+                losses.append(-logq[hit[0, 0]])
+            full = teacher[b, t + k + 1].argmax()
+            right.append(float(tm[logq.argmax()] == full))
+            wrong_outside += int(full not in tm)
+        total = total + heads.step_weight**k * torch.stack(losses).sum() / f.loss_mask[:, 1:].sum()
+        assert metrics[f"acc_{k}"] == pytest.approx(sum(right) / len(right), abs=1e-6)
+    torch.testing.assert_close(loss.detach(), total.detach(), rtol=1e-5, atol=1e-5)
+    assert wrong_outside > 0  # the case the full-vocab comparison exists for does occur here
+
+
+def test_truncated_export_is_vllms_token_map_layout_and_drafts_target_ids(target, tmp_path):
+    from safetensors.torch import load_file
+
+    heads = truncated_heads(target, n=40)
+    heads.save_pretrained(tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert (config["vocab_size"], config["truncated_vocab_size"]) == (128, 40)
+    tensors = load_file(str(tmp_path / "m" / "model.safetensors"))
+    assert tensors["token_map"].dtype == torch.int64 and torch.equal(tensors["token_map"], heads.token_map)
+    assert all(tensors[f"lm_heads.{i}.weight"].shape == (40, 32) for i in range(3))
+    again = MedusaHeads.load(tmp_path / "m", target)
+    assert torch.equal(again.token_map, heads.token_map)
+    # fresh rows are the target's lm_head rows of token_map
+    fresh = MedusaHeads(MedusaConfig.from_target(target.config, 2, 1, truncated_vocab_size=40))
+    fresh.set_token_map(heads.token_map)
+    fresh.load_target_lm_head(target.lm_head_weight)
+    x = torch.randn(4, 32)
+    torch.testing.assert_close(fresh.logits_of(0, x), target.logits(x)[:, heads.token_map])
+    # the drafter proposes target ids: token_map of each head's argmax
+    drafter = MedusaDrafter(again.float())
+    states = target(torch.randint(3, 128, (1, 6)))
+    drafter.begin(None, states, 0)
+    expected = heads.token_map[again.head_logits(states.last_hidden_state[0, -1]).argmax(-1)]
+    assert torch.equal(drafter.propose(3), expected)
+    assert bool(torch.isin(drafter.propose(3), heads.token_map).all())
+
+
+def test_truncated_heads_decode_greedy_exact(target):
+    from headstart.decode.generate import greedy_generate, speculative_generate
+    from headstart.decode.tree import StaticTree
+
+    heads = truncated_heads(target, n=64).eval()
+    prompt = torch.randint(3, 128, (1, 9), generator=torch.Generator().manual_seed(4))
+    runner = TargetRunner(target, max_len=128)
+    plain = greedy_generate(runner, prompt, 30, set()).tokens
+    for tree in (None, StaticTree(paths=((0,), (1,), (0, 0), (0, 1), (0, 0, 0)))):
+        runner.reset()
+        out = speculative_generate(runner, MedusaDrafter(heads), prompt, 30, set(), k=3, tree=tree)
+        assert out.tokens == plain
