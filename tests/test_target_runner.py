@@ -77,6 +77,45 @@ def test_limits_are_clear_errors():
     runner, _ = runner_for("llama", max_len=8)
     with pytest.raises(ValueError, match="KV cache overflow: 9 tokens > max_len 8"):
         runner.forward(torch.randint(3, 128, (1, 9)))
-    windowed = tiny_causal_lm("mistral", num_hidden_layers=8, sliding_window=16)
-    with pytest.raises(NotImplementedError, match="sliding-window attention"):
-        TargetRunner(Target(windowed), max_len=64)
+
+
+# Sliding-window targets decoded past their window: Mistral (every layer slides), Gemma 2 / 3 (sliding and
+# full layers mixed: the runner passes a mask per layer type). The reference is HF's own generate.
+WINDOWED = [("mistral", {"sliding_window": 8}), ("gemma2", {"sliding_window": 8}), ("gemma3_text", {"sliding_window": 8}),
+            ("qwen3", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 4})]
+
+
+@pytest.mark.parametrize("family, overrides", WINDOWED, ids=[f for f, _ in WINDOWED])
+def test_decoding_past_the_sliding_window_equals_hf_generate(family, overrides):
+    model = tiny_causal_lm(family, num_hidden_layers=8, **overrides)
+    types = set(getattr(model.config, "layer_types", None) or ["sliding_attention"])
+    assert "sliding_attention" in types  # the case under test: some layers slide
+    runner = TargetRunner(Target(model), max_len=64)
+    prompt = torch.randint(3, 128, (1, 5), generator=torch.Generator().manual_seed(0))
+    logits, _ = runner.forward(prompt)
+    runner.commit(prompt.shape[1])
+    tokens = []
+    for _ in range(30):  # 35 positions: four windows
+        token = logits[:, -1].argmax(-1, keepdim=True)
+        tokens.append(token.item())
+        logits, _ = runner.forward(token)
+        runner.commit(1)
+    with torch.no_grad():
+        reference = model.generate(prompt, max_new_tokens=30, do_sample=False, min_new_tokens=30,
+                                   eos_token_id=None, pad_token_id=0)[0, 5:].tolist()
+    assert tokens == reference
+
+
+def test_a_tree_block_past_the_window_scores_each_branch_as_its_own_sequence():
+    model = tiny_causal_lm("gemma3_text", num_hidden_layers=8, sliding_window=8)
+    runner = TargetRunner(Target(model), max_len=64)
+    target = runner.target
+    prefix = torch.randint(3, 128, (1, 20), generator=torch.Generator().manual_seed(2))
+    runner.forward(prefix)
+    runner.commit(20)
+    a, b, c, d = 11, 22, 33, 44
+    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
+    logits, _ = runner.forward(torch.tensor([[a, b, c, d]]), tree_mask=tree, depths=torch.tensor([0, 1, 1, 2]))
+    for node, path in {1: [a, b], 3: [a, c, d]}.items():
+        fresh = target(torch.cat([prefix, torch.tensor([path])], dim=1))
+        torch.testing.assert_close(logits[:, node], target.logits(fresh.last_hidden_state)[:, -1], rtol=1e-4, atol=1e-4)
