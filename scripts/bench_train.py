@@ -36,7 +36,7 @@ def main() -> None:
     step_s, target_s, tokens = [], [], []
     for i in range(args.warmup + args.steps):
         accum = config.train.grad_accum
-        batches = [collate(trainer.train_data, trainer.plan.rows(trainer.step * accum + m)) for m in range(accum)]
+        batches = [collate(trainer.train_data, trainer.plan.rows(trainer.step, m)) for m in range(accum)]
         _sync()
         t0 = time.perf_counter()
         with torch.no_grad():

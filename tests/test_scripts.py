@@ -70,3 +70,18 @@ def test_demo_target_continues_a_chat_sensibly():
                                         return_tensors="pt", return_dict=True)["input_ids"]
     out = model.generate(ids, max_new_tokens=80, do_sample=False)[0, ids.shape[1]:]
     assert tokenizer.convert_tokens_to_ids("<|im_end|>") in out.tolist()
+
+
+def test_bench_train_runs_and_reports_the_step_cost(tmp_path):
+    """scripts/bench_train.py broke silently once (a changed BatchPlan call); run it for real on a tiny setup."""
+    from trainer_fixtures import make_setup
+
+    overrides = make_setup(tmp_path)
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_train.py"), "--config", str(REPO / "configs/demo/eagle3.yaml"),
+                           "--steps", "2", "--warmup", "1", "--out", str(tmp_path / "B.md"), *overrides],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = (tmp_path / "B.md").read_text()
+    assert "| tokens/s (all ranks) | step time | target forward alone | step / target forward |" in table
+    row = table.strip().splitlines()[-1].split("|")
+    assert float(row[1].replace(",", "")) > 0 and row[4].strip().endswith("x")
