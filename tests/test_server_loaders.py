@@ -17,6 +17,7 @@ from safetensors import safe_open
 from server_loaders import sglang_flat, vllm_flat, vllm_speculators_config
 from tiny_models import random_eagle3_head, tiny_causal_lm
 
+from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
 from headstart.models.export import export_head
 from headstart.models.provenance import fingerprint
 from headstart.models.target import Target, TargetConfig
@@ -59,7 +60,7 @@ def test_speculators_export_as_vllm_reads_its_config_and_tensors(exported):
     assert hf["norm_before_residual"] is False  # absent would mean True on this route
     assert hf["eagle_aux_hidden_state_layer_ids"] == list(TRAINED_ON)
     assert hf["draft_vocab_size"] == 48 and hf["target_hidden_size"] == 32 and hf["num_hidden_layers"] == 1
-    assert hf["num_lookahead_tokens"] == 3 and hf["target_model"].endswith("target")  # `vllm serve <head>` needs it
+    assert hf["num_lookahead_tokens"] == DEFAULT_SPECULATIVE_TOKENS and hf["target_model"].endswith("target")  # `vllm serve <head>` needs it
     without_verifier = json.loads(json.dumps(config))
     without_verifier["speculators_config"]["verifier"]["name_or_path"] = None
     with pytest.raises(ValueError, match="verifier"):
