@@ -39,7 +39,9 @@ def assert_survived(result: dict, min_landed: int, writing: list[str]) -> None:
 def test_training_survives_sigkill_anywhere(tmp_path):
     base = make_setup(tmp_path) + ["--train.max_steps=8", "--train.save_every=2", "--train.eval_every=2",
                                    "--train.batch_size=1", "--train.grad_accum=2"]
-    result = soak.soak_training([a for a in base if not a.startswith("--output_dir")], tmp_path, 5, seed=0, window=(3.0, 12.0))
+    # Random kills fall within 60% of the uninterrupted run's time as measured on this machine (window=None): a
+    # fixed window outlasted a resumed run on a faster machine, and a missed kill ends the plan.
+    result = soak.soak_training([a for a in base if not a.startswith("--output_dir")], tmp_path, 5, seed=0)
     assert_survived(result, 4, [".tmp-.best-staging", "checkpoints/.tmp-step_*", ".tmp-final"])
 
 
