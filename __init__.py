@@ -1,3 +1,3 @@
 """headstart: train speculative-decoding draft heads against a frozen Hugging Face target."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # the one version string (pyproject reads it)

@@ -4,7 +4,7 @@ A head trained for one target runs silently against another of the same shapes (
 target and a Qwen3 target of equal size, say) and accepts nothing. So every exported head
 directory carries ``headstart.json``:
 
-    {"head": "eagle3", "layout": "flat", "headstart_version": "0.1.0",
+    {"head": "eagle3", "layout": "flat", "headstart_version": "0.2.0",
      "target": {"name_or_path": ..., "architectures": [...], "config": {sizes, rope_theta},
                 "config_sha256": ..., "tokenizer_sha256": ...}}
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import warnings
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 PROVENANCE_FILE = "headstart.json"
@@ -72,10 +71,9 @@ def fingerprint(target_path: str | Path) -> dict:
 
 
 def _headstart_version() -> str:
-    try:
-        return version("headstart")
-    except PackageNotFoundError:  # running from a source tree that was never installed
-        return "unknown"
+    from headstart import __version__
+
+    return __version__
 
 
 def write_provenance(directory: str | Path, head: str, layout: str, target: dict | None) -> None:

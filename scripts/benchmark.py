@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from bench_common import append_section
+from headstart.decode.report import append_section
 from headstart.decode.benchmark import first_per_category, markdown_table, plot_acceptance, read_questions, run_benchmark
 from headstart.decode.draft_model import DraftModelDrafter
 from headstart.decode.drafters import drafter_for

@@ -83,9 +83,12 @@ def main(argv: list[str] | None = None) -> None:
     header = f"| {unit} | " + " | ".join(COLUMNS[c] for c in columns) + " |\n|---|" + "---|" * len(columns)
     rows = "\n".join(f"| {k} | " + " | ".join(f"{last[f'{c}_{k}']:.3f}" for c in columns) + " |" for k in steps)
     t = run_config["train"]
-    (out / "README.md").write_text(f"""# {title} for the headstart demo target
+    target_name = Path(run_config["target"]["path"]).name
+    features = run_config.get("features", {}).get("path")
+    how = f"from features stored in `{features}` (offline)" if features else "online"
+    (out / "README.md").write_text(f"""# {title} for {target_name}
 
-{layout} Trained online against `{run_config['target']['path']}` by
+{layout} Trained {how} against `{run_config['target']['path']}` by
 
 ```bash
 torchrun --nproc_per_node {world} scripts/train_eagle3.py --config {recipe}
@@ -103,7 +106,7 @@ All eval records: `eval_metrics.json`.
 """)
     print(f"published {final} -> {out}: sim accept len {last['sim_accept_len']:.3f}{chosen}")
     if args.benchmarks:
-        from bench_common import append_section
+        from headstart.decode.report import append_section
 
         body = (f"Held-out evaluation of `{out}` at step {last['step']}, trained by "
                 f"`torchrun --nproc_per_node {world} scripts/train_eagle3.py --config {recipe}` "
@@ -111,7 +114,7 @@ All eval records: `eval_metrics.json`.
                 f"eval loss {last['loss']:.3f}, simulated acceptance length **{last['sim_accept_len']:.3f}** "
                 "(a greedy chain's tokens per target forward under teacher forcing).\n\n"
                 + header + "\n" + rows + "\n")
-        append_section(args.benchmarks, f"Demo {title}: per-step accuracy", body)
+        append_section(args.benchmarks, f"{title} for {target_name}: per-step accuracy", body)
 
 
 if __name__ == "__main__":

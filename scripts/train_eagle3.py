@@ -1,7 +1,8 @@
-"""Train a draft head (``draft.head``: eagle3 | medusa) against a frozen HF target, online or from stored
-features (``features.path``). One trainer for every head; the name is historical.
+"""Train a draft head (any registered ``draft.head``) against a frozen HF target, online or from stored
+features (``features.path``). One trainer for every head; the file name is historical.
 
-    torchrun --nproc_per_node 2 scripts/train_eagle3.py --config configs/demo/eagle3.yaml
+    headstart train --config configs/demo/eagle3.yaml                               # one process
+    torchrun --nproc_per_node 2 -m headstart.train --config configs/demo/eagle3.yaml  # or scripts/train_eagle3.py
     torchrun --nproc_per_node 2 scripts/train_eagle3.py --config configs/demo/medusa.yaml
     python scripts/train_eagle3.py --config my.yaml --train.lr=3e-4 --parallel.backend=deepspeed --resume
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,9 +15,8 @@ from tiny_models import random_eagle3_head, tiny_causal_lm
 from headstart.models.export import export_head
 from headstart.models.provenance import fingerprint
 from headstart.models.target import Target, TargetConfig
+from headstart.scripts import check_head
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
-import check_head  # noqa: E402
 
 DEMO = Path(__file__).parents[1] / "configs" / "demo"
 

@@ -161,11 +161,7 @@ def test_fingerprint_ignores_what_a_re_save_changes_and_sees_what_matters(tmp_pa
 
 
 def test_export_head_script_converts_and_says_what_is_missing(tmp_path, targets, capsys):
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
-    import export_head as script
+    from headstart.scripts import export_head as script
 
     head = random_eagle3_head(llama(targets), counts_seed=0)
     export_head(head, tmp_path / "flat", "eagle3", None)  # a head that records no target

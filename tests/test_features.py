@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,12 +15,10 @@ from trainer_fixtures import make_setup
 from headstart.trainer.batches import collate
 from headstart.trainer.config import load_config
 from headstart.trainer.feature_store import CorruptShardError, FeatureStore
+from headstart.scripts import generate_features
 from headstart.trainer.run import build_trainer
 
 REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("generate_features", REPO / "scripts" / "generate_features.py")
-generate_features = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(generate_features)
 
 BF16 = ["--target.dtype=bfloat16", "--features.aux=bf16", "--features.target_dist=hidden"]
 

@@ -211,12 +211,8 @@ def test_native_mtp_is_read_trained_written_back_and_loads_as_the_target(tmp_pat
 def test_mtp_trains_through_the_shared_trainer_online_and_offline(tmp_path):
     overrides = make_setup(tmp_path) + ["--draft.head=mtp", "--draft.ttt_steps=2", "--train.max_steps=3",
                                         "--target.dtype=bfloat16", "--features.samples_per_shard=8"]
-    import importlib.util
-    from pathlib import Path
+    from headstart.scripts import generate_features as gf
 
-    spec = importlib.util.spec_from_file_location("gf", Path(__file__).resolve().parents[1] / "scripts" / "generate_features.py")
-    gf = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gf)
     manifest = gf.generate(load_config(None, [*overrides, f"--features.path={tmp_path / 'store'}"]))
     assert manifest["storage"] == {"aux": None, "hidden": "bf16", "topk": None}
     online = build_trainer(load_config(None, [*overrides, f"--output_dir={tmp_path / 'on'}"]))

@@ -19,10 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def script(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(f"headstart.scripts.{name}")
 
 
 def test_claim_refuses_moves_aside_or_continues(tmp_path):

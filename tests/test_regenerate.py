@@ -20,10 +20,9 @@ from tiny_models import tiny_causal_lm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from headstart.trainer.data import DataConfig, build_dataset
+from headstart.scripts import regenerate_data
 from headstart.trainer.reply_backends import HFBackend
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
-import regenerate_data  # noqa: E402
 
 CHATS = [
     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+3?"},

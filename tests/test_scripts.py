@@ -55,7 +55,7 @@ def test_demo_target_is_a_complete_hf_chat_checkpoint():
     assert (DEMO_TARGET / "model.safetensors").stat().st_size <= 25 * 2**20
     card = (DEMO_TARGET / "README.md").read_text()
     stats = json.loads((DEMO_TARGET / "training_stats.json").read_text())
-    assert f"{stats['held_out_loss']:.4f}" in card and "scripts/train_demo_target.py" in card
+    assert f"{stats['held_out_loss']:.4f}" in card and "benchmarks/train_demo_target.py" in card
 
 
 @pytest.mark.slow
@@ -73,11 +73,11 @@ def test_demo_target_continues_a_chat_sensibly():
 
 
 def test_bench_train_runs_and_reports_the_step_cost(tmp_path):
-    """scripts/bench_train.py broke silently once (a changed BatchPlan call); run it for real on a tiny setup."""
+    """benchmarks/bench_train.py broke silently once (a changed BatchPlan call); run it for real on a tiny setup."""
     from trainer_fixtures import make_setup
 
     overrides = make_setup(tmp_path)
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_train.py"), "--config", str(REPO / "configs/demo/eagle3.yaml"),
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_train.py"), "--config", str(REPO / "configs/demo/eagle3.yaml"),
                            "--steps", "2", "--warmup", "1", "--out", str(tmp_path / "B.md"), *overrides],
                           capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

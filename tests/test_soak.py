@@ -1,24 +1,20 @@
-"""Kill anywhere (scripts/soak_kill.py on a tiny target): a 2-rank training run, the 2-rank feature job
+"""Kill anywhere (benchmarks/soak_kill.py on a tiny target): a 2-rank training run, the 2-rank feature job
 and regenerate_data.py are SIGKILLed at seeded random moments and while they write (a checkpoint, the
 best head, the final head, a shard, the manifest), resumed with --resume each time, and end equal to an
 uninterrupted run: the same heads tensor for tensor, the same metrics.jsonl, shards and rows."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 from trainer_fixtures import make_setup
 
+from headstart.benchmarks import soak_kill as soak
+
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("soak_kill", REPO / "scripts" / "soak_kill.py")
-soak = importlib.util.module_from_spec(_spec)
-sys.modules["soak_kill"] = soak  # dataclasses look their module up
-_spec.loader.exec_module(soak)
 
 
 def test_kill_plans_are_seeded_and_cover_every_writing_moment():

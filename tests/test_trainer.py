@@ -220,7 +220,6 @@ def test_decode_eval_prompts_end_before_the_first_trained_token():
 
 
 def test_the_best_head_by_acceptance_is_kept_and_published(tmp_path, capsys):
-    import importlib.util
 
     from safetensors.torch import load_file
 
@@ -241,9 +240,8 @@ def test_the_best_head_by_acceptance_is_kept_and_published(tmp_path, capsys):
     assert all(torch.equal(v, load_file(str(checkpoint))[k]) for k, v in draft.items())  # that step's weights
     assert (tmp_path / "run" / "best" / "headstart.json").is_file()
 
-    spec = importlib.util.spec_from_file_location("publish_head", Path(__file__).parents[1] / "scripts" / "publish_head.py")
-    publish = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(publish)
+    from headstart.scripts import publish_head as publish
+
     publish.main(["--run", str(tmp_path / "run"), "--out", str(tmp_path / "published")])
     card = (tmp_path / "published" / "README.md").read_text()
     assert f"Chosen as the run's best head: step {best_step} of 5, by simulated acceptance length {best_value:.3f}" in card

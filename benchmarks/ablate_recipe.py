@@ -1,6 +1,6 @@
 """Recipe ablation: train one head per variant of a recipe, then measure every head the same way.
 
-    python scripts/ablate_recipe.py --config configs/demo/eagle3_full.yaml --out runs/ablation \
+    python benchmarks/ablate_recipe.py --config configs/demo/eagle3_full.yaml --out runs/ablation \
         --variant baseline= --variant step_weight_1=--draft.step_weight=1.0 --variant clip_1=--train.grad_clip=1.0 \
         --questions configs/demo/eval/mt_bench.jsonl --parallel 1 --benchmarks BENCHMARKS.md
 
@@ -94,8 +94,7 @@ def main() -> int:
              .format(k=args.k) + "\n".join(rows))
     print(table)
     if args.benchmarks:
-        sys.path.insert(0, str(REPO / "scripts"))
-        from bench_common import append_section
+        from headstart.decode.report import append_section
 
         append_section(args.benchmarks, args.title,
                        f"Each variant trained from `{args.config}` with the overrides shown, then measured with "

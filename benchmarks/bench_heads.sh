@@ -18,6 +18,6 @@ $B --method eagle3 --draft configs/demo/eagle3-head --num-speculative-tokens 4 -
 $B --method eagle3 --draft configs/demo/eagle3-head --tree --out $X/eagle3-tree
 $B --method ngram --num-speculative-tokens 4 --out $X/ngram-chain
 $B --method draft-model --draft configs/demo/draft-model --num-speculative-tokens 4 --out $X/draft-model-chain
-python scripts/compare_methods.py $X/medusa-chain $X/medusa-tree $X/mtp-chain $X/mtp-tree $X/mtp-unroll1-chain \
+python benchmarks/compare_methods.py $X/medusa-chain $X/medusa-tree $X/mtp-chain $X/mtp-tree $X/mtp-unroll1-chain \
   $X/eagle3-chain $X/eagle3-tree $X/ngram-chain $X/draft-model-chain --benchmarks BENCHMARKS.md \
   --title "Heads side by side: Medusa, MTP, EAGLE-3, n-gram, draft model" --note "$NOTE"

@@ -2,7 +2,7 @@
 the best head, the final head, a feature shard, the manifest, a regenerated shard), resume it with
 ``--resume`` after every kill, and compare what it ends with against an uninterrupted run.
 
-    python scripts/soak_kill.py --config configs/demo/eagle3.yaml --rows 256 --kills 8 --seed 0 \
+    python benchmarks/soak_kill.py --config configs/demo/eagle3.yaml --rows 256 --kills 8 --seed 0 \
         --benchmarks BENCHMARKS.md
 
 Three jobs, each on ``--rows`` conversations of the recipe's first data file: 2-rank training (FSDP2,
@@ -228,8 +228,7 @@ def main() -> int:
     table = "| job | kills | where each kill landed | final result |\n|---|---|---|---|\n" + "\n".join(lines)
     print(table)
     if args.benchmarks:
-        sys.path.insert(0, str(REPO / "scripts"))
-        from bench_common import append_section
+        from headstart.decode.report import append_section
 
         append_section(args.benchmarks, "Kill anywhere: SIGKILL soak of training, the feature job and regeneration",
                        f"{args.rows} conversations of `{source}`, recipe `{args.config}`, seed {args.seed}. Every kill is a "

@@ -13,11 +13,11 @@ $GEN --features.path=$X/feat-fp8-topk
 $TRAIN --output_dir=$X/offline-fp8-topk --features.path=$X/feat-fp8-topk
 $GEN --features.path=$X/feat-bf16-hidden --features.aux=bf16 --features.target_dist=hidden
 $TRAIN --output_dir=$X/offline-bf16-hidden --features.path=$X/feat-bf16-hidden
-python scripts/heldout_tau.py $COMMON --heads $X/online/final $X/offline-fp8-topk/final $X/offline-bf16-hidden/final
+python benchmarks/heldout_tau.py $COMMON --heads $X/online/final $X/offline-fp8-topk/final $X/offline-bf16-hidden/final
 for h in online offline-fp8-topk offline-bf16-hidden; do
   python scripts/benchmark.py --target configs/demo/target --questions configs/demo/eval/mt_bench.jsonl --per-category 3 \
     --max-new-tokens 64 --method eagle3 --draft $X/$h/final --num-speculative-tokens 4 --no-hf-reference --out $X/bench-$h
 done
-# Ten times more shards for the time-to-first-step measurement (scripts/bench_features.py).
+# Ten times more shards for the time-to-first-step measurement (benchmarks/bench_features.py).
 $GEN --features.path=$X/feat-fp8-topk-x10 --features.samples_per_shard=25
-python scripts/bench_features.py $COMMON --stores $X/feat-fp8-topk $X/feat-fp8-topk-x10 --out BENCHMARKS.md
+python benchmarks/bench_features.py $COMMON --stores $X/feat-fp8-topk $X/feat-fp8-topk-x10 --out BENCHMARKS.md

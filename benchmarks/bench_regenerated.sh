@@ -14,6 +14,6 @@ $B --draft "$ORIGINAL" --verify-greedy --out $X/original-greedy
 $B --draft "$REGENERATED" --verify-greedy --out $X/regenerated-greedy
 $B --draft "$ORIGINAL" --temperature 0.7 --seed 0 --out $X/original-t07
 $B --draft "$REGENERATED" --temperature 0.7 --seed 0 --out $X/regenerated-t07
-python scripts/compare_methods.py $X/original-greedy $X/regenerated-greedy $X/original-t07 $X/regenerated-t07 \
+python benchmarks/compare_methods.py $X/original-greedy $X/regenerated-greedy $X/original-t07 $X/regenerated-t07 \
   --benchmarks BENCHMARKS.md --title "Regenerated data: what it does to acceptance (EAGLE-3 demo recipe)" \
-  --script '`scripts/bench_regenerated.sh`' --note "$NOTE"
+  --script '`benchmarks/bench_regenerated.sh`' --note "$NOTE"

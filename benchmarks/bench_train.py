@@ -1,7 +1,7 @@
 """Measure online training throughput: tokens/s and the cost of a training step relative to the
 target's forward alone on the same batch.
 
-    python scripts/bench_train.py --config configs/demo/eagle3.yaml --steps 10 --out BENCHMARKS.md
+    python benchmarks/bench_train.py --config configs/demo/eagle3.yaml --steps 10 --out BENCHMARKS.md
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from bench_common import append_section
+from headstart.decode.report import append_section
 from headstart.trainer.batches import collate
 from headstart.trainer.config import load_config
 from headstart.trainer.run import build_trainer

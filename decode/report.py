@@ -1,4 +1,4 @@
-"""Shared by the benchmark scripts: describe the machine and append a dated section to BENCHMARKS.md."""
+"""Describe the machine and append a dated section to BENCHMARKS.md (the benchmark and publish commands, benchmarks/)."""
 
 from __future__ import annotations
 

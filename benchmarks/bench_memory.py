@@ -1,7 +1,7 @@
 """Peak memory and time of one EAGLE-3 training step (forward + backward, 7 TTT steps) by sequence length.
 
-    python scripts/bench_memory.py --lengths 256 1024 2048 4096 --benchmarks BENCHMARKS.md
-    python scripts/bench_memory.py --lengths 256 1024 2048 4096 8192 16384 32768 --impls before blocks after  # GPU
+    python benchmarks/bench_memory.py --lengths 256 1024 2048 4096 --benchmarks BENCHMARKS.md
+    python benchmarks/bench_memory.py --lengths 256 1024 2048 4096 8192 16384 32768 --impls before blocks after  # GPU
 
 "before": the TTT attention and the loss as they were written before they became memory-linear (a
 [B, heads, T, T+k] probability matrix and [B, T, V_d] float32 logits, log-probabilities and target
@@ -178,8 +178,7 @@ def main() -> int:
     Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.plot, dpi=100)
     if args.benchmarks:
-        sys.path.insert(0, str(REPO / "scripts"))
-        from bench_common import append_section
+        from headstart.decode.report import append_section
 
         append_section(args.benchmarks, "Training memory by sequence length: TTT attention and loss"
                        + (" (CUDA)" if cuda else ""),

@@ -1,6 +1,6 @@
 """Offline training start-up: time to the first step from feature stores with different shard counts.
 
-    python scripts/bench_features.py --config configs/demo/eagle3.yaml \
+    python benchmarks/bench_features.py --config configs/demo/eagle3.yaml \
         --stores runs/feat-a runs/feat-b --out BENCHMARKS.md [overrides]
 
 For each store (same data, different ``features.samples_per_shard``): build the trainer (reads the
@@ -14,7 +14,7 @@ import json
 import time
 from pathlib import Path
 
-from bench_common import append_section
+from headstart.decode.report import append_section
 from headstart.trainer.config import load_config
 from headstart.trainer.run import build_trainer
 

@@ -1,7 +1,7 @@
 """One table from several ``scripts/benchmark.py`` runs (their ``results.json``): tau, acceptance by
 position, tokens/s and speed-up per method, side by side; optionally appended to BENCHMARKS.md.
 
-    python scripts/compare_methods.py runs/bench-medusa-chain runs/bench-eagle3-chain ... --benchmarks BENCHMARKS.md \
+    python benchmarks/compare_methods.py runs/bench-medusa-chain runs/bench-eagle3-chain ... --benchmarks BENCHMARKS.md \
         --title "Heads side by side" --note "why the ranking comes out as it does"
 """
 
@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from bench_common import append_section
+from headstart.decode.report import append_section
 
 
 def shape(args: dict) -> str:
@@ -46,7 +46,7 @@ def main() -> None:
     p.add_argument("--benchmarks", default=None)
     p.add_argument("--title", default="Drafters side by side")
     p.add_argument("--note", default="", help="a sentence placed under the table")
-    p.add_argument("--script", default="`scripts/bench_heads.sh`", help="the command that made the runs, for the record")
+    p.add_argument("--script", default="`benchmarks/bench_heads.sh`", help="the command that made the runs, for the record")
     args = p.parse_args()
     text = table(args.runs)
     print(text)

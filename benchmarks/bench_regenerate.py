@@ -1,7 +1,7 @@
 """Throughput of regenerate_data.py's backends on this machine: hf at batch 1 and 16, openai against
 `transformers serve` (started here) serving the same target. Run with nothing else running.
 
-    python scripts/bench_regenerate.py --target configs/demo/target --data configs/demo/data/*.json* \
+    python benchmarks/bench_regenerate.py --target configs/demo/target --data configs/demo/data/*.json* \
         --rows-per-file 8 --max-new-tokens 128 --benchmarks BENCHMARKS.md
 """
 
@@ -91,7 +91,7 @@ def main() -> int:
                     f"({os.cpu_count()} cores), torch {torch.__version__}, target `{args.target}` (float32). "
                     f"{len(sources)} conversations (the first {args.rows_per_file} of each of {len(args.data)} files), "
                     f"T = {args.temperature}, max {args.max_new_tokens} new tokens, one run each in one sequence with "
-                    f"nothing else running. Command: `python scripts/bench_regenerate.py --target {args.target} "
+                    f"nothing else running. Command: `python benchmarks/bench_regenerate.py --target {args.target} "
                     f"--data {' '.join(args.data)} --rows-per-file {args.rows_per_file} --max-new-tokens "
                     f"{args.max_new_tokens} --benchmarks {args.benchmarks}`.\n\n{table}\n")
     return 0

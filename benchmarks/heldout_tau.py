@@ -1,9 +1,9 @@
 """tau of EAGLE-3 heads on the held-out prompts of a recipe (the rows its eval split kept out of training).
 
-    python scripts/heldout_tau.py --config configs/demo/eagle3.yaml [overrides] --heads DIR [DIR ...]
+    python benchmarks/heldout_tau.py --config configs/demo/eagle3.yaml [overrides] --heads DIR [DIR ...]
 
 In-domain and deterministic (greedy chain k=4, 64 new tokens): the way to compare heads trained on
-the same data, e.g. online vs offline (scripts/bench_offline.sh).
+the same data, e.g. online vs offline (benchmarks/bench_offline.sh).
 """
 
 import argparse

@@ -4,7 +4,7 @@ The result (an ordinary HF checkpoint under configs/demo/target/) stands in for 
 the README, the demo recipes and the benchmarks. It is trained on all tokens of the chat-rendered
 data, packed into fixed-length sequences, like a (very) small pre-trained chat model.
 
-    python scripts/train_demo_target.py --output configs/demo/target --steps 700
+    python benchmarks/train_demo_target.py --output configs/demo/target --steps 700
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def evaluate(model: LlamaForCausalLM, data: torch.Tensor, batch_size: int) -> fl
 def write_model_card(out: Path, stats: dict) -> None:
     a = stats["args"]
     files = ", ".join(f"`configs/demo/data/{Path(f).name}`" for f in a["data"])
-    command = (f"python scripts/train_demo_target.py --output {a['output']} "
+    command = (f"python benchmarks/train_demo_target.py --output {a['output']} "
                f"--steps {a['steps']} --batch-size {a['batch_size']} --warmup {a['warmup']}")
     if a["layers"] != 8:
         command += f" --layers {a['layers']}"
