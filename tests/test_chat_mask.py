@@ -80,3 +80,23 @@ def test_text_rows_with_and_without_markers(chatml_tokenizer):
     spans = marker_spans(text, "<|im_start|>assistant\n", "<|im_end|>")
     marked = tokenize_with_mask(chatml_tokenizer, text, spans, None)
     assert trained_runs(chatml_tokenizer, marked) == ["hello there<|im_end|>"]
+
+
+def test_text_rows_start_with_the_bos_the_tokenizer_adds(chatml_tokenizer):
+    """A base model's prompt is tokenizer(text): with its BOS. Text rows get it too (untrained), once."""
+    import copy
+
+    from tokenizers import processors
+
+    from headstart.trainer.chat import tokenize_text
+
+    plain = tokenize_text(chatml_tokenizer, "hello there", None)  # this tokenizer adds nothing
+    assert plain.input_ids == chatml_tokenizer("hello there", add_special_tokens=False)["input_ids"]
+    with_bos = copy.deepcopy(chatml_tokenizer)
+    with_bos.bos_token = "<|im_start|>"
+    bos = with_bos.convert_tokens_to_ids("<|im_start|>")
+    with_bos._tokenizer.post_processor = processors.TemplateProcessing(single="<|im_start|> $A", special_tokens=[("<|im_start|>", bos)])
+    tok = tokenize_text(with_bos, "hello there", None)
+    assert tok.input_ids == [bos] + plain.input_ids and tok.loss_mask == [0] + [1] * len(plain.input_ids)
+    again = tokenize_text(with_bos, "<|im_start|>hello there", None)  # already there: not doubled
+    assert again.input_ids.count(bos) == 1 and again.input_ids[0] == bos

@@ -100,6 +100,20 @@ def marker_spans(text: str, start_marker: str, end_marker: str) -> list[tuple[in
     return spans
 
 
+def tokenize_text(tokenizer: PreTrainedTokenizerBase, text: str, spans: list[tuple[int, int]] | None) -> Tokenized:
+    """A preformatted 'text' row as the target sees a prompt: with the special tokens ``tokenizer(text)`` puts
+    before it (Llama's and Gemma's BOS; Qwen adds none), untrained, unless the text already starts with them.
+    A base model run without its BOS gives other hidden states (Gemma's drift far), so the features would not be
+    the ones decoding sees."""
+    tok = tokenize_with_mask(tokenizer, text, spans, None)
+    plain = tokenizer("x", add_special_tokens=False)["input_ids"]
+    full = tokenizer("x")["input_ids"]
+    prefix = full[: full.index(plain[0])] if plain and plain[0] in full else []
+    if not prefix or tok.input_ids[: len(prefix)] == prefix:
+        return tok
+    return Tokenized(prefix + tok.input_ids, [0] * len(prefix) + tok.loss_mask)
+
+
 def tokenize_conversation(
     tokenizer: PreTrainedTokenizerBase,
     messages: list[Message],

@@ -21,11 +21,11 @@ from typing import Any
 import datasets
 from transformers import PreTrainedTokenizerBase
 
-from headstart.trainer.chat import marker_spans, require_chat_template, tokenize_conversation, tokenize_with_mask
+from headstart.trainer.chat import marker_spans, require_chat_template, tokenize_conversation, tokenize_text
 from headstart.trainer.conversations import FORMATS, RowError, detect_format, to_messages
 
 # Bump when the tokenization logic changes, so stale caches are not reused.
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2  # 2: text rows get the tokenizer's leading special tokens (BOS)
 _READERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
@@ -97,7 +97,7 @@ def _row_to_tokens(row: dict[str, Any], *, fmt: str, tokenizer, config: DataConf
             if not isinstance(text, str):
                 raise RowError(f"'text' must be a string, got {type(text).__name__}")
             spans = marker_spans(text, *config.text_markers) if config.text_markers else None
-            tok = tokenize_with_mask(tokenizer, text, spans, None)
+            tok = tokenize_text(tokenizer, text, spans)
         else:
             tok = tokenize_conversation(tokenizer, to_messages(row, fmt), None, config.last_turn_only)
     except RowError as err:
