@@ -25,8 +25,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from headstart.trainer.loop import MACHINE_METRICS
+
 REPO = Path(__file__).resolve().parents[1]
-TIMING = {"tokens_per_s"}  # the only metric that depends on the clock
+TIMING = MACHINE_METRICS  # the metrics that depend on the clock and the machine
 
 
 @dataclass(frozen=True)
@@ -233,7 +235,7 @@ def main() -> int:
         append_section(args.benchmarks, "Kill anywhere: SIGKILL soak of training, the feature job and regeneration",
                        f"{args.rows} conversations of `{source}`, recipe `{args.config}`, seed {args.seed}. Every kill is a "
                        "SIGKILL of the whole process group, followed by the same command with `--resume`; compared: the "
-                       "final and best heads tensor by tensor, `best.json`, `metrics.jsonl` without `tokens_per_s`; "
+                       "final and best heads tensor by tensor, `best.json`, `metrics.jsonl` without `tokens_per_s` and `peak_mem_gib`; "
                        "every feature shard and the manifest's shard list; `regenerated.jsonl` byte for byte.\n\n" + table)
     return 0 if all(not r["differences"] for r in results) else 1
 

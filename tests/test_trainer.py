@@ -94,6 +94,11 @@ def test_outputs_are_server_layout_drafts(tmp_path):
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if r["split"] == "eval"]
     assert evals and {"loss", "acc_0", "sim_accept_len"} <= set(evals[-1])
+    import resource
+
+    # The process's peak memory, logged per step: at least what it held when the run was set up, at most its peak now.
+    peaks = [r["peak_mem_gib"] for r in records if r["split"] == "train"]
+    assert peaks == sorted(peaks) and 0.1 < peaks[-1] <= resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 def read_wandb_log(path: Path) -> list[bytes]:
@@ -343,7 +348,9 @@ def test_a_kill_between_the_best_heads_renames_and_after_its_checkpoint_is_repai
     shutil.rmtree(out / "checkpoints" / "step_000004")
     shutil.rmtree(out / "final")
     run(overrides, resume=True)
-    strip = lambda p: [{k: v for k, v in json.loads(x).items() if k != "tokens_per_s"}  # noqa: E731
+    from headstart.trainer.loop import MACHINE_METRICS
+
+    strip = lambda p: [{k: v for k, v in json.loads(x).items() if k not in MACHINE_METRICS}  # noqa: E731
                        for x in (p / "metrics.jsonl").read_text().splitlines()]
     assert strip(out) == strip(tmp_path / "whole")
     assert json.loads((out / "best" / "best.json").read_text()) == json.loads((tmp_path / "whole" / "best" / "best.json").read_text())

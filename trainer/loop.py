@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import json
 import os
+import resource
 import time
 import warnings
 from pathlib import Path
@@ -33,8 +34,20 @@ from headstart.trainer.feature_store import REBUILD, CorruptShardError
 from headstart.trainer.metrics import MetricsLogger
 
 
+MACHINE_METRICS = frozenset({"tokens_per_s", "peak_mem_gib"})
+"""Logged metrics that depend on the clock and the machine, not on what was trained: a resumed run's log
+equals an uninterrupted one's without them."""
+
 BEST_RECORD = "best.json"
 """In ``output_dir/best/``: the step and the metric it was chosen by."""
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """This process's peak memory so far: CUDA's max allocated tensors on a GPU, the peak RSS on a CPU (the
+    target's weights included, as a user's machine has to hold them)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
 
 
 def autocast_context(mixed_precision: str, device: torch.device):
@@ -288,10 +301,11 @@ class Trainer:
             self.tokens_seen += int(metrics["tokens"])
             tok_s = (self.tokens_seen - start_tokens) / (time.perf_counter() - start)
             metrics["tokens_per_s"] = tok_s
+            metrics["peak_mem_gib"] = peak_memory_gib(self.info.device)  # rank 0's, as the bar shows it
             if self.step % t.log_every == 0 or self.step == t.max_steps:
                 self.logger.log(self.step, "train", metrics)
             bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc0=f"{metrics.get('acc_0', 0):.3f}", tok_s=f"{tok_s:,.0f}",
-                            refresh=False)  # shown by update's (throttled) redraw
+                            mem=f"{metrics['peak_mem_gib']:.1f}G", refresh=False)  # shown by update's (throttled) redraw
             bar.update(1)
             if t.eval_every and self.step % t.eval_every == 0 and self.step < t.max_steps:
                 self._log_eval()
