@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from headstart.trainer.loop import MACHINE_METRICS
+from headstart.trainer.run_dir import MACHINE_METRICS
 
 REPO = Path(__file__).resolve().parents[1]
 TIMING = MACHINE_METRICS  # the metrics that depend on the clock and the machine

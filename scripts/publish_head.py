@@ -16,7 +16,7 @@ from pathlib import Path
 
 from headstart.models.registry import head_type
 from headstart.trainer.checkpoint import latest_checkpoint
-from headstart.trainer.loop import BEST_RECORD
+from headstart.trainer.run_dir import BEST_RECORD
 
 # What a card says of each exported layout: title, layout note, the unit one metric row describes.
 LAYOUTS = {

@@ -348,7 +348,7 @@ def test_a_kill_between_the_best_heads_renames_and_after_its_checkpoint_is_repai
     shutil.rmtree(out / "checkpoints" / "step_000004")
     shutil.rmtree(out / "final")
     run(overrides, resume=True)
-    from headstart.trainer.loop import MACHINE_METRICS
+    from headstart.trainer.run_dir import MACHINE_METRICS
 
     strip = lambda p: [{k: v for k, v in json.loads(x).items() if k not in MACHINE_METRICS}  # noqa: E731
                        for x in (p / "metrics.jsonl").read_text().splitlines()]

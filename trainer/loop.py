@@ -3,15 +3,13 @@
     train() -> train_step() -> forward_backward()      (torchtitan's shape)
 
 A step: ``grad_accum`` micro-batches, each: online target features -> ``head.loss`` -> backward;
-then clip + optimizer step. Metrics are reduced across ranks with one all-reduce per step.
+then clip + optimizer step. Metrics are reduced across ranks with one all-reduce per step. The run's files
+(checkpoints, resume, best/, metrics.jsonl) belong to trainer/run_dir.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
-import os
 import resource
 import time
 import warnings
@@ -22,24 +20,14 @@ import datasets
 import torch
 from tqdm import tqdm
 
-from headstart.trainer.progress import progress_bar
-
-from headstart.models.export import replace_dir
 from headstart.models.head import Features, trained_positions
 from headstart.trainer.batches import BatchPlan, collate
-from headstart.trainer.checkpoint import latest_checkpoint, save_checkpoint, written
 from headstart.trainer.config import RunConfig
 from headstart.trainer.distributed import DistInfo, all_reduce_sum
 from headstart.trainer.feature_store import REBUILD, CorruptShardError
 from headstart.trainer.metrics import MetricsLogger
-
-
-MACHINE_METRICS = frozenset({"tokens_per_s", "peak_mem_gib"})
-"""Logged metrics that depend on the clock and the machine, not on what was trained: a resumed run's log
-equals an uninterrupted one's without them."""
-
-BEST_RECORD = "best.json"
-"""In ``output_dir/best/``: the step and the metric it was chosen by."""
+from headstart.trainer.progress import progress_bar
+from headstart.trainer.run_dir import RunDirectory, run_identity
 
 
 def peak_memory_gib(device: torch.device) -> float:
@@ -73,11 +61,11 @@ class Trainer:
         self.config, self.info, self.backend, self.features = config, info, backend, features
         self.decode_eval = decode_eval
         self.train_data, self.eval_data, self.export_draft_fn, self.logger = train_data, eval_data, export_draft, logger
+        self.run_dir = RunDirectory(config.output_dir, info, logger)
         t = config.train
         self.plan = BatchPlan(len(train_data), t.batch_size, info.world_size, info.rank, t.grad_accum, t.seed)
         self.step = 0
         self.tokens_seen = 0
-        self.best: dict | None = None  # {"step", "metric", "value"} of the head in output_dir/best/
         self.target_fingerprint: dict | None = None  # set by build_trainer: checkpoints record it
 
     # -- checkpoints ----------------------------------------------------------------------------
@@ -86,9 +74,14 @@ class Trainer:
         if self.info.is_main:
             self.export_draft_fn(state, directory)
 
+    def identity(self) -> dict:
+        backend = self.config.parallel.backend + (f" ZeRO-{self.backend.zero_stage}" if hasattr(self.backend, "zero_stage") else "")
+        return run_identity(self.backend.module, self.config.draft.head, backend, self.config.train.optimizer,
+                            self.target_fingerprint)
+
     def save(self) -> Path:
-        return save_checkpoint(
-            self.config.output_dir, self.step, self.info, self.backend.save, self.export_draft,
+        return self.run_dir.save(
+            self.step, self.backend.save, self.export_draft,
             {"step": self.step, "tokens_seen": self.tokens_seen, "world_size": self.info.world_size,
              "global_batch": self.plan.global_batch, "rows_seen": self.plan.rows_seen(self.step),
              "identity": self.identity()},
@@ -96,12 +89,10 @@ class Trainer:
         )
 
     def resume(self) -> bool:
-        path = latest_checkpoint(self.config.output_dir)
-        if path is None:  # killed before its first checkpoint: start again, without the steps it logged
-            self._drop_metrics_after(0)
+        found = self.run_dir.resume_state(self.identity())
+        if found is None:  # killed before its first checkpoint: start again
             return False
-        state = json.loads((path / "trainer_state.json").read_text())
-        self._check_same_run(path, state.get("identity"))
+        path, state = found
         t = self.config.train
         # Checkpoints from before global_batch was recorded: their world size x this recipe's split.
         old_batch = state.get("global_batch", state["world_size"] * t.batch_size * t.grad_accum)
@@ -114,87 +105,8 @@ class Trainer:
         self.backend.load(path / "state", state["world_size"])
         self.step, self.tokens_seen = state["step"], state["tokens_seen"]
         self.plan.resume_at(self.step, rows_seen)
-        self._drop_metrics_after(self.step)
-        self.best = self._logged_best()
-        self._settle_best_dir()
+        self.run_dir.resumed_at(self.step)
         return True
-
-    def _settle_best_dir(self) -> None:
-        """After a kill: put back a best/ caught between its two renames. A best/ exported after the checkpoint
-        the run resumes from is kept (the one before it was replaced by it, so deleting it would lose both); the
-        resumed run compares with the best its kept log names and replaces best/ when it evaluates that far."""
-        if not self.info.is_main:
-            return
-        best, old = Path(self.config.output_dir) / "best", Path(self.config.output_dir) / ".old-best"
-        if old.is_dir() and not best.exists():
-            os.replace(old, best)
-        record = best / BEST_RECORD
-        if record.is_file() and json.loads(record.read_text())["step"] > self.step:
-            print(f"{best} holds the head of step {json.loads(record.read_text())['step']}, after the checkpoint this "
-                  f"run resumes from (step {self.step}); it is replaced when the resumed run evaluates that far")
-
-    def _logged_best(self) -> dict | None:
-        """The last best-head choice the interrupted run logged up to its checkpoint: later ones are made again."""
-        if not self.info.is_main or not self.logger.path.exists():
-            return None
-        best = None
-        for line in self.logger.path.read_text().splitlines():
-            record = json.loads(line)
-            if record["split"] == "best":
-                (metric, value), = ((k, v) for k, v in record.items() if k not in ("step", "split"))
-                best = {"step": record["step"], "metric": metric, "value": value}
-        return best
-
-    def identity(self) -> dict:
-        """What a checkpoint can only continue with: the head type, the target, every tensor's shape and the
-        draft vocab (the head's integer tensors, d2t/t2d). The same on every rank (global shapes)."""
-        state = self.backend.module.state_dict()
-        shapes = {n: list(getattr(p, "ds_shape", p.shape)) for n, p in self.backend.module.named_parameters()}
-        ints = hashlib.sha256()
-        for name in sorted(state):
-            if not state[name].is_floating_point():
-                ints.update(name.encode() + state[name].detach().cpu().contiguous().numpy().tobytes())
-        target = self.target_fingerprint or {}
-        backend = self.config.parallel.backend + (f" ZeRO-{self.backend.zero_stage}" if hasattr(self.backend, "zero_stage") else "")
-        return {"head": self.config.draft.head, "backend": backend, "optimizer": self.config.train.optimizer,
-                "shapes": shapes, "vocab_sha256": ints.hexdigest(),
-                "target": {k: target.get(k) for k in ("config_sha256", "tokenizer_sha256", "name_or_path")}}
-
-    def _check_same_run(self, path: Path, saved: dict | None) -> None:
-        """Refuse, naming the difference, a checkpoint this run cannot continue (every rank alike)."""
-        if saved is None:  # written before identities were recorded
-            return
-        now = self.identity()
-        problems = []
-        if saved.get("backend", now["backend"]) != now["backend"]:
-            problems.append(f"it was written by {saved['backend']}, this run uses {now['backend']}")
-        if saved.get("optimizer", "adamw") != now["optimizer"]:  # (checkpoints before the option: AdamW)
-            problems.append(f"its optimizer state is {saved.get('optimizer', 'adamw')}'s, this run uses {now['optimizer']}")
-        if saved["head"] != now["head"]:
-            problems.append(f"it trains a {saved['head']} head, this run a {now['head']} head")
-        for key, what in (("config_sha256", "config"), ("tokenizer_sha256", "tokenizer")):
-            if saved["target"].get(key) != now["target"].get(key):
-                problems.append(f"its target ({saved['target'].get('name_or_path')}) has another {what} than this run's "
-                                f"({now['target'].get('name_or_path')})")
-        if saved["head"] == now["head"] and saved["shapes"] != now["shapes"]:
-            differ = sorted(n for n in set(saved["shapes"]) | set(now["shapes"])
-                            if saved["shapes"].get(n) != now["shapes"].get(n))
-            problems.append("its tensors have other shapes: " + ", ".join(
-                f"{n} {saved['shapes'].get(n)} there vs {now['shapes'].get(n)} here" for n in differ[:4]))
-        elif saved["vocab_sha256"] != now["vocab_sha256"]:
-            problems.append("its draft vocab (d2t/t2d) differs: this run's training data or draft_vocab_size built another")
-        if problems:
-            raise ValueError(f"cannot resume {path}: " + "; ".join(problems) + ". Resume it with its own recipe, or "
-                             "start a new run (--overwrite, or another output_dir)")
-
-    def _drop_metrics_after(self, step: int) -> None:
-        """Metrics the interrupted run logged after its last checkpoint: those steps are trained again."""
-        if self.info.is_main and self.logger.path.exists():
-            lines = self.logger.path.read_text().splitlines()
-            kept = [line for line in lines if _logged_step(line) <= step]
-            tmp = self.logger.path.with_name(f".{self.logger.path.name}.tmp")
-            tmp.write_text("".join(line + "\n" for line in kept))
-            os.replace(tmp, self.logger.path)  # a kill now leaves the old log or the new, never a cut one
 
     # -- training -------------------------------------------------------------------------------
     def forward_backward(self, batch: dict[str, torch.Tensor], last_micro: bool, denominator: float) -> dict[str, float]:
@@ -219,30 +131,6 @@ class Trainer:
         metrics = self._reduce(micro_metrics)
         metrics.update(grad_norm=grad_norm, lr=self.backend.lr, epoch=self.plan.epoch_of(self.step + 1))
         return metrics
-
-    def _keep_best(self, metrics: dict[str, float]) -> None:
-        """Collective. Export the head to ``output_dir/best/`` when this evaluation beats every earlier one:
-        by decode tau when decode evaluation is on (what a server gets), else by the simulated acceptance
-        length. Acceptance often peaks before the loss stops falling; ``best/`` is that head."""
-        key = "decode_tau" if self.decode_eval is not None else "sim_accept_len"
-        value = metrics.get(key)  # decode_tau exists on rank 0 only: rank 0 decides
-        previous = self.best if self.best is not None and self.best["metric"] == key else None
-        better = [self.info.is_main and value is not None and (previous is None or value > previous["value"])]
-        if self.info.world_size > 1:
-            torch.distributed.broadcast_object_list(better, src=0)
-        if not better[0]:
-            return
-        out = Path(self.config.output_dir)
-        staging = out / ".best-staging"
-        with written("the best head", latest_checkpoint(out), cleanup=staging if self.info.is_main else None):
-            self.export_draft(staging)  # collective gather; rank 0 writes
-            if self.info.is_main:
-                (staging / BEST_RECORD).write_text(json.dumps({"step": self.step, "metric": key, "value": value}, indent=2))
-                replace_dir(staging, out / "best")  # the previous best stays whole until this one is in place
-        if self.info.is_main:
-            self.best = {"step": self.step, "metric": key, "value": value}
-            self.logger.log(self.step, "best", {key: value})
-            tqdm.write(f"best head so far: step {self.step}, {key} {value:.3f} -> {out / 'best'}")
 
     def _check_sources(self, batches: list[dict[str, torch.Tensor]]) -> None:
         """Every rank checks what this step's features are read from (stored shards) before any forward, and
@@ -316,8 +204,7 @@ class Trainer:
         if not trained_before:
             final_eval = self._log_eval()
             self.save()
-        with written("the final head", latest_checkpoint(self.config.output_dir)):
-            self.export_draft(Path(self.config.output_dir) / "final")
+        self.run_dir.export_final(self.export_draft)
         self.logger.close()
         return final_eval
 
@@ -330,7 +217,10 @@ class Trainer:
         if metrics is not None:
             self.logger.log(self.step, "eval", metrics)
             if self.config.train.eval_every:  # one evaluation (the final) is no choice: best/ would be final/
-                self._keep_best(metrics)
+                # best/ by decode tau when decode evaluation is on (what a server gets), else by the simulated
+                # acceptance length. Acceptance often peaks before the loss stops falling; best/ is that head.
+                key = "decode_tau" if self.decode_eval is not None else "sim_accept_len"
+                self.run_dir.keep_best(self.step, key, metrics.get(key), self.export_draft)  # decode_tau: rank 0 only
             if self.info.is_main:
                 accs = " ".join(f"{metrics[f'acc_{k}']:.3f}" for k in range(100) if f"acc_{k}" in metrics)
                 tau = f"  decode tau {metrics['decode_tau']:.3f}" if "decode_tau" in metrics else ""
@@ -338,10 +228,3 @@ class Trainer:
                            f"sim accept len {metrics.get('sim_accept_len', float('nan')):.3f}{tau}")
         return metrics
 
-
-def _logged_step(line: str) -> float:
-    """The step of a metrics.jsonl line; a line a kill cut short counts as after every checkpoint."""
-    try:
-        return json.loads(line)["step"]
-    except (json.JSONDecodeError, KeyError, TypeError):
-        return float("inf")
