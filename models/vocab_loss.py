@@ -94,15 +94,41 @@ def _chunks(project, x, teacher, teacher_h, labels, soft, chunk_tokens, recomput
     return loss_sum, torch.cat(correct), torch.cat(top5), torch.cat(accept)
 
 
+@dataclass(frozen=True)
+class TeacherRows:
+    """A teacher computed once per batch, for a draft with a truncated vocab: its logits over that vocab and its
+    full-vocab argmax at every position, read by row index (``teacher_h`` then holds the rows). Every step of a
+    multi-step head reads the same positions shifted, so this replaces one full-vocab teacher product per step
+    and per backward recomputation with one per position."""
+
+    logits: torch.Tensor  # [N, V'] float32, over vocab_ids
+    top1: torch.Tensor  # [N] the teacher's full-vocab argmax (target ids)
+
+    @classmethod
+    @torch.no_grad()
+    def compute(cls, teacher: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, vocab_ids: torch.Tensor,
+                chunk_tokens: int) -> "TeacherRows":
+        """``hidden`` [N, H] -> the teacher's rows, ``chunk_tokens`` positions at a time (no [N, V] at once)."""
+        logits, top1 = [], []
+        for part in hidden.split(chunk_tokens):
+            z = teacher(part).float()  # [n, V]
+            top1.append(z.argmax(-1))
+            logits.append(z[:, vocab_ids])
+        return cls(torch.cat(logits), torch.cat(top1))
+
+
 def _chunk(project, teacher, x: torch.Tensor, teacher_h: torch.Tensor, labels: torch.Tensor, soft: bool,
            vocab_ids: torch.Tensor | None = None):
     """Summed loss of n positions, the draft's top-5 ids [n, 5] and argmax [n], the teacher's argmax [n] and
     sum min(p, q) [n]; ids are target ids (``vocab_ids`` maps a truncated draft's outputs to them)."""
     with torch.no_grad():
-        teacher_logits = teacher(teacher_h).float()  # [n, V]
-        target_top1 = teacher_logits.argmax(-1)
-        if vocab_ids is not None:
-            teacher_logits = teacher_logits[:, vocab_ids]  # [n, V']: renormalised over what the draft can say
+        if isinstance(teacher, TeacherRows):
+            teacher_logits, target_top1 = teacher.logits[teacher_h], teacher.top1[teacher_h]  # [n, V'], [n]
+        else:
+            teacher_logits = teacher(teacher_h).float()  # [n, V]
+            target_top1 = teacher_logits.argmax(-1)
+            if vocab_ids is not None:
+                teacher_logits = teacher_logits[:, vocab_ids]  # [n, V']: renormalised over what the draft can say
         p = torch.softmax(teacher_logits, -1) if soft else None
         del teacher_logits
         if vocab_ids is not None and not soft:  # target id -> draft index; a token outside the vocab is not trained
@@ -133,7 +159,10 @@ def multi_step_loss(steps: Iterable[tuple[Callable[[torch.Tensor], torch.Tensor]
     top-1 and top-5 accuracy against the target's argmax; ``sim_accept_len`` = 1 + sum_s P(steps 0..s
     all right | all trained at t), a greedy chain's tokens per target forward under teacher forcing."""
     target_h = f.last_hidden_state  # [B, T, H]
-    T = target_h.shape[1]
+    B, T, H = target_h.shape
+    rows = None
+    if vocab_ids is not None and soft:  # small enough to keep for every position: computed once, not per step
+        rows = TeacherRows.compute(teacher, target_h.reshape(B * T, H), vocab_ids, chunk_tokens)
     denominator = loss_denominator(f)
     total = torch.zeros((), dtype=torch.float32, device=target_h.device)
     stats, chain, chain_valid = [], None, None  # chain [B, T]: steps 0..s all right at t
@@ -142,7 +171,8 @@ def multi_step_loss(steps: Iterable[tuple[Callable[[torch.Tensor], torch.Tensor]
         if s + 2 < T:
             valid[:, : T - s - 2] = f.loss_mask[:, s + 2 :].bool()
         b, t = valid.nonzero(as_tuple=True)  # the trained positions
-        step_sum, correct, top5, _ = chunked_vocab_loss(project, draft[b, t], teacher, target_h[b, t + 1 + s],
+        teacher_s, teacher_h = (teacher, target_h[b, t + 1 + s]) if rows is None else (rows, b * T + t + 1 + s)
+        step_sum, correct, top5, _ = chunked_vocab_loss(project, draft[b, t], teacher_s, teacher_h,
                                                      f.input_ids[b, t + 2 + s], soft, chunk_tokens, vocab_ids=vocab_ids)
         total = total + (step_weight**s) * step_sum / denominator
         step_loss = step_sum / max(len(b), 1)  # the step's mean, for the metrics
