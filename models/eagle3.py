@@ -300,13 +300,6 @@ class Eagle3Draft(nn.Module):
         with torch.no_grad():
             self.embed_tokens.weight.copy_(weight.to(self.embed_tokens.weight.dtype))
 
-    def load_target_lm_head(self, weight: torch.Tensor) -> None:
-        """Start lm_head as the target's rows [V_d, H] for the draft vocab (call after ``set_draft_vocab``)."""
-        if weight.shape[1] != self.config.hidden_size:
-            raise ValueError(f"target lm_head is {tuple(weight.shape)}; the draft's hidden size is {self.config.hidden_size}")
-        with torch.no_grad():
-            self.lm_head.weight.copy_(weight[self.target_vocab_ids().to(weight.device)].to(self.lm_head.weight.dtype))
-
     # -- training -------------------------------------------------------------------------------
     def forward(self, features: Features) -> tuple[torch.Tensor, dict[str, float]]:
         # Training goes through forward so FSDP2 / ZeRO-3 hooks gather the parameters.

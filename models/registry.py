@@ -45,9 +45,6 @@ class DraftConfig:
     exports and cheaper heads, a token outside them is never drafted); None = the target's full vocab."""
     labels: str = "target"
     """What Medusa heads learn: target (the target's own distribution, self-distillation) | data (the data's tokens)."""
-    lm_head_init: str = "random"
-    """EAGLE-3: how the draft's lm_head starts: target (the target's lm_head rows for the draft vocab, so the draft
-    reads out its hidden state the way the target does from the first step) | random (EAGLE's and SpecForge's init)."""
     loss_chunk_tokens: int = 1024
     """Positions per [chunk, V] float32 logits block of the loss (every head: EAGLE-3 over V_d, Medusa and MTP over
     the full vocab); lower it to save memory."""
@@ -76,10 +73,6 @@ def build_eagle3(config: DraftConfig, target: Target, token_counts: torch.Tensor
     head.chunk_tokens = config.loss_chunk_tokens
     head.set_draft_vocab(*build_draft_vocab(token_counts, draft_config.draft_vocab_size))
     head.load_target_embeddings(target.embed_tokens.weight)
-    if config.lm_head_init == "target":
-        head.load_target_lm_head(target.lm_head_weight)
-    elif config.lm_head_init != "random":
-        raise ValueError(f"draft.lm_head_init must be 'target' or 'random', not {config.lm_head_init!r}")
     return head
 
 
@@ -101,7 +94,7 @@ def build_medusa(config: DraftConfig, target: Target, token_counts: torch.Tensor
 
 
 HEADS: dict[str, HeadType] = {
-    "eagle3": HeadType(Eagle3Draft, build_eagle3, ("draft_vocab_size", "ttt_steps", "step_weight", "lm_head_init")),
+    "eagle3": HeadType(Eagle3Draft, build_eagle3, ("draft_vocab_size", "ttt_steps", "step_weight")),
     "medusa": HeadType(MedusaHeads, build_medusa, ("num_heads", "num_layers", "truncated_vocab_size", "labels",
                                                    "step_weight")),
     "mtp": HeadType(MTPHead, lambda c, t, _: build_mtp(t, c.ttt_steps, c.step_weight, c.loss_chunk_tokens),

@@ -194,24 +194,3 @@ def test_config_that_does_not_fit_the_target():
     assert "vocab_size 128 != target vocab_size 100" in text
     assert "out of range" in text
 
-
-@pytest.mark.parametrize("init", ["target", "random"])
-def test_lm_head_init_from_the_target(init):
-    """draft.lm_head_init=target: the draft's lm_head is the target's rows for the draft vocab, so a draft whose
-    final hidden state equals the target's reads out the target's logits on the draft vocab."""
-    from headstart.models.registry import DraftConfig, build_head
-    from headstart.models.target import Target
-
-    target = Target(tiny_causal_lm("llama", num_hidden_layers=8))
-    counts = torch.randint(0, 50, (V,), generator=torch.Generator().manual_seed(3))
-    head = build_head(DraftConfig(head="eagle3", draft_vocab_size=48, lm_head_init=init), target, counts)
-    ids = head.target_vocab_ids()
-    hidden = torch.randn(2, 5, H)
-    expected = target.logits(target.base.norm(hidden), ids)  # the tiny target's final norm is the identity scale
-    if init == "target":
-        torch.testing.assert_close(head.lm_head.weight, target.lm_head_weight[ids])
-        torch.testing.assert_close(head.logits(hidden), expected)
-    else:
-        assert (head.logits(hidden) - expected).abs().max() > 0.1
-    with pytest.raises(ValueError, match="lm_head_init must be 'target' or 'random', not 'copy'"):
-        build_head(DraftConfig(head="eagle3", draft_vocab_size=48, lm_head_init="copy"), target, counts)
