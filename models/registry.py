@@ -102,6 +102,22 @@ HEADS: dict[str, HeadType] = {
 }
 
 
+SHARED_FIELDS = ("head", "config", "loss_chunk_tokens")
+"""DraftConfig fields every head reads; the rest belong to the heads that list them."""
+
+
+def check_draft_keys(keys, where: str = "draft") -> None:
+    """Refuse a recipe's draft section that sets a field its head does not read (a Medusa recipe with
+    ``ttt_steps`` would otherwise train without it, silently), naming the field and the head's fields."""
+    keys = dict(keys)
+    name = keys.get("head", DraftConfig.head)
+    own = head_type(name).fields
+    foreign = sorted(k for k in keys if k not in own and k not in SHARED_FIELDS and k in DraftConfig.__dataclass_fields__)
+    if foreign:
+        raise ValueError(f"{', '.join(f'{where}.{k}' for k in foreign)}: not read by the {name} head; its fields are "
+                         f"{list(own)} (and {list(SHARED_FIELDS)} for every head)")
+
+
 def head_type(name: str) -> HeadType:
     if name not in HEADS:
         raise ValueError(f"unknown draft head {name!r}; registered heads: {sorted(HEADS)}")

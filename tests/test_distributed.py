@@ -95,8 +95,8 @@ def test_medusa_heads_train_alike_on_fsdp_and_zero3_with_decode_evaluation(tmp_p
     integrated decode evaluation drafts with the Medusa drafter, and both export vLLM's Medusa layout.
     5-token loss chunks give the ranks different chunk counts: ZeRO-3 must still call in lockstep."""
     needs("zero3")
-    base = make_setup(tmp_path) + ["--train.batch_size=1", "--train.grad_accum=2", "--train.max_steps=3",
-                                   "--train.save_every=2", "--draft.head=medusa", "--draft.num_heads=2",
+    base = make_setup(tmp_path, head="medusa") + ["--train.batch_size=1", "--train.grad_accum=2", "--train.max_steps=3",
+                                   "--train.save_every=2", "--draft.num_heads=2",
                                    "--draft.loss_chunk_tokens=5", *DECODE_EVAL]
     runs = {"fsdp": [], "zero3": VARIANTS["zero3"][:2]}
     for name, extra in runs.items():
@@ -121,8 +121,8 @@ def test_medusa_heads_train_alike_on_fsdp_and_zero3_with_decode_evaluation(tmp_p
 def test_mtp_layer_trains_alike_on_fsdp_and_zero3(tmp_path):
     """MTP's unrolled steps call its decoder block several times per forward: FSDP2 and ZeRO-3 still agree."""
     needs("zero3")
-    base = make_setup(tmp_path) + ["--train.batch_size=1", "--train.grad_accum=2", "--train.max_steps=2",
-                                   "--train.save_every=2", "--draft.head=mtp", "--draft.ttt_steps=2",
+    base = make_setup(tmp_path, head="mtp") + ["--train.batch_size=1", "--train.grad_accum=2", "--train.max_steps=2",
+                                   "--train.save_every=2", "--draft.ttt_steps=2",
                                    "--draft.loss_chunk_tokens=5"]
     for name, extra in {"fsdp": [], "zero3": VARIANTS["zero3"][:2]}.items():
         torchrun(base + [f"--output_dir={tmp_path / name}", *extra], cwd=tmp_path)

@@ -23,8 +23,8 @@ REPO = Path(__file__).resolve().parents[1]
 BF16 = ["--target.dtype=bfloat16", "--features.aux=bf16", "--features.target_dist=hidden"]
 
 
-def setup(root: Path, *extra: str) -> list[str]:
-    return make_setup(root) + ["--features.samples_per_shard=5", "--features.batch_size=1", "--train.batch_size=1",
+def setup(root: Path, *extra: str, head: str = "eagle3") -> list[str]:
+    return make_setup(root, head=head) + ["--features.samples_per_shard=5", "--features.batch_size=1", "--train.batch_size=1",
                                "--train.max_steps=1", *extra]
 
 
@@ -55,7 +55,7 @@ def test_bf16_store_feeds_the_head_exactly_what_the_target_does(tmp_path):
 
 
 def test_medusa_stores_only_the_final_hidden_state_and_bf16_equals_online(tmp_path):
-    overrides = setup(tmp_path, "--target.dtype=bfloat16", "--draft.head=medusa", "--draft.num_heads=3")
+    overrides = setup(tmp_path, "--target.dtype=bfloat16", "--draft.num_heads=3", head="medusa")
     manifest = generate(overrides, tmp_path / "store")
     assert manifest["storage"] == {"aux": None, "hidden": "bf16", "topk": None}
     shard = FeatureStore(tmp_path / "store").get(0)
@@ -73,7 +73,7 @@ def test_medusa_stores_only_the_final_hidden_state_and_bf16_equals_online(tmp_pa
 
 
 def test_fp8_final_hidden_states_are_half_the_bytes_and_close(tmp_path):
-    overrides = setup(tmp_path, "--draft.head=medusa", "--features.hidden=fp8")
+    overrides = setup(tmp_path, "--features.hidden=fp8", head="medusa")
     manifest = generate(overrides, tmp_path / "store")
     H, n = manifest["hidden_size"], manifest["num_tokens"]
     assert 0 < manifest["bytes"] - (H + 2 + 4 + 1) * n < 1000 * len(manifest["shards"])  # fp8 + bf16 scale: H+7

@@ -181,7 +181,7 @@ def test_rank_accuracy_counts_the_targets_own_continuation(target):
 
 
 def test_medusa_trains_through_the_shared_trainer(tmp_path):
-    overrides = make_setup(tmp_path) + ["--draft.head=medusa", "--draft.num_heads=3", "--train.max_steps=4",
+    overrides = make_setup(tmp_path, head="medusa") + ["--draft.num_heads=3", "--train.max_steps=4",
                                         "--train.lr=3e-3"]
     trainer = build_trainer(load_config(None, overrides))
     assert trainer.features.needs == MedusaHeads.needs

@@ -209,7 +209,7 @@ def test_native_mtp_is_read_trained_written_back_and_loads_as_the_target(tmp_pat
 
 
 def test_mtp_trains_through_the_shared_trainer_online_and_offline(tmp_path):
-    overrides = make_setup(tmp_path) + ["--draft.head=mtp", "--draft.ttt_steps=2", "--train.max_steps=3",
+    overrides = make_setup(tmp_path, head="mtp") + ["--draft.ttt_steps=2", "--train.max_steps=3",
                                         "--target.dtype=bfloat16", "--features.samples_per_shard=8"]
     from headstart.scripts import generate_features as gf
 

@@ -179,10 +179,17 @@ def test_config_errors(tmp_path):
     (tmp_path / "c.yaml").write_text("output_dir: x\nparallel:\n  backend: fsdp\n  zero: 3\n")
     with pytest.raises(ValueError, match="parallel.zero"):
         load_config(str(tmp_path / "c.yaml"))
+    # A field of another head: refused by name, with the head's own fields (a Medusa recipe never trains TTT steps).
+    (tmp_path / "m.yaml").write_text("draft:\n  head: medusa\n  num_heads: 3\n  ttt_steps: 5\n  draft_vocab_size: 8\n")
+    with pytest.raises(ValueError, match=r"draft.draft_vocab_size, draft.ttt_steps: not read by the medusa head; its fields "
+                                         r"are \['num_heads', 'num_layers', 'truncated_vocab_size', 'labels', 'step_weight'\]"):
+        load_config(str(tmp_path / "m.yaml"))
+    with pytest.raises(ValueError, match="draft.num_heads: not read by the eagle3 head"):
+        load_config(None, ["--draft.num_heads=2"])
     with pytest.raises(ValueError, match="unknown draft head 'medusa2'"):
         build_trainer(load_config(None, make_setup(tmp_path) + ["--draft.head=medusa2"]))
     with pytest.raises(ValueError, match=r"export.format 'speculators': MedusaHeads is exported in the layouts \['vllm'\]"):
-        build_trainer(load_config(None, make_setup(tmp_path) + ["--draft.head=medusa", "--export.format=speculators"]))
+        build_trainer(load_config(None, make_setup(tmp_path, head="medusa") + ["--export.format=speculators"]))
 
 
 def test_bf16_target_and_bf16_autocast_train(tmp_path):
@@ -319,7 +326,8 @@ def test_resume_refuses_a_checkpoint_of_another_head_shape_vocab_or_target(tmp_p
                                          r".*lm_head.weight \[64, \d+\] there vs \[48, \d+\] here"):
         run(overrides + ["--draft.draft_vocab_size=48", "--train.max_steps=3"], resume=True)
     with pytest.raises(ValueError, match="it trains a eagle3 head, this run a medusa head"):
-        run(overrides + ["--draft.head=medusa", "--train.max_steps=3"], resume=True)
+        medusa = [o for o in overrides if not o.startswith(("--draft.draft_vocab_size", "--draft.ttt_steps"))]
+        run(medusa + ["--draft.head=medusa", "--train.max_steps=3"], resume=True)
     with pytest.raises(ValueError, match="its optimizer state is adamw's, this run uses muon"):
         run(overrides + ["--train.optimizer=muon", "--train.max_steps=3"], resume=True)
     rows = (tmp_path / "chat.jsonl").read_text().splitlines()

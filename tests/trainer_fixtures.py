@@ -13,8 +13,12 @@ ANSWERS = ["2+3 = 5. The answer is 5.", "Blue is a colour.", "Hello there!", "On
            "def add(a, b):\n    return a + b"]
 
 
-def make_setup(root: Path, rows: int = 24, layers: int = 8) -> list[str]:
-    """Write a tiny Llama target with a ChatML tokenizer and a chat JSONL; return CLI overrides."""
+HEAD_FIELDS = {"eagle3": ["--draft.draft_vocab_size=64", "--draft.ttt_steps=3"], "mtp": ["--draft.ttt_steps=3"], "medusa": []}
+"""Each head's small settings (a recipe may set only its head's fields)."""
+
+
+def make_setup(root: Path, rows: int = 24, layers: int = 8, head: str = "eagle3") -> list[str]:
+    """Write a tiny Llama target with a ChatML tokenizer and a chat JSONL; return CLI overrides training ``head``."""
     tokenizer = make_tokenizer(CHATML_TEMPLATE, "<|im_end|>")
     target_dir = root / "target"
     model = tiny_causal_lm("llama", num_hidden_layers=layers, vocab_size=len(tokenizer))
@@ -33,8 +37,8 @@ def make_setup(root: Path, rows: int = 24, layers: int = 8) -> list[str]:
         f"--data.files=[{data}]",
         "--data.max_length=48",
         f"--data.cache_dir={root / 'cache'}",
-        "--draft.draft_vocab_size=64",
-        "--draft.ttt_steps=3",
+        f"--draft.head={head}",
+        *HEAD_FIELDS.get(head, []),
         "--train.lr=1e-3",
         "--train.max_steps=6",
         "--train.batch_size=2",

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from headstart.models.registry import DraftConfig
+from headstart.models.registry import DraftConfig, check_draft_keys
 from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
 from headstart.models.target import TargetConfig
 from headstart.trainer.data import DataConfig
@@ -210,7 +210,9 @@ def load_config(path: str | None, overrides: list[str] | None = None) -> RunConf
             raise FileNotFoundError(f"config file not found: {path}")
         tree = yaml.safe_load(p.read_text()) or {}
     tree = _merge(tree, parse_overrides(overrides or []))
-    return _build(RunConfig, tree, "")
+    config = _build(RunConfig, tree, "")  # unknown keys are refused here, by section
+    check_draft_keys(tree.get("draft") or {})
+    return config
 
 
 def to_dict(config: RunConfig) -> dict[str, Any]:
