@@ -100,6 +100,18 @@ def prompt_bucket(n_tokens: int) -> str:
     return next(name for limit, name in PROMPT_BUCKETS if limit is None or n_tokens < limit)
 
 
+def decode_tau(runner: TargetRunner, make_drafter: Callable[[], Drafter], prompts: list[torch.Tensor],
+               max_new_tokens: int, eos_ids: set[int], k: int, tree: DynamicTree | StaticTree | None = None) -> Tally:
+    """Greedy speculative decoding of token prompts [1, T] with nothing else timed or run: tau exactly as the
+    benchmark counts it, for the held-out and during-training evaluations (``.summary()['tau']``)."""
+    depth = k if tree is None else (tree.depth if isinstance(tree, DynamicTree) else max(map(len, tree.paths)))
+    device = next(runner.target.model.parameters()).device
+    tally = Tally()
+    for prompt in prompts:
+        tally.add(speculative_generate(runner, make_drafter(), prompt.to(device), max_new_tokens, eos_ids, k, tree=tree), depth)
+    return tally
+
+
 def run_benchmark(
     runner: TargetRunner,
     make_drafter: Callable[[], Drafter],

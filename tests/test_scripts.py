@@ -85,3 +85,24 @@ def test_bench_train_runs_and_reports_the_step_cost(tmp_path):
     assert "| tokens/s (all ranks) | step time | target forward alone | step / target forward |" in table
     row = table.strip().splitlines()[-1].split("|")
     assert float(row[1].replace(",", "")) > 0 and row[4].strip().endswith("x")
+
+
+def test_heldout_tau_runs_any_head_and_counts_like_the_decoder(tmp_path):
+    """benchmarks/heldout_tau.py on a just-trained tiny Medusa head: tau = tokens / forwards of the real decoder."""
+    import re
+
+    from trainer_fixtures import make_setup
+
+    from headstart.trainer.config import load_config
+    from headstart.trainer.run import build_trainer
+
+    overrides = make_setup(tmp_path, head="medusa") + ["--train.max_steps=2", "--draft.num_heads=2"]
+    build_trainer(load_config(None, overrides)).train()
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "heldout_tau.py"), "--heads", str(tmp_path / "run" / "final"),
+                           "--prompts", "2", "--max-new-tokens", "8", "--k", "2", *overrides],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = re.search(r"(\d+) held-out prompts, tau ([\d.]+) \((\d+) tokens / (\d+) forwards\)", proc.stdout)
+    prompts, tau, tokens, forwards = int(line[1]), float(line[2]), int(line[3]), int(line[4])
+    assert prompts == 2 and tau == pytest.approx(tokens / forwards, abs=1e-3) and 1.0 <= tau <= 3.0
+    assert tokens >= 2 * 7  # 8 new tokens per prompt, the prefill's own token not counted (an EOS may end one early)

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from headstart.decode.drafters import drafter_for
-from headstart.decode.generate import speculative_generate
+from headstart.decode.benchmark import decode_tau
 from headstart.decode.target_runner import TargetRunner
 from headstart.models.target import Target
 from headstart.trainer.distributed import DistInfo
@@ -65,10 +65,6 @@ class DecodeEval:
         self.head.load_state_dict({k: v.to(self.info.device) for k, v in state.items()}, strict=False)
         self.head.eval()
         runner = TargetRunner(self.target, self.max_len, with_aux=self.with_aux)
-        tokens = forwards = 0
-        for prompt in self.prompts:
-            out = speculative_generate(runner, drafter_for(self.head, self.max_len), prompt.to(self.info.device),
-                                       self.max_new_tokens, self.eos_ids, self.k)
-            tokens += len(out.tokens) - 1
-            forwards += out.target_forwards
-        return {"decode_tau": tokens / max(1, forwards), "decode_tokens": float(tokens)} if self.info.is_main else None
+        tally = decode_tau(runner, lambda: drafter_for(self.head, self.max_len), self.prompts, self.max_new_tokens,
+                           self.eos_ids, self.k)
+        return {"decode_tau": tally.summary()["tau"], "decode_tokens": float(tally.tokens)} if self.info.is_main else None
