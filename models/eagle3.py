@@ -32,6 +32,7 @@ from headstart.models.head import (
     DEFAULT_SPECULATIVE_TOKENS,
     FeatureNeeds,
     Features,
+    StepTally,
     check_layout,
     loss_denominator,
     shift_left,
@@ -342,7 +343,7 @@ class Eagle3Draft(nn.Module):
         B, T, V_d = f.target_logits.shape
         target_rows = f.target_logits.reshape(B * T, V_d)
         total = torch.zeros((), dtype=torch.float32, device=f.input_ids.device)
-        step_stats = []  # per step: [loss, acc, accept]; moved to the host once, after the loop
+        tally = StepTally()
         for k, hidden in enumerate(self.unroll_hidden(f)):  # hidden [B, T, H]
             valid_k = shift_left(valid, 1 + k, False)
             b, t = valid_k.nonzero(as_tuple=True)  # the trained positions; their target is at t+1+k
@@ -352,19 +353,8 @@ class Eagle3Draft(nn.Module):
                 VocabProjection(self.norm, self.lm_head.weight), hidden[b, t], lambda rows: target_rows[rows], b * T + t + 1 + k, torch.zeros_like(b),
                 soft=True, chunk_tokens=self.chunk_tokens, recompute=len(b) * V_d > RECOMPUTE_ABOVE)
             total = total + (self.step_weight**k) * step_sum / denominator
-            n_valid = valid_k.sum().clamp(min=1)
-            with torch.no_grad():
-                step_stats.append(torch.stack([step_sum.detach() / n_valid, correct.sum() / n_valid, accept.sum() / n_valid]))
-        # One host transfer for every metric: per-step stats, then the valid-token count.
-        *stats, (n_valid_total, _, _) = torch.cat([torch.stack(step_stats), valid.sum().float().expand(1, 3)]).tolist()
-        metrics: dict[str, float] = {"valid_tokens": n_valid_total}
-        chain, sim_len = 1.0, 1.0
-        for k, (step_loss, acc, accept) in enumerate(stats):
-            chain *= acc
-            sim_len += chain
-            metrics.update({f"loss_{k}": step_loss, f"acc_{k}": acc, f"accept_{k}": accept})
-        metrics["sim_accept_len"] = sim_len  # 1 + sum_k prod_{i<=k} acc_i: comparable to tau (bonus included)
-        return total, metrics
+            tally.add(valid_k, b, t, step_sum, correct, accept=accept)
+        return total, tally.metrics(valid)
 
     # -- checkpoint -----------------------------------------------------------------------------
     def export_state_dict(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:

@@ -81,6 +81,61 @@ class DraftHead(Protocol):
         target's ``provenance.fingerprint``, for layouts whose config names the target."""
 
 
+SUMS = "sum/"
+"""Prefix of the sums and counts in a head's metrics (``StepTally.metrics``): the trainer adds these up over
+micro-batches and ranks and forms the ratios once (``step_metrics``), so every trained token weighs the same."""
+_SUM_FIELDS = ("loss", "correct", "top5", "accept", "valid", "chained", "chain_valid")
+
+
+class StepTally:
+    """One batch of a multi-step head (EAGLE-3's TTT steps, Medusa's heads, MTP's unrolled steps), step by step:
+    step s at position t predicts token t+2+s. Kept as sums and counts on the device; one host transfer at the end.
+
+    ``chained`` counts the positions whose steps 0..s are all right, among ``chain_valid``, those trained at every
+    step 0..s: the simulated acceptance length 1 + sum_s chained_s / chain_valid_s is then the expected length of
+    a greedy chain under teacher forcing, by one definition for every head."""
+
+    def __init__(self) -> None:
+        self.rows: list[torch.Tensor] = []
+        self.chain: torch.Tensor | None = None  # [B, T] bool: steps 0..s all right at t
+        self.chain_valid: torch.Tensor | None = None
+
+    def add(self, valid: torch.Tensor, b: torch.Tensor, t: torch.Tensor, loss_sum: torch.Tensor, correct: torch.Tensor,
+            top5: torch.Tensor | None = None, accept: torch.Tensor | None = None) -> None:
+        """Step s's trained positions ``valid`` [B, T] (``b``, ``t``: their indices), its summed loss and, per trained
+        position, whether the draft's argmax is the target's (``correct``), in its top 5, and sum min(p, q)."""
+        right = torch.zeros_like(valid)
+        right[b, t] = correct
+        self.chain = right if self.chain is None else self.chain & right
+        self.chain_valid = valid if self.chain_valid is None else self.chain_valid & valid
+        nan = torch.full((), float("nan"), device=valid.device)
+        self.rows.append(torch.stack([loss_sum.detach().float(), correct.sum().float(),
+                                      nan if top5 is None else top5.sum().float(), nan if accept is None else accept.sum().float(),
+                                      valid.sum().float(), self.chain.sum().float(), self.chain_valid.sum().float()]))
+
+    def metrics(self, loss_mask: torch.Tensor) -> dict[str, float]:
+        """The sums (``SUMS`` keys), the ratios they give for this batch alone, and ``valid_tokens``."""
+        *rows, (n_tokens, *_) = torch.cat([torch.stack(self.rows), loss_mask.sum().float().expand(1, len(_SUM_FIELDS))]).tolist()
+        sums = {f"{SUMS}{name}_{s}": v for s, row in enumerate(rows) for name, v in zip(_SUM_FIELDS, row) if v == v}  # no NaN
+        return {**step_metrics(sums), **sums, "valid_tokens": n_tokens}
+
+
+def step_metrics(sums: dict[str, float]) -> dict[str, float]:
+    """Per-step means from summed ``StepTally`` counts: loss_s, acc_s, top5_s, accept_s and sim_accept_len."""
+    out: dict[str, float] = {}
+    sim_len, s = 1.0, 0
+    while f"{SUMS}valid_{s}" in sums:
+        n = max(sums[f"{SUMS}valid_{s}"], 1.0)
+        out[f"loss_{s}"], out[f"acc_{s}"] = sums[f"{SUMS}loss_{s}"] / n, sums[f"{SUMS}correct_{s}"] / n
+        for name in ("top5", "accept"):
+            if f"{SUMS}{name}_{s}" in sums:
+                out[f"{name}_{s}"] = sums[f"{SUMS}{name}_{s}"] / n
+        sim_len += sums[f"{SUMS}chained_{s}"] / max(sums[f"{SUMS}chain_valid_{s}"], 1.0)
+        s += 1
+    out["sim_accept_len"] = sim_len  # comparable to tau: the bonus token included
+    return out
+
+
 def check_layout(head, layout: str | None) -> str:
     """``layout``, or the head's default when None; refused by name if the head cannot write it."""
     if layout is None:

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from headstart.models.fused_loss import fused_linear_loss, triton_usable
-from headstart.models.head import Features, loss_denominator
+from headstart.models.head import Features, StepTally, loss_denominator
 
 
 @dataclass
@@ -165,7 +165,7 @@ def multi_step_loss(steps: Iterable[tuple[Callable[[torch.Tensor], torch.Tensor]
         rows = TeacherRows.compute(teacher, target_h.reshape(B * T, H), vocab_ids, chunk_tokens)
     denominator = loss_denominator(f)
     total = torch.zeros((), dtype=torch.float32, device=target_h.device)
-    stats, chain, chain_valid = [], None, None  # chain [B, T]: steps 0..s all right at t
+    tally = StepTally()
     for s, (project, draft) in enumerate(steps):
         valid = torch.zeros_like(f.loss_mask, dtype=torch.bool)
         if s + 2 < T:
@@ -175,19 +175,5 @@ def multi_step_loss(steps: Iterable[tuple[Callable[[torch.Tensor], torch.Tensor]
         step_sum, correct, top5, _ = chunked_vocab_loss(project, draft[b, t], teacher_s, teacher_h,
                                                      f.input_ids[b, t + 2 + s], soft, chunk_tokens, vocab_ids=vocab_ids)
         total = total + (step_weight**s) * step_sum / denominator
-        step_loss = step_sum / max(len(b), 1)  # the step's mean, for the metrics
-        right = torch.zeros_like(valid)
-        right[b, t] = correct
-        chain, chain_valid = (right, valid) if chain is None else (chain & right, chain_valid & valid)
-        n = valid.sum().clamp(min=1)
-        stats.append(torch.stack([step_loss.detach(), correct.sum() / n, top5.sum() / n,
-                                  chain.sum() / chain_valid.sum().clamp(min=1)]))
-    # One host transfer for every metric.
-    *rows, (n_valid, _, _, _) = torch.cat([torch.stack(stats), f.loss_mask.sum().float().expand(1, 4)]).tolist()
-    metrics: dict[str, float] = {"valid_tokens": n_valid}
-    sim_len = 1.0
-    for s, (step_loss, acc, acc5, chained) in enumerate(rows):
-        metrics.update({f"loss_{s}": step_loss, f"acc_{s}": acc, f"top5_{s}": acc5})
-        sim_len += chained
-    metrics["sim_accept_len"] = sim_len
-    return total, metrics
+        tally.add(valid, b, t, step_sum, correct, top5=top5)
+    return total, tally.metrics(f.loss_mask)

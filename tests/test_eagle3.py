@@ -95,7 +95,7 @@ def test_ttt_matches_naive_inference_reference():
 
 
 def test_loss_gradients_and_metrics():
-    draft = tiny_draft(ttt_steps=3)
+    draft = tiny_draft(ttt_steps=3, draft_vocab=3)  # 3 draft tokens: chance accuracy ~1/3, so chains form
     assert isinstance(draft, DraftHead)
     f = random_features(draft)
     total, metrics = draft.loss(f)
@@ -104,8 +104,25 @@ def test_loss_gradients_and_metrics():
     assert draft.fc.weight.grad is not None and draft.fc.weight.grad.abs().sum() > 0
     for k in range(3):
         assert 0.0 <= metrics[f"acc_{k}"] <= 1.0 and 0.0 < metrics[f"accept_{k}"] <= 1.0
-    expected_len = 1 + metrics["acc_0"] + metrics["acc_0"] * metrics["acc_1"] + metrics["acc_0"] * metrics["acc_1"] * metrics["acc_2"]
+    # The simulated acceptance length by the one definition every head shares: the joint chain, position by
+    # position (steps 0..k all right among the positions trained at every step 0..k), not a product of marginals.
+    valid = torch.zeros_like(f.loss_mask, dtype=torch.bool)
+    valid[:, :-1] = f.loss_mask[:, 1:].bool() & f.target_in_draft[:, :-1]
+    chain = chain_valid = None
+    expected_len = 1.0
+    with torch.no_grad():
+        for k, logits in enumerate(draft.unroll(f)):  # [B, T, V_d]
+            valid_k = torch.zeros_like(valid)
+            valid_k[:, : -(1 + k)] = valid[:, 1 + k:]
+            right = torch.zeros_like(valid)
+            right[:, : -(1 + k)] = logits[:, : -(1 + k)].argmax(-1) == f.target_logits[:, 1 + k:].argmax(-1)
+            right &= valid_k
+            chain, chain_valid = (right, valid_k) if chain is None else (chain & right, chain_valid & valid_k)
+            expected_len += chain.sum().item() / max(chain_valid.sum().item(), 1)
+            assert metrics[f"acc_{k}"] == pytest.approx(right.sum().item() / valid_k.sum().item())
     assert metrics["sim_accept_len"] == pytest.approx(expected_len)
+    assert metrics["sim_accept_len"] != pytest.approx(
+        1 + metrics["acc_0"] + metrics["acc_0"] * metrics["acc_1"] + metrics["acc_0"] * metrics["acc_1"] * metrics["acc_2"])
 
 
 def test_draft_equal_to_target_has_full_accuracy_and_acceptance():

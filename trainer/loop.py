@@ -20,7 +20,7 @@ import datasets
 import torch
 from tqdm import tqdm
 
-from headstart.models.head import Features, trained_positions
+from headstart.models.head import SUMS, Features, step_metrics, trained_positions
 from headstart.trainer.batches import BatchPlan, collate
 from headstart.trainer.config import RunConfig
 from headstart.trainer.distributed import DistInfo, all_reduce_sum
@@ -149,12 +149,16 @@ class Trainer:
                                     + f". {REBUILD}")
 
     def _reduce(self, records: list[dict[str, float]]) -> dict[str, float]:
-        """Mean over micro-batches and ranks; token counts are summed."""
+        """One all-reduce over micro-batches and ranks. The heads' per-step sums and counts (``SUMS``) and token
+        counts are added up and the per-step metrics formed from them, so every trained token weighs the same; the
+        loss (already a share of the global batch's token mean, see ``loss_denominator``) is averaged."""
         keys = sorted(records[0])
         local = torch.tensor([[r[k] for k in keys] for r in records], dtype=torch.float64).sum(0)
-        total = all_reduce_sum(local.to(self.info.device)).cpu()
+        total = dict(zip(keys, all_reduce_sum(local.to(self.info.device)).cpu().tolist()))
         n = len(records) * self.info.world_size
-        return {k: (v if k in ("tokens", "valid_tokens") else v / n) for k, v in zip(keys, total.tolist())}
+        sums = {k: v for k, v in total.items() if k.startswith(SUMS)}
+        out = {k: (v if k in ("tokens", "valid_tokens") else v / n) for k, v in total.items() if not k.startswith(SUMS)}
+        return {**out, **step_metrics(sums)} if sums else out
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float] | None:
