@@ -36,6 +36,16 @@ def read_questions(path: str | Path) -> list[dict]:
     return rows
 
 
+def prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> torch.Tensor:
+    """The prompt [1, T] for a conversation so far: through the tokenizer's chat template, or -- a base model has
+    none -- the turns' texts joined by blank lines, tokenized as a plain prompt (with the BOS the tokenizer adds)."""
+    if tokenizer.chat_template:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                             return_dict=True)["input_ids"]
+    text = "\n\n".join(m["content"] for m in messages) + "\n\n"
+    return tokenizer(text, return_tensors="pt")["input_ids"]
+
+
 def first_per_category(questions: list[dict], n: int) -> list[dict]:
     """The first n questions of each category, in file order."""
     counts: dict[str, int] = defaultdict(int)
@@ -141,8 +151,7 @@ def run_benchmark(
         messages: list[dict[str, str]] = []
         for turn, text in enumerate(q["turns"]):
             messages.append({"role": "user", "content": text})
-            prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
-                                                   return_dict=True)["input_ids"].to(device)
+            prompt = prompt_ids(tokenizer, messages).to(device)
             _sync(device)
             t0 = time.perf_counter()
             generator.manual_seed(seed)

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from headstart.decode.report import append_section
-from headstart.decode.benchmark import first_per_category, markdown_table, plot_acceptance, read_questions, run_benchmark
+from headstart.decode.benchmark import first_per_category, prompt_ids, markdown_table, plot_acceptance, read_questions, run_benchmark
 from headstart.decode.draft_model import DraftModelDrafter
 from headstart.decode.drafters import drafter_for
 from headstart.decode.generate import Sampling
@@ -116,8 +116,7 @@ def main() -> int:
     mode = "greedy" if sampling is None else f"sampling T={args.temperature} top-p {args.top_p} top-k {args.top_k}"
     table = markdown_table(report["results"], report["by_prompt_length"])
     if args.predict:
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": questions[0]["turns"][0]}],
-                                               add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+        prompt = prompt_ids(tokenizer, [{"role": "user", "content": questions[0]["turns"][0]}])
         if tree is not None:
             p.error("--predict models chains; run it without --tree")
         times = measure_step_times(runner, make(), prompt.to(device))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from headstart.decode.benchmark import read_questions
+from headstart.decode.benchmark import prompt_ids, read_questions
 from headstart.decode.medusa_drafter import rank_accuracy
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import best_static_tree, expected_accept_length
@@ -66,8 +66,7 @@ def main() -> int:
         if not args.target:
             p.error("--questions needs --target")
         target_path, tokenizer = args.target, load_tokenizer(args.target)
-        prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q["turns"][0]}], add_generation_prompt=True,
-                                                 return_tensors="pt", return_dict=True)["input_ids"]
+        prompts = [prompt_ids(tokenizer, [{"role": "user", "content": q["turns"][0]}])
                    for q in read_questions(args.questions)[: args.prompts]]
     target = Target.from_pretrained(TargetConfig(path=target_path, dtype="bfloat16" if device == "cuda" else "float32",
                                                  device=device))

@@ -96,3 +96,25 @@ def test_speedup_prediction_by_hand():
     assert rows[0]["speedup"] == pytest.approx(1.8 * 0.010 / (0.002 + 0.011))
     assert rows[1]["speedup"] == pytest.approx(2.3 * 0.010 / (0.004 + 0.012))
     assert recommend_k(rows) == 2  # k = 3 adds cost and no accepted tokens
+
+
+def test_a_base_model_without_chat_template_is_prompted_with_plain_text():
+    """A base model (no chat template) gets the turns' texts joined by blank lines, with its BOS; the answer so
+    far is part of the next turn's prompt, as with a template."""
+    import copy
+
+    from tokenizers import processors
+
+    from headstart.decode.benchmark import prompt_ids
+
+    chat = make_tokenizer(CHATML_TEMPLATE, "<|im_end|>")
+    base = copy.deepcopy(chat)
+    base.chat_template = None
+    bos = base.convert_tokens_to_ids("<|im_start|>")
+    base._tokenizer.post_processor = processors.TemplateProcessing(single="<|im_start|> $A", special_tokens=[("<|im_start|>", bos)])
+    messages = [{"role": "user", "content": "Say hello."}, {"role": "assistant", "content": "Hello."},
+                {"role": "user", "content": "Again."}]
+    ids = prompt_ids(base, messages)[0].tolist()
+    assert ids[0] == bos and base.decode(ids[1:]) == "Say hello.\n\nHello.\n\nAgain.\n\n"
+    templated = prompt_ids(chat, messages)[0].tolist()
+    assert chat.decode(templated).endswith("<|im_start|>assistant\n") and templated != ids
