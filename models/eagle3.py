@@ -196,6 +196,10 @@ def check_servable_ids(layer_ids, num_layers: int) -> tuple[int, ...]:
 
 def _rope_of(tc) -> tuple[float, dict | None]:
     params = getattr(tc, "rope_parameters", None)  # transformers >= 5
+    if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
+        # One set per layer type (Gemma 3: sliding 1e4, full 1e6): the draft's one layer attends over the whole
+        # context, as the target's full-attention layers do.
+        params = params.get("full_attention") or next(iter(params.values()))
     if isinstance(params, dict) and "rope_theta" in params:
         scaling = {k: v for k, v in params.items() if k != "rope_theta"}
         return float(params["rope_theta"]), (scaling if scaling.get("rope_type", "default") != "default" else None)

@@ -211,3 +211,14 @@ def test_config_that_does_not_fit_the_target():
     assert "vocab_size 128 != target vocab_size 100" in text
     assert "out of range" in text
 
+
+
+def test_a_target_with_rope_per_layer_type_gives_the_draft_its_full_attention_rope():
+    """Gemma 3 keeps one rope per layer type (sliding 1e4, full 1e6); the draft's one layer attends over the whole
+    context, so it takes the full-attention rope, as a plain default rope (no per-type dict in its config)."""
+    target = tiny_causal_lm("gemma3_text", num_hidden_layers=8)
+    params = target.config.rope_parameters
+    assert set(params) == {"sliding_attention", "full_attention"}
+    config = Eagle3Config.from_target(target.config, draft_vocab_size=48)
+    assert config.rope_theta == params["full_attention"]["rope_theta"] != params["sliding_attention"]["rope_theta"]
+    assert config.rope_scaling is None and config.to_hf_dict()["rope_scaling"] is None
