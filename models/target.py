@@ -199,9 +199,9 @@ class Target(nn.Module):
         return self.vocab_head(vocab_ids)(last_hidden)
 
     @torch.no_grad()
-    def argmax(self, last_hidden: torch.Tensor, chunk_tokens: int = 4096) -> torch.Tensor:
+    def argmax(self, last_hidden: torch.Tensor, chunk_tokens: int | None = None) -> torch.Tensor:
         """Greedy next token [...] over the full vocab, ``chunk_tokens`` positions at a time."""
-        return chunked_argmax(self.vocab_head(), last_hidden, chunk_tokens)
+        return chunked_argmax(self.vocab_head(), last_hidden, self.vocab_size, chunk_tokens)
 
 
 def vocab_head(weight: torch.Tensor, bias: torch.Tensor | None, softcap: float | None, vocab_ids: torch.Tensor | None = None):
@@ -220,9 +220,16 @@ def vocab_head(weight: torch.Tensor, bias: torch.Tensor | None, softcap: float |
     return head
 
 
+ARGMAX_CHUNK_ENTRIES = 2**26
+"""Logit entries (positions x V) one chunk of a full-vocab argmax holds: 256 MiB of float32 -- 1,365 positions
+at SmolLM2's 49k vocab, 256 at Gemma 3's 262k (a fixed 1,024 positions held 1 GiB there)."""
+
+
 @torch.no_grad()
-def chunked_argmax(full_head, last_hidden: torch.Tensor, chunk_tokens: int) -> torch.Tensor:
-    """Argmax over the full vocab [...], ``chunk_tokens`` positions at a time (no [N, V] at once)."""
+def chunked_argmax(full_head, last_hidden: torch.Tensor, vocab_size: int, chunk_tokens: int | None = None) -> torch.Tensor:
+    """Argmax over the full vocab [...], ``chunk_tokens`` positions at a time (default: as many as fit
+    ``ARGMAX_CHUNK_ENTRIES``), so no [N, V] exists at once."""
+    chunk_tokens = chunk_tokens or max(1, ARGMAX_CHUNK_ENTRIES // vocab_size)
     flat = last_hidden.reshape(-1, last_hidden.shape[-1])  # [N, H]
     ids = torch.cat([full_head(c).argmax(-1) for c in flat.split(chunk_tokens)])
     return ids.view(last_hidden.shape[:-1])

@@ -103,5 +103,5 @@ class TargetMatrices:
     def vocab_head(self, vocab_ids: torch.Tensor | None = None):
         return vocab_head(self.lm_head_weight, self.lm_head_bias, self.softcap, vocab_ids)
 
-    def argmax(self, last_hidden: torch.Tensor, chunk_tokens: int = 1024) -> torch.Tensor:
-        return chunked_argmax(self.vocab_head(), last_hidden, chunk_tokens)
+    def argmax(self, last_hidden: torch.Tensor, chunk_tokens: int | None = None) -> torch.Tensor:
+        return chunked_argmax(self.vocab_head(), last_hidden, self.vocab_size, chunk_tokens)

@@ -35,6 +35,18 @@ def test_capture_equals_hf_hidden_states(family):
     # The next-token distribution recomputed from the last hidden state is the model's own.
     torch.testing.assert_close(target.logits(out.last_hidden_state), ref.logits, rtol=1e-5, atol=1e-5)
     assert torch.equal(target.argmax(out.last_hidden_state, chunk_tokens=5), ref.logits.argmax(-1))
+    from headstart.models import target as target_module
+
+    # The default chunk follows the vocab: 2 positions x 128 entries per chunk here, 12 chunks, the same argmax.
+    calls = []
+    head = target.vocab_head()
+    monkey = lambda h: calls.append(h.shape[0]) or head(h)  # noqa: E731
+    old, target_module.ARGMAX_CHUNK_ENTRIES = target_module.ARGMAX_CHUNK_ENTRIES, 2 * target.vocab_size
+    try:
+        assert torch.equal(target_module.chunked_argmax(monkey, out.last_hidden_state, target.vocab_size), ref.logits.argmax(-1))
+    finally:
+        target_module.ARGMAX_CHUNK_ENTRIES = old
+    assert calls == [2] * 12
     subset = torch.tensor([3, 17, 90])
     torch.testing.assert_close(target.logits(out.last_hidden_state, subset), ref.logits[..., subset], rtol=1e-5, atol=1e-5)
 

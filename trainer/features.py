@@ -44,5 +44,5 @@ class OnlineFeatures:
             features.last_hidden_state = out.last_hidden_state
         if self.needs.draft_vocab_logits:
             features.target_logits = self.draft_vocab_logits(out.last_hidden_state)
-            features.target_in_draft = self.t2d[self.target.argmax(out.last_hidden_state, chunk_tokens=1024)]
+            features.target_in_draft = self.t2d[self.target.argmax(out.last_hidden_state)]
         return features

@@ -76,7 +76,7 @@ class OfflineFeatures:
                             aux_hidden_states=aux, last_hidden_state=hidden if needs.last_hidden_state else None)
         if needs.draft_vocab_logits and not use_topk:
             features.target_logits = self.draft_vocab_logits(hidden)
-            features.target_in_draft = self.t2d[self.matrices.argmax(hidden, chunk_tokens=1024)]
+            features.target_in_draft = self.t2d[self.matrices.argmax(hidden)]
         elif use_topk:
             # Top-k ids outside the draft vocab go to a spare last column, dropped after the scatter.
             target_logits = torch.full((B, T, self.num_draft + 1), LOW_LOGIT, device=device)
