@@ -56,7 +56,7 @@ def main() -> None:
     tok_s = sum(tokens) / sum(step_s)
     t = config.train
     body = (
-        f"Online EAGLE-3 training, {config.draft.ttt_steps} TTT steps, draft vocab {config.draft.draft_vocab_size}, "
+        f"Online EAGLE-3 training, {config.draft.options.ttt_steps} TTT steps, draft vocab {config.draft.options.draft_vocab_size}, "
         f"batch {t.batch_size} x {t.grad_accum} accum x {trainer.info.world_size} ranks, "
         f"max length {config.data.max_length}, target dtype {config.target.dtype}, backend {config.parallel.backend}; "
         f"median of {args.steps} steps after {args.warmup} warm-up.\n\n"

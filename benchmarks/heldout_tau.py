@@ -10,10 +10,9 @@ the same data, e.g. online vs offline (benchmarks/bench_offline.sh). The heads a
 import argparse
 
 from headstart.decode.benchmark import decode_tau
-from headstart.decode.drafters import drafter_for
 from headstart.decode.target_runner import TargetRunner
 from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
-from headstart.models.registry import load_head
+from headstart.models.registry import drafter_for, load_head
 from headstart.models.target import Target, TargetConfig, load_tokenizer
 from headstart.trainer.batches import split_eval
 from headstart.trainer.config import load_config

@@ -25,11 +25,12 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from headstart.models.draft_vocab import check_draft_vocab
+from headstart.models.draft_vocab import build_draft_vocab, check_draft_vocab
 from headstart.models.ttt_attention import ttt_attention
 from headstart.models.vocab_loss import VocabProjection, chunked_vocab_loss
 from headstart.models.head import (
     DEFAULT_SPECULATIVE_TOKENS,
+    DraftConfig,
     FeatureNeeds,
     Features,
     StepTally,
@@ -38,6 +39,18 @@ from headstart.models.head import (
     shift_left,
 )
 from headstart.models.target import check_aux_layer_ids, default_aux_layer_ids, text_config
+
+
+@dataclass(frozen=True)
+class Eagle3Options:
+    """An EAGLE-3 recipe's own ``draft:`` fields."""
+
+    draft_vocab_size: int = 32000
+    """Size of the draft vocab (the most frequent trained tokens); capped at the target vocab."""
+    ttt_steps: int = 7
+    """Training-time-test unroll length."""
+    step_weight: float = 0.8
+    """Loss weight of TTT step k is step_weight**k."""
 
 
 @dataclass(frozen=True)
@@ -426,4 +439,22 @@ class Eagle3Draft(nn.Module):
         head = cls.from_pretrained(directory, target_embeddings=target.embed_tokens.weight)
         head.config.check_target(target.config)
         return head
+
+
+def build_eagle3(draft: DraftConfig, target, token_counts: torch.Tensor) -> Eagle3Draft:
+    """A fresh EAGLE-3 head for ``target`` (a Target): its draft vocab from the loss-masked token counts [V]."""
+    options = draft.options or Eagle3Options()
+    if draft.config:
+        config = Eagle3Config.from_json(draft.config)
+    else:
+        config = Eagle3Config.from_target(target.config, options.draft_vocab_size, target.aux_layer_ids)
+    config.check_target(target.config)
+    if tuple(config.aux_layer_ids) != tuple(target.aux_layer_ids):
+        raise ValueError(f"the draft config reads layers {list(config.aux_layer_ids)} but the target is set "
+                         f"to capture {list(target.aux_layer_ids)}; set target.aux_layer_ids to match")
+    head = Eagle3Draft(config, ttt_steps=options.ttt_steps, step_weight=options.step_weight)
+    head.chunk_tokens = draft.loss_chunk_tokens
+    head.set_draft_vocab(*build_draft_vocab(token_counts, config.draft_vocab_size))
+    head.load_target_embeddings(target.embed_tokens.weight)
+    return head
 

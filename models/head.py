@@ -10,7 +10,7 @@ particular to one head stays in that head's file.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
@@ -18,6 +18,23 @@ DEFAULT_SPECULATIVE_TOKENS = 4
 """The k every headstart tool drafts unless told otherwise (benchmark, check_head, evaluation during
 training), and the ``speculative_tokens`` an export tells a server: one number, so the head a server runs
 is the head that was measured."""
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    """Which head to train: the fields every head reads, and ``options``, the head's own (the ``options``
+    dataclass its registry entry names). A recipe's ``draft:`` section is flat; ``trainer/config.py`` splits it
+    and refuses, by name, a key that is neither shared nor the chosen head's."""
+
+    head: str
+    """Registered head name (models/registry.py; a recipe without one gets its ``DEFAULT_HEAD``)."""
+    config: str | None = None
+    """Draft config JSON (server format); None derives one from the target config."""
+    loss_chunk_tokens: int = 1024
+    """Positions per [chunk, V] float32 logits block of the loss (every head: EAGLE-3 over V_d, Medusa and MTP over
+    the full vocab); lower it to save memory."""
+    options: Any = None
+    """The head's own fields (e.g. ``Eagle3Options``); None: that dataclass's defaults."""
 
 
 @dataclass(frozen=True)

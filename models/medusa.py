@@ -31,9 +31,26 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from headstart.models.head import FeatureNeeds, Features, check_layout
+from headstart.models.head import DraftConfig, FeatureNeeds, Features, check_layout
 from headstart.models.target import text_config
 from headstart.models.vocab_loss import VocabProjection, multi_step_loss
+
+
+@dataclass(frozen=True)
+class MedusaOptions:
+    """A Medusa recipe's own ``draft:`` fields."""
+
+    num_heads: int = 4
+    """Heads K: head i predicts the token i+1 positions after the next one."""
+    num_layers: int = 1
+    """ResBlocks per head."""
+    truncated_vocab_size: int | None = None
+    """Each head predicts only the N most frequent trained tokens (vLLM's token_map layout; smaller exports and
+    cheaper heads, a token outside them is never drafted); None = the target's full vocab."""
+    labels: str = "target"
+    """What the heads learn: target (the target's own distribution, self-distillation) | data (the data's tokens)."""
+    step_weight: float = 0.8
+    """Loss weight of head k+1 is step_weight**k."""
 
 
 @dataclass(frozen=True)
@@ -249,3 +266,31 @@ class MedusaHeads(nn.Module):
             MedusaConfig.from_hf_dict(json.loads(config_path.read_text()), str(config_path)).check_target(
                 target.config, str(config_path))
         return cls.from_pretrained(directory)
+
+
+def build_medusa(draft: DraftConfig, target, token_counts: torch.Tensor) -> MedusaHeads:
+    """Fresh Medusa heads for ``target`` (a Target or TargetMatrices), their lm_heads starting as the target's."""
+    from headstart.models.draft_vocab import build_draft_vocab
+
+    options = draft.options or MedusaOptions()
+    if draft.config:
+        config = MedusaConfig.from_hf_dict(json.loads(Path(draft.config).read_text()), draft.config)
+    else:
+        config = MedusaConfig.from_target(target.config, options.num_heads, options.num_layers,
+                                          options.truncated_vocab_size)
+    config.check_target(target.config)
+    head = MedusaHeads(config, step_weight=options.step_weight, labels=options.labels,
+                       chunk_tokens=draft.loss_chunk_tokens)
+    if config.truncated:  # the most frequent trained tokens, ascending (EAGLE-3's draft vocab rule)
+        _, t2d = build_draft_vocab(token_counts, config.draft_vocab_size)
+        head.set_token_map(t2d.nonzero().squeeze(1))
+    head.load_target_lm_head(target.lm_head_weight)
+    head.set_teacher(target.vocab_head())
+    return head
+
+
+def detect_medusa(directory: Path, config: dict) -> str | None:
+    """The layout of an exported head whose config.json is ``config``, if it is Medusa's."""
+    arch = (config.get("architectures") or [None])[0]
+    return "vllm" if arch == "MedusaModel" or config.get("model_type") == "medusa" else None
+

@@ -36,10 +36,20 @@ from torch import nn
 from transformers import AttentionInterface, AutoModelForCausalLM, DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from headstart.models.head import FeatureNeeds, Features, check_layout, shift_left
+from headstart.models.head import DraftConfig, FeatureNeeds, Features, check_layout, shift_left
 from headstart.models.ttt_attention import ttt_attention
 from headstart.models.target import _decoder_layers, additive_mask, text_config
 from headstart.models.vocab_loss import VocabProjection, multi_step_loss
+
+@dataclass(frozen=True)
+class MTPOptions:
+    """An MTP recipe's own ``draft:`` fields."""
+
+    ttt_steps: int = 3
+    """Unrolled recurrent steps: step j feeds the layer's own output back and predicts token t+2+j."""
+    step_weight: float = 0.8
+    """Loss weight of unrolled step k is step_weight**k."""
+
 
 @dataclass(frozen=True)
 class MTPConfig:
@@ -307,3 +317,10 @@ def build_mtp(target, unroll: int = 3, step_weight: float = 0.8, chunk_tokens: i
         print(f"MTP: the target's last layer does not match the MTP block (differs in "
               f"{sorted(set(last) ^ set(mine))[:4]}); the block starts from a normal({std}) initialisation")
     return head
+
+
+def build_mtp_head(draft: DraftConfig, target, token_counts: torch.Tensor | None = None) -> MTPHead:
+    """``build_mtp`` from a recipe's draft section (the token counts are not used: MTP predicts the full vocab)."""
+    options = draft.options or MTPOptions()
+    return build_mtp(target, options.ttt_steps, options.step_weight, draft.loss_chunk_tokens)
+

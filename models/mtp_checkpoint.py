@@ -110,6 +110,15 @@ def find_native_layout(directory: str | Path, layer_index: int) -> str | None:
     return None
 
 
+def detect_mtp(directory: Path, config: dict) -> str | None:
+    """The layout of an exported head (or a target checkpoint carrying an MTP layer) whose config.json is
+    ``config``, if it is an MTP layer's: headstart's own, or a native one found by its tensor names."""
+    if (config.get("architectures") or [None])[0] == "HeadstartMTP":
+        return "headstart"
+    layers = (config.get("text_config") or config).get("num_hidden_layers", -1)
+    return find_native_layout(directory, int(layers))
+
+
 def read_native_mtp(directory: str | Path, target, **kwargs):
     """The MTP layer stored in the target checkpoint ``directory``, as an ``MTPHead`` for ``target``."""
     from headstart.models.mtp import MTPConfig, MTPHead, load_tensors

@@ -1,131 +1,137 @@
-"""The explicit registry of draft heads: a name in the config picks a head type; unknown names fail.
+"""The registry of draft heads: one entry per head names every part of it the rest of headstart uses.
 
-A head type is its module class (which declares ``needs`` and loads a finished head with
-``load(directory, target)``) and a builder that makes a fresh head for a target and its data.
+A head is a module class (``cls``: its feature ``needs``, ``loss``, export ``layouts``, the writer
+``save_pretrained`` and the reader ``load``), the dataclass of its own recipe fields, a builder, the drafter
+that decodes it, a detector and checker for its exports, and what its card says. The trainer, the feature
+pipeline, the decoder, ``check_head``, ``publish_head`` and the export tools read heads only through this
+table; adding a head is one new entry here and its own files (docs/ARCHITECTURE.md walks through one).
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
+from torch import nn
 
-from headstart.models.draft_vocab import build_draft_vocab
-from headstart.models.eagle3 import Eagle3Config, Eagle3Draft
-from headstart.models.head import DraftHead
-from headstart.models.medusa import MedusaConfig, MedusaHeads
-from headstart.models.mtp import MTPHead, build_mtp
+from headstart.decode.eagle3_drafter import Eagle3Drafter
+from headstart.decode.medusa_drafter import MedusaDrafter
+from headstart.decode.mtp_drafter import MTPDrafter
+from headstart.models.eagle3 import Eagle3Draft, Eagle3Options, build_eagle3
+from headstart.models.eagle3_check import check_eagle3, detect_eagle3
+from headstart.models.head import DraftConfig, DraftHead
+from headstart.models.medusa import MedusaHeads, MedusaOptions, build_medusa, detect_medusa
+from headstart.models.mtp import MTPHead, MTPOptions, build_mtp_head
+from headstart.models.mtp_checkpoint import detect_mtp
 from headstart.models.provenance import check_record, check_target
-from headstart.models.target import Target
+from headstart.models.speculators_layout import convert_eagle3
 
 
 @dataclass(frozen=True)
-class DraftConfig:
-    """Which head to train and its shape."""
+class HeadSpec:
+    """Everything headstart asks of one kind of head."""
 
-    head: str = "eagle3"
-    """Registered head name: one of HEADS."""
-    config: str | None = None
-    """Draft config JSON (server format); None derives one from the target config."""
-    draft_vocab_size: int = 32000
-    """Size of the draft vocab (most frequent trained tokens); capped at the target vocab (EAGLE-3)."""
-    ttt_steps: int = 7
-    """Training-time-test unroll length (EAGLE-3), or MTP's unrolled recurrent steps."""
-    step_weight: float = 0.8
-    """Loss weight of TTT / MTP step k (EAGLE-3, MTP), or of Medusa head k+1, is step_weight**k."""
-    num_heads: int = 4
-    """Medusa heads K: head i predicts the token i+1 positions after the next one."""
-    num_layers: int = 1
-    """ResBlocks per Medusa head."""
-    truncated_vocab_size: int | None = None
-    """Medusa: each head predicts only the N most frequent trained tokens (vLLM's token_map layout; smaller
-    exports and cheaper heads, a token outside them is never drafted); None = the target's full vocab."""
-    labels: str = "target"
-    """What Medusa heads learn: target (the target's own distribution, self-distillation) | data (the data's tokens)."""
-    loss_chunk_tokens: int = 1024
-    """Positions per [chunk, V] float32 logits block of the loss (every head: EAGLE-3 over V_d, Medusa and MTP over
-    the full vocab); lower it to save memory."""
-
-
-@dataclass(frozen=True)
-class HeadType:
+    title: str
+    """What a card calls it ("EAGLE-3 head")."""
     cls: type
-    """The head's module class: its ``needs`` and ``load(directory, target)``."""
-    build: Callable[[DraftConfig, Target, torch.Tensor], DraftHead]
-    """(config, target, loss-masked token counts [V]) -> a fresh head for that target."""
-    fields: tuple[str, ...]
-    """The DraftConfig fields this head reads (its recipe, as cards and logs show it)."""
+    """The module class: ``needs``, ``loss``, ``layouts``, ``save_pretrained`` (writer), ``load(directory, target)``."""
+    options: type
+    """Dataclass of the recipe fields only this head reads (a recipe's ``draft:`` section, besides the shared ones)."""
+    build: Callable[[DraftConfig, Any, torch.Tensor], DraftHead]
+    """(draft config, target, loss-masked token counts [V]) -> a fresh head for that target."""
+    drafter: Callable[[nn.Module, int], Any]
+    """(finished head, cache length) -> the decoder's ``Drafter`` for it (decode/generate.py)."""
+    detect: Callable[[Path, dict], str | None]
+    """(export directory, its config.json) -> the layout it holds, or None if it is not this head's."""
+    cards: dict[str, str]
+    """Per layout it can be exported in, what a published head's card says of it (files, which server reads it)."""
+    unit: str
+    """What one row of the per-step metrics describes ("TTT step k")."""
+    check: Callable[[Path, str, Any], list] | None = None
+    """``check_head``'s rules: (directory, layout, target config) -> problems; None: the reader's refusals."""
+    convert: Callable[..., Path] | None = None
+    """(source, out, to layout, verifier, force) -> out: rewrite an export in another of its layouts."""
 
 
-def build_eagle3(config: DraftConfig, target: Target, token_counts: torch.Tensor) -> Eagle3Draft:
-    if config.config:
-        draft_config = Eagle3Config.from_json(config.config)
-    else:
-        draft_config = Eagle3Config.from_target(target.config, config.draft_vocab_size, target.aux_layer_ids)
-    draft_config.check_target(target.config)
-    if tuple(draft_config.aux_layer_ids) != tuple(target.aux_layer_ids):
-        raise ValueError(f"the draft config reads layers {list(draft_config.aux_layer_ids)} but the target is set "
-                         f"to capture {list(target.aux_layer_ids)}; set target.aux_layer_ids to match")
-    head = Eagle3Draft(draft_config, ttt_steps=config.ttt_steps, step_weight=config.step_weight)
-    head.chunk_tokens = config.loss_chunk_tokens
-    head.set_draft_vocab(*build_draft_vocab(token_counts, draft_config.draft_vocab_size))
-    head.load_target_embeddings(target.embed_tokens.weight)
-    return head
-
-
-def build_medusa(config: DraftConfig, target: Target, token_counts: torch.Tensor) -> MedusaHeads:
-    if config.config:
-        medusa_config = MedusaConfig.from_hf_dict(json.loads(Path(config.config).read_text()), config.config)
-    else:
-        medusa_config = MedusaConfig.from_target(target.config, config.num_heads, config.num_layers,
-                                                 config.truncated_vocab_size)
-    medusa_config.check_target(target.config)
-    head = MedusaHeads(medusa_config, step_weight=config.step_weight, labels=config.labels,
-                       chunk_tokens=config.loss_chunk_tokens)
-    if medusa_config.truncated:  # the most frequent trained tokens, ascending (EAGLE-3's draft vocab rule)
-        _, t2d = build_draft_vocab(token_counts, medusa_config.draft_vocab_size)
-        head.set_token_map(t2d.nonzero().squeeze(1))
-    head.load_target_lm_head(target.lm_head_weight)
-    head.set_teacher(target.vocab_head())
-    return head
-
-
-HEADS: dict[str, HeadType] = {
-    "eagle3": HeadType(Eagle3Draft, build_eagle3, ("draft_vocab_size", "ttt_steps", "step_weight")),
-    "medusa": HeadType(MedusaHeads, build_medusa, ("num_heads", "num_layers", "truncated_vocab_size", "labels",
-                                                   "step_weight")),
-    "mtp": HeadType(MTPHead, lambda c, t, _: build_mtp(t, c.ttt_steps, c.step_weight, c.loss_chunk_tokens),
-                    ("ttt_steps", "step_weight")),
+HEADS: dict[str, HeadSpec] = {
+    "eagle3": HeadSpec(
+        title="EAGLE-3 head", cls=Eagle3Draft, options=Eagle3Options, build=build_eagle3, drafter=Eagle3Drafter,
+        detect=detect_eagle3, check=check_eagle3, convert=convert_eagle3, unit="TTT step k",
+        cards={"flat": "Flat EAGLE-3 server layout (config.json + model.safetensors with d2t/t2d; no embed_tokens: the "
+                       "target's are used).",
+               "speculators": "vLLM's speculators layout (`vllm serve` detects it; the config names the target)."}),
+    "medusa": HeadSpec(
+        title="Medusa heads", cls=MedusaHeads, options=MedusaOptions, build=build_medusa, drafter=MedusaDrafter,
+        detect=detect_medusa, unit="head k+1 (predicts token t+k+2)",
+        cards={"vllm": "vLLM's Medusa layout (config.json with num_heads / num_hidden_layers, blocks.{i}.layers.{j} "
+                       "and lm_heads.{i} in model.safetensors)."}),
+    "mtp": HeadSpec(
+        title="MTP layer", cls=MTPHead, options=MTPOptions, build=build_mtp_head, drafter=MTPDrafter,
+        detect=detect_mtp, unit="unrolled step k (predicts token t+k+2)",
+        cards={"headstart": "headstart's own MTP layout for a dense target (config.json + model.safetensors: enorm, "
+                            "hnorm, eh_proj, block.*, norm; the target's embedding and lm_head are shared).",
+               "deepseek": "DeepSeek-V3's own checkpoint layout: a copy of the target with the trained layer as "
+                           "model.layers.{L}.* (what vLLM's and SGLang's MTP loaders read).",
+               "qwen3_next": "Qwen3-Next's own checkpoint layout: a copy of the target with the trained layer as mtp.*."}),
 }
 
+DEFAULT_HEAD = "eagle3"
+"""The head a recipe trains when its ``draft:`` section names none."""
 
-SHARED_FIELDS = ("head", "config", "loss_chunk_tokens")
-"""DraftConfig fields every head reads; the rest belong to the heads that list them."""
-
-
-def check_draft_keys(keys, where: str = "draft") -> None:
-    """Refuse a recipe's draft section that sets a field its head does not read (a Medusa recipe with
-    ``ttt_steps`` would otherwise train without it, silently), naming the field and the head's fields."""
-    keys = dict(keys)
-    name = keys.get("head", DraftConfig.head)
-    own = head_type(name).fields
-    foreign = sorted(k for k in keys if k not in own and k not in SHARED_FIELDS and k in DraftConfig.__dataclass_fields__)
-    if foreign:
-        raise ValueError(f"{', '.join(f'{where}.{k}' for k in foreign)}: not read by the {name} head; its fields are "
-                         f"{list(own)} (and {list(SHARED_FIELDS)} for every head)")
+SHARED_FIELDS = tuple(f.name for f in dataclasses.fields(DraftConfig) if f.name != "options")
+"""The ``draft:`` fields every head reads; the others belong to one head's ``options``."""
 
 
-def head_type(name: str) -> HeadType:
+def head_spec(name: str) -> HeadSpec:
     if name not in HEADS:
         raise ValueError(f"unknown draft head {name!r}; registered heads: {sorted(HEADS)}")
     return HEADS[name]
 
 
-def build_head(config: DraftConfig, target: Target, token_counts: torch.Tensor) -> DraftHead:
-    return head_type(config.head).build(config, target, token_counts)
+def spec_of(head: nn.Module) -> HeadSpec:
+    """The entry whose class ``head`` is."""
+    for spec in HEADS.values():
+        if isinstance(head, spec.cls):
+            return spec
+    raise ValueError(f"{type(head).__name__} is not a registered head's class; registered: "
+                     f"{[s.cls.__name__ for s in HEADS.values()]}")
+
+
+def option_names(name: str) -> tuple[str, ...]:
+    """The recipe fields only head ``name`` reads."""
+    return tuple(f.name for f in dataclasses.fields(head_spec(name).options))
+
+
+def split_draft_section(values: dict, where: str = "draft.") -> tuple[HeadSpec, dict, dict]:
+    """A recipe's flat ``draft:`` section -> (its head's entry, the shared fields, the head's own fields). A key
+    that is neither is refused by name with the head's fields (a Medusa recipe with ``ttt_steps`` would otherwise
+    train without it, silently)."""
+    name = values.get("head", DEFAULT_HEAD)
+    spec, own = head_spec(name), option_names(name)
+    unknown = sorted(k for k in values if k not in own and k not in SHARED_FIELDS)
+    if unknown:
+        raise ValueError(f"{', '.join(where + k for k in unknown)}: not a field of the {name} head; its fields are "
+                         f"{list(own)}, and {list(SHARED_FIELDS)} for every head")
+    return (spec, {"head": name, **{k: v for k, v in values.items() if k in SHARED_FIELDS}},
+            {k: v for k, v in values.items() if k in own})
+
+
+def draft_fields(draft: DraftConfig) -> dict[str, Any]:
+    """The flat ``draft:`` section of ``draft`` (as a recipe and run_config.json write it)."""
+    options = draft.options or head_spec(draft.head).options()
+    return {**{k: getattr(draft, k) for k in SHARED_FIELDS}, **dataclasses.asdict(options)}
+
+
+def build_head(config: DraftConfig, target, token_counts: torch.Tensor) -> DraftHead:
+    return head_spec(config.head).build(config, target, token_counts)
+
+
+def drafter_for(head: nn.Module, max_len: int):
+    """The decoder's drafter for a finished ``head``, its caches holding ``max_len`` positions."""
+    return spec_of(head).drafter(head, max_len)
 
 
 def load_head(name: str, directory: str, target, allow_other_target: bool = False) -> DraftHead:
@@ -133,4 +139,4 @@ def load_head(name: str, directory: str, target, allow_other_target: bool = Fals
     Target or TargetMatrices): refused by name if it records another head type or another target."""
     check_record(directory, name)
     check_target(directory, getattr(target, "path", None), allow_other_target)
-    return head_type(name).cls.load(directory, target)
+    return head_spec(name).cls.load(directory, target)

@@ -25,14 +25,13 @@ import torch
 from headstart.decode.report import append_section
 from headstart.decode.benchmark import first_per_category, prompt_ids, markdown_table, plot_acceptance, read_questions, run_benchmark
 from headstart.decode.draft_model import DraftModelDrafter
-from headstart.decode.drafters import drafter_for
 from headstart.decode.generate import Sampling
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.predict import measure_step_times, predict_speedups, recommend_k, round_overhead
 from headstart.decode.target_runner import TargetRunner
 from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
 from headstart.decode.tree import DynamicTree, StaticTree
-from headstart.models.registry import HEADS, load_head
+from headstart.models.registry import HEADS, drafter_for, load_head
 from headstart.models.target import Target, TargetConfig, load_causal_lm, load_tokenizer
 
 

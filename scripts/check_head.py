@@ -24,9 +24,8 @@ from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
 def measure_tau(head_dir: str, head: str, target_path: str, questions: str, limit: int, k: int, max_new_tokens: int,
                 allow_other_target: bool) -> dict:
     from headstart.decode.benchmark import read_questions, run_benchmark
-    from headstart.decode.drafters import drafter_for
     from headstart.decode.target_runner import TargetRunner
-    from headstart.models.registry import load_head
+    from headstart.models.registry import drafter_for, load_head
     from headstart.models.target import Target, TargetConfig, load_tokenizer
 
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,9 +1,9 @@
-"""Convert a finished EAGLE-3 head between the flat layout and vLLM's speculators layout, losslessly.
+"""Convert a finished head into another of its layouts, losslessly (today: EAGLE-3, flat <-> speculators).
 
     python scripts/export_head.py --head runs/eagle3/final --to speculators --out heads/eagle3-speculators
     python scripts/export_head.py --head heads/eagle3-speculators --to flat --out heads/eagle3-flat
 
-The flat layout is what SGLang loads (and vLLM with ``--speculative-config '{"method": "eagle3", ...}'``);
+The flat layout is what SGLang loads (and vLLM with the eagle3 method in ``--speculative-config``);
 the speculators layout is what ``vllm serve <head>`` detects by itself. Tensors keep their values and
 dtype; only the decoder layer's prefix (``midlayer.`` / ``layers.0.``) and config.json change. The
 speculators config names the target (``verifier``): by default the one the head records in
@@ -15,20 +15,20 @@ from __future__ import annotations
 import argparse
 import sys
 
-from headstart.models.export import convert_eagle3
+from headstart.models.export import convert_head
 from headstart.models.provenance import fingerprint
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--head", required=True, help="an exported EAGLE-3 head (either layout)")
-    p.add_argument("--to", required=True, choices=["flat", "speculators"])
+    p.add_argument("--head", required=True, help="an exported head (any of its layouts)")
+    p.add_argument("--to", required=True, help="the layout to write (EAGLE-3: flat | speculators)")
     p.add_argument("--out", required=True, help="directory for the converted head")
     p.add_argument("--target", default=None, help="the target's directory, named as the verifier in a speculators config")
     p.add_argument("--force", action="store_true", help="replace what --out holds")
     args = p.parse_args(argv)
     try:
-        out = convert_eagle3(args.head, args.out, args.to, fingerprint(args.target) if args.target else None, args.force)
+        out = convert_head(args.head, args.out, args.to, fingerprint(args.target) if args.target else None, args.force)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}" + (" (--target)" if "target's path" in str(err) else ""), file=sys.stderr)
         return 1

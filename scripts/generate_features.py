@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from headstart.trainer.progress import progress_bar
 
-from headstart.models.registry import head_type
+from headstart.models.registry import head_spec
 from headstart.models.target import Target
 from headstart.trainer.batches import collate
 from headstart.trainer.config import load_config
@@ -65,7 +65,7 @@ def generate(config, resume: bool = False, overwrite: bool = False) -> dict | No
     if not fc.path:
         raise ValueError("set features.path: the directory the features are written to")
     claim_output_dir(fc.path, JOB_PLAN, "feature job", resume, overwrite, info)
-    storage = Storage.for_head(head_type(config.draft.head).cls.needs, fc.aux, fc.target_dist, fc.topk, fc.hidden)
+    storage = Storage.for_head(head_spec(config.draft.head).cls.needs, fc.aux, fc.target_dist, fc.topk, fc.hidden)
     out = Path(fc.path)
     dataset = _tokenized_data(config, info)
     target = Target.from_pretrained(replace(config.target, device=str(info.device)))

@@ -14,26 +14,17 @@ import json
 import shutil
 from pathlib import Path
 
-from headstart.models.registry import head_type
+from headstart.models.head_check import detect_layout
+from headstart.models.registry import HEADS, option_names
 from headstart.trainer.checkpoint import latest_checkpoint
 from headstart.trainer.run_dir import BEST_RECORD
 
-# What a card says of each exported layout: title, layout note, the unit one metric row describes.
-LAYOUTS = {
-    "LlamaForCausalLMEagle3": ("EAGLE-3 head", "Flat EAGLE-3 server layout (config.json + model.safetensors with d2t/t2d; no "
-                               "embed_tokens: the target's are used).", "TTT step k"),
-    "HeadstartMTP": ("MTP layer", "headstart's own MTP layout for a dense target (config.json + model.safetensors: "
-                     "enorm, hnorm, eh_proj, block.*, norm; the target's embedding and lm_head are shared).",
-                     "unrolled step k (predicts token t+k+2)"),
-    "MedusaModel": ("Medusa heads", "vLLM's Medusa layout (config.json with num_heads / num_hidden_layers, "
-                    "blocks.{i}.layers.{j} and lm_heads.{i} in model.safetensors).", "head k+1 (predicts token t+k+2)"),
-}
 COLUMNS = {"acc": "top-1 accuracy (draft argmax = target argmax)", "top5": "top-5 accuracy (target argmax in draft top-5)",
            "accept": "expected acceptance sum min(p, q)"}
 
 
 def recipe_line(draft: dict) -> str:
-    return f"{draft['head']}: " + ", ".join(f"{k} {draft[k]}" for k in head_type(draft["head"]).fields)
+    return f"{draft['head']}: " + ", ".join(f"{k} {draft[k]}" for k in option_names(draft["head"]))
 
 
 def run_config_steps(run: Path) -> int:
@@ -76,10 +67,11 @@ def main(argv: list[str] | None = None) -> None:
     last = evals[-1]
     steps = sorted(int(k.split("_")[1]) for k in last if k.startswith("acc_"))
     columns = [c for c in COLUMNS if f"{c}_0" in last]
-    architecture = json.loads((final / "config.json").read_text())["architectures"][0]
-    if architecture not in LAYOUTS:
-        raise SystemExit(f"{final}/config.json: no card is known for architecture {architecture!r}; known: {sorted(LAYOUTS)}")
-    title, layout, unit = LAYOUTS[architecture]
+    found = detect_layout(final)
+    if found is None:
+        raise SystemExit(f"{final}: not an export of a registered head ({sorted(HEADS)})")
+    spec = HEADS[found[0]]
+    title, layout, unit = spec.title, spec.cards[found[1]], spec.unit
     header = f"| {unit} | " + " | ".join(COLUMNS[c] for c in columns) + " |\n|---|" + "---|" * len(columns)
     rows = "\n".join(f"| {k} | " + " | ".join(f"{last[f'{c}_{k}']:.3f}" for c in columns) + " |" for k in steps)
     t = run_config["train"]

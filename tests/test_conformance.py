@@ -151,10 +151,10 @@ def test_mtp_export_of_a_qwen3_next_target_loads_in_speculators_with_the_same_fi
 def test_the_committed_demo_head_converted_to_speculators_reads_the_same(tmp_path):
     """Real trained weights, the demo target in bf16 as shipped: the export a user would serve."""
     from headstart.models.eagle3 import Eagle3Draft
-    from headstart.models.export import convert_eagle3
+    from headstart.models.export import convert_head
 
     demo = Path(__file__).parents[1] / "configs" / "demo"
-    convert_eagle3(demo / "eagle3-head", tmp_path / "spec", "speculators", fingerprint(demo / "target"))
+    convert_head(demo / "eagle3-head", tmp_path / "spec", "speculators", fingerprint(demo / "target"))
     target = Target.from_pretrained(TargetConfig(path=str(demo / "target"), dtype="float32"))
     head = Eagle3Draft.load(tmp_path / "spec", target).float()
     head.ttt_steps = steps = 4

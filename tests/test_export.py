@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from tiny_models import random_eagle3_head, tiny_causal_lm
 
 from headstart.models.eagle3 import Eagle3Config, Eagle3Draft
-from headstart.models.export import convert_eagle3, export_head, layouts_for
+from headstart.models.export import convert_head, export_head, layouts_for
 from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
 from headstart.models.medusa import MedusaConfig, MedusaHeads
 from headstart.models.provenance import OtherTargetError, fingerprint, read_provenance
@@ -49,7 +49,7 @@ def test_flat_and_speculators_layouts_round_trip_without_loss(tmp_path, targets)
     flat_tensors, flat_config = tensors_and_config(tmp_path / "flat")
     assert "midlayer.self_attn.q_proj.weight" in flat_tensors and "embed_tokens.weight" not in flat_tensors
 
-    convert_eagle3(tmp_path / "flat", tmp_path / "spec", "speculators")
+    convert_head(tmp_path / "flat", tmp_path / "spec", "speculators")
     spec_tensors, spec_config = tensors_and_config(tmp_path / "spec")
     assert set(spec_tensors) == {k.replace("midlayer.", "layers.0.") for k in flat_tensors}
     for k, v in flat_tensors.items():
@@ -68,12 +68,12 @@ def test_flat_and_speculators_layouts_round_trip_without_loss(tmp_path, targets)
     assert read_provenance(tmp_path / "spec")["layout"] == "speculators"
     assert read_provenance(tmp_path / "spec")["target"] == read_provenance(tmp_path / "flat")["target"]
 
-    convert_eagle3(tmp_path / "spec", tmp_path / "flat2", "flat")
+    convert_head(tmp_path / "spec", tmp_path / "flat2", "flat")
     again_tensors, again_config = tensors_and_config(tmp_path / "flat2")
     assert again_config == flat_config
     assert set(again_tensors) == set(flat_tensors)
     assert all(torch.equal(again_tensors[k], v) and again_tensors[k].dtype == v.dtype for k, v in flat_tensors.items())
-    convert_eagle3(tmp_path / "flat2", tmp_path / "spec2", "speculators")
+    convert_head(tmp_path / "flat2", tmp_path / "spec2", "speculators")
     assert tensors_and_config(tmp_path / "spec2")[1] == spec_config
 
     # both layouts load into the same head
@@ -193,8 +193,8 @@ def test_converting_into_a_directory_that_holds_files_is_refused(tmp_path, targe
     export_head(head, tmp_path / "a", "eagle3", fingerprint(targets["llama"]))
     export_head(head, tmp_path / "b", "eagle3", fingerprint(targets["llama"]))
     with pytest.raises(ValueError, match="already holds files"):
-        convert_eagle3(tmp_path / "a", tmp_path / "b", "speculators")
+        convert_head(tmp_path / "a", tmp_path / "b", "speculators")
     with pytest.raises(ValueError, match="inside"):
-        convert_eagle3(tmp_path / "a", tmp_path / "a" / "spec", "speculators")
-    convert_eagle3(tmp_path / "a", tmp_path / "b", "speculators", force=True)
+        convert_head(tmp_path / "a", tmp_path / "a" / "spec", "speculators")
+    convert_head(tmp_path / "a", tmp_path / "b", "speculators", force=True)
     assert json.loads((tmp_path / "b" / "config.json").read_text())["speculators_model_type"] == "eagle3"

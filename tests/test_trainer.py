@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 import torch
 from trainer_fixtures import make_setup, train_losses
 
@@ -181,15 +182,37 @@ def test_config_errors(tmp_path):
         load_config(str(tmp_path / "c.yaml"))
     # A field of another head: refused by name, with the head's own fields (a Medusa recipe never trains TTT steps).
     (tmp_path / "m.yaml").write_text("draft:\n  head: medusa\n  num_heads: 3\n  ttt_steps: 5\n  draft_vocab_size: 8\n")
-    with pytest.raises(ValueError, match=r"draft.draft_vocab_size, draft.ttt_steps: not read by the medusa head; its fields "
-                                         r"are \['num_heads', 'num_layers', 'truncated_vocab_size', 'labels', 'step_weight'\]"):
+    with pytest.raises(ValueError, match=r"draft.draft_vocab_size, draft.ttt_steps: not a field of the medusa head; its "
+                                         r"fields are \['num_heads', 'num_layers', 'truncated_vocab_size', 'labels', "
+                                         r"'step_weight'\], and \['head', 'config', 'loss_chunk_tokens'\] for every head"):
         load_config(str(tmp_path / "m.yaml"))
-    with pytest.raises(ValueError, match="draft.num_heads: not read by the eagle3 head"):
+    with pytest.raises(ValueError, match="draft.num_heads: not a field of the eagle3 head"):
         load_config(None, ["--draft.num_heads=2"])
+    with pytest.raises(ValueError, match="draft.ttt_step: not a field of the mtp head"):  # a typo, by name
+        load_config(None, ["--draft.head=mtp", "--draft.ttt_step=2"])
+    with pytest.raises(ValueError, match="draft.num_heads: expected int"):
+        load_config(None, ["--draft.head=medusa", "--draft.num_heads=four"])
     with pytest.raises(ValueError, match="unknown draft head 'medusa2'"):
         build_trainer(load_config(None, make_setup(tmp_path) + ["--draft.head=medusa2"]))
     with pytest.raises(ValueError, match=r"export.format 'speculators': MedusaHeads is exported in the layouts \['vllm'\]"):
         build_trainer(load_config(None, make_setup(tmp_path, head="medusa") + ["--export.format=speculators"]))
+
+
+def test_draft_section_is_flat_in_a_recipe_and_typed_per_head(tmp_path):
+    from headstart.models.medusa import MedusaOptions
+    from headstart.models.mtp import MTPOptions
+    from headstart.trainer.config import to_dict
+
+    (tmp_path / "m.yaml").write_text("draft:\n  head: medusa\n  num_heads: 3\n  step_weight: 1\n  loss_chunk_tokens: 64\n")
+    config = load_config(str(tmp_path / "m.yaml"))
+    assert config.draft.options == MedusaOptions(num_heads=3, step_weight=1.0)
+    assert isinstance(config.draft.options.step_weight, float) and config.draft.loss_chunk_tokens == 64
+    flat = to_dict(config)["draft"]  # what run_config.json records: the recipe's own shape, every default filled in
+    assert flat == {"head": "medusa", "config": None, "loss_chunk_tokens": 64, "num_heads": 3, "num_layers": 1,
+                    "truncated_vocab_size": None, "labels": "target", "step_weight": 1.0}
+    (tmp_path / "again.yaml").write_text(yaml.safe_dump({"draft": flat}))
+    assert load_config(str(tmp_path / "again.yaml")).draft == config.draft
+    assert load_config(None, ["--draft.head=mtp"]).draft.options == MTPOptions()
 
 
 def test_bf16_target_and_bf16_autocast_train(tmp_path):

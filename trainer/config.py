@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
-from headstart.models.registry import DraftConfig, check_draft_keys
-from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
+from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS, DraftConfig
+from headstart.models.registry import draft_fields, split_draft_section
 from headstart.models.target import TargetConfig
 from headstart.trainer.data import DataConfig
 
@@ -117,7 +117,8 @@ class RunConfig:
     output_dir: str = "runs/eagle3"
     target: TargetConfig = field(default_factory=TargetConfig)
     data: DataConfig = field(default_factory=DataConfig)
-    draft: DraftConfig = field(default_factory=DraftConfig)
+    draft: DraftConfig = field(default_factory=lambda: _build_draft({}, "draft."))
+    """Flat in a recipe (``draft: {head: medusa, num_heads: 4}``): the shared fields and the head's own options."""
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
@@ -139,8 +140,18 @@ def _build(cls: type, values: dict[str, Any], where: str):
     return cls(**kwargs)
 
 
+def _build_draft(values: dict[str, Any], where: str) -> DraftConfig:
+    """The flat draft section: the head's own fields go to its options dataclass (models/registry.py)."""
+    if not isinstance(values, dict):
+        raise ValueError(f"{where.rstrip('.')}: expected a mapping, got {values!r}")
+    spec, shared, own = split_draft_section(values, where)
+    return dataclasses.replace(_build(DraftConfig, shared, where), options=_build(spec.options, own, where))
+
+
 def _coerce(tp, value, key: str):
     origin = typing.get_origin(tp)
+    if tp is DraftConfig:
+        return _build_draft(value or {}, key + ".")
     if dataclasses.is_dataclass(tp):
         return _build(tp, value or {}, key + ".")
     if origin in (typing.Union, types.UnionType):
@@ -210,10 +221,9 @@ def load_config(path: str | None, overrides: list[str] | None = None) -> RunConf
             raise FileNotFoundError(f"config file not found: {path}")
         tree = yaml.safe_load(p.read_text()) or {}
     tree = _merge(tree, parse_overrides(overrides or []))
-    config = _build(RunConfig, tree, "")  # unknown keys are refused here, by section
-    check_draft_keys(tree.get("draft") or {})
-    return config
+    return _build(RunConfig, tree, "")  # unknown keys are refused here, by section (the draft's by head)
 
 
 def to_dict(config: RunConfig) -> dict[str, Any]:
-    return dataclasses.asdict(config)
+    """The config as a recipe writes it (the draft section flat)."""
+    return {**dataclasses.asdict(config), "draft": draft_fields(config.draft)}

@@ -1,0 +1,80 @@
+"""The head contract: one registry entry names every part of a head, and the shared code reads heads only
+through it -- builds, exports, detection, the drafter and the card agree for every registered head."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_models import tiny_causal_lm
+
+from headstart.models.export import convert_head, export_head
+from headstart.models.head import DraftConfig, DraftHead
+from headstart.models.head_check import detect_layout
+from headstart.models.provenance import fingerprint
+from headstart.models.registry import HEADS, SHARED_FIELDS, build_head, drafter_for, load_head, spec_of
+from headstart.models.target import Target, TargetConfig
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("llama")
+    tiny_causal_lm("llama", num_hidden_layers=8, head_dim=8).save_pretrained(root)
+    return root
+
+
+def test_every_entry_is_complete_and_its_fields_are_its_own():
+    for name, spec in HEADS.items():
+        own = {f.name for f in dataclasses.fields(spec.options)}
+        assert own and not own & set(SHARED_FIELDS), name  # no head redefines a shared field
+        assert spec.cards and spec.title and spec.unit, name
+        assert isinstance(spec.cls.needs.aux_hidden_states, bool), name
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_each_head_builds_exports_is_detected_loads_and_decodes_through_its_entry(name, target_dir, tmp_path):
+    target = Target.from_pretrained(TargetConfig(path=str(target_dir), dtype="float32"))
+    counts = torch.arange(target.config.vocab_size, dtype=torch.float32)
+    spec = HEADS[name]
+    small = {"draft_vocab_size": 48} if "draft_vocab_size" in {f.name for f in dataclasses.fields(spec.options)} else {}
+    head = build_head(DraftConfig(head=name, options=spec.options(**small)), target, counts)
+    assert isinstance(head, DraftHead) and spec_of(head) is spec
+    export_head(head, tmp_path / "out", name, fingerprint(target_dir))
+    layout = head.layouts[0]
+    assert layout in spec.cards  # every layout a head writes has a card
+    assert detect_layout(tmp_path / "out") == (name, layout)  # its own detector claims it, no other one does
+    loaded = load_head(name, str(tmp_path / "out"), target)
+    assert type(loaded) is spec.cls
+    drafter = drafter_for(loaded, 64)
+    assert all(callable(getattr(drafter, m, None)) for m in ("begin", "propose", "update"))
+
+
+def test_converting_a_head_with_one_layout_is_refused_by_name(target_dir, tmp_path):
+    target = Target.from_pretrained(TargetConfig(path=str(target_dir), dtype="float32"))
+    head = build_head(DraftConfig(head="medusa", options=HEADS["medusa"].options(num_heads=2)), target,
+                      torch.ones(target.config.vocab_size))
+    export_head(head, tmp_path / "m", "medusa", fingerprint(target_dir))
+    with pytest.raises(ValueError, match=r"holds medusa \(vllm layout\); medusa heads are exported in \['vllm'\], "
+                                         r"not 'flat'"):
+        convert_head(tmp_path / "m", tmp_path / "out", "flat")
+
+
+def test_shared_code_names_no_head():
+    """The trainer, the feature pipeline, the decoder (but the heads' own drafters), check_head, export and the
+    user commands hold no head name: a new head is its own files plus its registry entry."""
+    shared = [*sorted((REPO / "trainer").glob("*.py")),
+              *[p for p in sorted((REPO / "decode").glob("*.py")) if not p.name.endswith("_drafter.py")],
+              REPO / "models" / "head_check.py", REPO / "models" / "export.py", REPO / "models" / "head.py",
+              *[p for p in sorted((REPO / "scripts").glob("*.py")) if p.name != "medusa_tree.py"]]  # Medusa's own tool
+    names = "|".join(HEADS)
+    found = subprocess.run(["grep", "-nE", rf"[\"']({names})[\"']", *map(str, shared)], capture_output=True, text=True).stdout
+    # A default head in a help text or a recipe default is a value, not a branch: none is allowed here either.
+    assert found == "", found
+    assert not re.search(r"\b(Eagle3Draft|MedusaHeads|MTPHead)\b", subprocess.run(
+        ["cat", *map(str, shared)], capture_output=True, text=True).stdout)
