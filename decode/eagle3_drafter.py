@@ -36,7 +36,7 @@ class Eagle3Drafter:
         [start, start+n). Defaults: rotary positions start..start+n-1 and causal attention to every
         earlier slot; a tree passes its own ``positions`` [n] and ``allowed`` [n, start+n] mask.
         Returns the layer output [1, n, H]."""
-        head, n = self.head, tokens.shape[1]
+        n = tokens.shape[1]
         end = start + n
         if end > self.max_len:
             raise ValueError(f"draft KV cache overflow: {end} > max_len {self.max_len}")
@@ -45,14 +45,13 @@ class Eagle3Drafter:
         if allowed is None:
             allowed = torch.ones(n, end, dtype=torch.bool, device=hidden.device)
             allowed[:, start:] = torch.ones(n, n, dtype=torch.bool, device=hidden.device).tril()
-        cos, sin = head.rotary_emb(hidden, positions.unsqueeze(0))
-        embeds = head.embed_tokens(tokens).to(hidden.dtype)
-        q, k, v = head.midlayer.self_attn.qkv(head.midlayer.attn_input(embeds, hidden), cos, sin)
-        self.keys[:, :, start:end] = k
-        self.values[:, :, start:end] = v
-        out = F.scaled_dot_product_attention(q, self.keys[:, :, :end], self.values[:, :, :end], attn_mask=allowed)
-        attn = head.midlayer.self_attn.o_proj(out.transpose(1, 2).reshape(1, n, -1))
-        return head.midlayer.finish(hidden, attn)
+
+        def cached(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            self.keys[:, :, start:end] = k
+            self.values[:, :, start:end] = v
+            return F.scaled_dot_product_attention(q, self.keys[:, :, :end], self.values[:, :, :end], attn_mask=allowed)
+
+        return self.head.step(hidden, tokens, positions.unsqueeze(0), cached)  # training's step, a cache for attention
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.head.lm_head(self.head.norm(hidden))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -251,12 +252,6 @@ class Eagle3Attention(nn.Module):
         rep = self.num_heads // self.num_kv_heads
         return q, k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
 
-    def ttt(self, q, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
-        """Step-k attention: causal over keys[0], plus the own-position key of keys[1..k]. -> [B, T, nh*hd]
-        Memory linear in T (models/ttt_attention.py)."""
-        B, nh, T, hd = q.shape
-        out = ttt_attention(q, keys, values, self.block)
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, nh * hd))
 
 
 class Eagle3DecoderLayer(nn.Module):
@@ -323,21 +318,34 @@ class Eagle3Draft(nn.Module):
         # Training goes through forward so FSDP2 / ZeRO-3 hooks gather the parameters.
         return self.loss(features)
 
+    def step(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+             attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """One draft step, the one both training and decoding run: the pairs (hidden [B, n, H], token [B, n]) at
+        rotary ``positions`` [B, n] -> the layer's output [B, n, H] (what ``logits`` reads, and the next step's
+        hidden). Only ``attend(q, k, v)`` -> [B, nh, n, hd] differs: the TTT pattern over the unrolled steps' keys
+        in training (``unroll_hidden``), the drafter's KV cache when decoding (decode/eagle3_drafter.py)."""
+        cos, sin = self.rotary_emb(hidden, positions)
+        x = self.midlayer.attn_input(self.embed_tokens(tokens).to(hidden.dtype), hidden)
+        out = attend(*self.midlayer.self_attn.qkv(x, cos, sin))  # [B, nh, n, hd]
+        B, nh, n, hd = out.shape
+        return self.midlayer.finish(hidden, self.midlayer.self_attn.o_proj(out.transpose(1, 2).reshape(B, n, nh * hd)))
+
     def unroll_hidden(self, f: Features):
-        """Yield the TTT steps' hidden outputs [B, T, H] (what ``logits`` reads)."""
+        """Yield the TTT steps' hidden outputs [B, T, H] (what ``logits`` reads): step k at position t reads token
+        t+1+k at rotary position t+k, attending causally to step 0's keys and to its own position in steps 1..k
+        (memory linear in T: models/ttt_attention.py)."""
         B, T = f.input_ids.shape
         hidden = self.fc(f.aux_hidden_states.to(self.fc.weight.dtype))  # [B, T, H]
         base_pos = torch.arange(T, device=hidden.device).unsqueeze(0).expand(B, T)
         keys, values = [], []
-        for k in range(self.ttt_steps):
-            ids_k = shift_left(f.input_ids, 1 + k, 0)  # token_{t+1+k}
-            embeds = self.embed_tokens(ids_k).to(hidden.dtype)
-            cos, sin = self.rotary_emb(hidden, base_pos + k)
-            x = self.midlayer.attn_input(embeds, hidden)
-            q, key, value = self.midlayer.self_attn.qkv(x, cos, sin)
+
+        def ttt(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
             keys.append(key)
             values.append(value)
-            hidden = self.midlayer.finish(hidden, self.midlayer.self_attn.ttt(q, keys, values))
+            return ttt_attention(q, keys, values, self.midlayer.self_attn.block)
+
+        for k in range(self.ttt_steps):
+            hidden = self.step(hidden, shift_left(f.input_ids, 1 + k, 0), base_pos + k, ttt)
             yield hidden
 
     def unroll(self, f: Features):
