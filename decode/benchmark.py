@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from headstart.decode.clock import PARTS, RoundClock
 from headstart.decode.generate import Drafter, Generation, Sampling, plain_generate, speculative_generate
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import DynamicTree, StaticTree
@@ -69,6 +70,27 @@ class Tally:
     rounds: int = 0  # speculative rounds (target forwards after the prefill)
     accepted_at: list[int] = field(default_factory=list)  # rounds accepting >= i drafts, i = 1..k
     proposed_at: list[int] = field(default_factory=list)  # rounds proposing >= i drafts
+    spec_parts: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))  # seconds by part
+    plain_parts: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))
+    plain_forwards: int = 0  # plain decoding's one-token target forwards
+
+    def add_seconds(self, spec: RoundClock, plain: RoundClock, plain_forwards: int) -> None:
+        for part in PARTS:
+            self.spec_parts[part] += spec.seconds[part]
+            self.plain_parts[part] += plain.seconds[part]
+        self.plain_forwards += plain_forwards
+
+    def split(self) -> dict:
+        """Milliseconds per speculative round by part (decode/clock.py), the plain target forward per token, and the
+        speed-up those forward costs predict: tau x plain forward / (draft + update + verify per round). What the
+        measured speed-up falls short of it is the loop's own overhead (``other``)."""
+        if not self.rounds or not self.plain_forwards or not self.spec_parts["verify"]:
+            return {"round_ms": None, "plain_forward_ms": None, "predicted_speedup": None}
+        per_round = {p: self.spec_parts[p] / self.rounds * 1e3 for p in ("draft", "update", "verify", "other")}
+        plain_forward = self.plain_parts["verify"] / self.plain_forwards * 1e3
+        tau = self.tokens / max(1, self.forwards)
+        return {"round_ms": per_round, "plain_forward_ms": plain_forward,
+                "predicted_speedup": tau * plain_forward / (per_round["draft"] + per_round["update"] + per_round["verify"])}
 
     def add(self, spec: Generation, k: int) -> None:
         """k: the deepest draft position a round can reach (chain length or tree depth)."""
@@ -94,6 +116,7 @@ class Tally:
             if self.spec_seconds and self.plain_seconds else None,
             "generated_tokens": self.new_tokens,
             "seconds_per_round": self.spec_seconds / self.rounds if self.rounds else None,
+            **self.split(),
         }
 
 
@@ -152,14 +175,17 @@ def run_benchmark(
         for turn, text in enumerate(q["turns"]):
             messages.append({"role": "user", "content": text})
             prompt = prompt_ids(tokenizer, messages).to(device)
+            drafter = make_drafter()
+            spec_clock, plain_clock = RoundClock(device), RoundClock(device)
             _sync(device)
             t0 = time.perf_counter()
             generator.manual_seed(seed)
-            spec = speculative_generate(runner, make_drafter(), prompt, max_new_tokens, eos_ids, k, sampling, generator, tree)
+            spec = speculative_generate(runner, drafter, prompt, max_new_tokens, eos_ids, k, sampling, generator, tree,
+                                        spec_clock)
             _sync(device)
             t1 = time.perf_counter()
             generator.manual_seed(seed)
-            plain = plain_generate(runner, prompt, max_new_tokens, eos_ids, sampling, generator)
+            plain = plain_generate(runner, prompt, max_new_tokens, eos_ids, sampling, generator, plain_clock)
             _sync(device)
             t2 = time.perf_counter()
             hf_seconds = 0.0
@@ -175,6 +201,7 @@ def run_benchmark(
                 mismatches.append(f"question {q['question_id']} turn {turn + 1}")
             for tally in (tallies[q["category"]], tallies["overall"], by_length[prompt_bucket(prompt.shape[1])]):
                 tally.add(spec, depth)
+                tally.add_seconds(spec_clock, plain_clock, plain.target_forwards)
                 tally.spec_seconds += t1 - t0
                 tally.plain_seconds += t2 - t1
                 tally.plain_tokens += len(plain.tokens)
@@ -183,7 +210,25 @@ def run_benchmark(
         progress(f"question {q['question_id']} ({q['category']}): tau so far {tallies['overall'].summary()['tau']:.2f}")
     result = {k_: t.summary() for k_, t in tallies.items()}
     lengths = {name: by_length[name].summary() for _, name in PROMPT_BUCKETS if name in by_length}
-    return {"results": result, "by_prompt_length": lengths, "mismatches": mismatches}
+    overall = result.get("overall", {})
+    return {"speedup": overall.get("speedup"), "predicted_speedup": overall.get("predicted_speedup"),
+            "results": result, "by_prompt_length": lengths, "mismatches": mismatches}
+
+
+def split_table(results: dict) -> str:
+    """Where a speculative round's time goes (overall), and the speed-up its forward costs predict."""
+    r = results["overall"]
+    if r.get("round_ms") is None:
+        return ""
+    ms = r["round_ms"]
+    total = sum(ms.values())
+    measured = "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"
+    return ("| per round (ms) | draft | drafter update | target verify | other | plain forward / token | predicted speed-up | "
+            "measured | measured / predicted |\n|---|---|---|---|---|---|---|---|---|\n"
+            f"| overall | {ms['draft']:.2f} ({ms['draft'] / total:.0%}) | {ms['update']:.2f} ({ms['update'] / total:.0%}) | "
+            f"{ms['verify']:.2f} ({ms['verify'] / total:.0%}) | {ms['other']:.2f} ({ms['other'] / total:.0%}) | "
+            f"{r['plain_forward_ms']:.2f} | {r['predicted_speedup']:.2f}x | {measured} | "
+            + ("-" if r["speedup"] is None else f"{r['speedup'] / r['predicted_speedup']:.2f}") + " |")
 
 
 def markdown_table(results: dict, by_prompt_length: dict | None = None) -> str:

@@ -13,6 +13,7 @@ from typing import Protocol
 
 import torch
 
+from headstart.decode.clock import UNTIMED, RoundClock
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import DynamicTree, StaticTree, build_dynamic_tree, build_static_tree, verify_tree
 from headstart.decode.verify import verify_greedy, verify_sampling, warp_probs
@@ -76,19 +77,26 @@ def _pick(logits: torch.Tensor, sampling: Sampling | None, generator: torch.Gene
 
 
 def plain_generate(runner: TargetRunner, prompt_ids: torch.Tensor, max_new_tokens: int, eos_ids: set[int],
-                   sampling: Sampling | None = None, generator: torch.Generator | None = None) -> Generation:
-    """Autoregressive decoding on the same runner: argmax, or a sample of the warped target."""
-
+                   sampling: Sampling | None = None, generator: torch.Generator | None = None,
+                   clock: RoundClock | None = None) -> Generation:
+    """Autoregressive decoding on the same runner: argmax, or a sample of the warped target. ``clock``: where the
+    time goes (decode/clock.py; the target's forward per token is its ``verify``)."""
+    clock = clock or UNTIMED
+    clock.start()
     runner.reset()
     logits, _ = runner.forward(prompt_ids)
+    clock.lap("prefill")
     runner.commit(prompt_ids.shape[1])
     tokens, done = _finish([_pick(logits[0, -1], sampling, generator)], eos_ids, max_new_tokens)
     out = Generation(tokens)
     while not done:
+        clock.lap("other")
         logits, _ = runner.forward(torch.tensor([[tokens[-1]]], device=prompt_ids.device))
+        clock.lap("verify")
         runner.commit(1)
         out.target_forwards += 1
         tokens, done = _finish(tokens + [_pick(logits[0, -1], sampling, generator)], eos_ids, max_new_tokens)
+    clock.lap("other")
     out.tokens = tokens
     return out
 
@@ -107,22 +115,29 @@ def speculative_generate(
     sampling: Sampling | None = None,
     generator: torch.Generator | None = None,
     tree: DynamicTree | StaticTree | None = None,
+    clock: RoundClock | None = None,
 ) -> Generation:
     """Greedy when ``sampling`` is None (output = the target's greedy decoding), else lossless
     rejection sampling (output distributed exactly as sampling from the warped target).
 
     With ``tree`` the drafter grows a tree per round (``k`` is then unused) and the target verifies
-    every branch in one forward (decode/tree.py)."""
+    every branch in one forward (decode/tree.py). ``clock``: where the time goes, by part (decode/clock.py)."""
+    clock = clock or UNTIMED
+    clock.start()
     device = prompt_ids.device
     runner.reset()
     logits, states = runner.forward(prompt_ids)
+    clock.lap("prefill")
     runner.commit(prompt_ids.shape[1])
     tokens, done = _finish([_pick(logits[0, -1], sampling, generator)], eos_ids, max_new_tokens)
+    clock.lap("other")
     drafter.begin(prompt_ids, states, tokens[0])
+    clock.lap("update")
     out = Generation(tokens)
     while not done:
         if tree is not None:
-            tokens, done = _tree_round(runner, drafter, tree, tokens, max_new_tokens, eos_ids, sampling, generator, out)
+            tokens, done = _tree_round(runner, drafter, tree, tokens, max_new_tokens, eos_ids, sampling, generator, out,
+                                       clock)
             continue
         # Never draft past the length limit: accepted drafts + the bonus token fit in what is left.
         budget = min(k, max_new_tokens - len(tokens) - 1)
@@ -130,9 +145,11 @@ def speculative_generate(
             drafts, q = drafter.propose_sampled(budget, sampling, generator)
         else:
             drafts, q = drafter.propose(budget), None
+        clock.lap("draft")
         drafts = drafts.to(device)
         block = torch.cat([torch.tensor([tokens[-1]], device=device), drafts]).unsqueeze(0)  # [1, 1+k']
         logits, states = runner.forward(block)
+        clock.lap("verify")
         if sampling is None:
             n_acc, nxt = verify_greedy(drafts.unsqueeze(0), logits)
         else:
@@ -148,20 +165,24 @@ def speculative_generate(
         out.proposed.append(drafts.numel())
         emitted = packed[2 : 2 + n] + [packed[1]]
         tokens, done = _finish(tokens + emitted, eos_ids, max_new_tokens)
+        clock.lap("other")
         if not done:
             drafter.update(emitted, states.select(slice(0, n + 1)))
+            clock.lap("update")
     out.tokens = tokens
     return out
 
 
-def _tree_round(runner, drafter, tree, tokens, max_new_tokens, eos_ids, sampling, generator, out):
+def _tree_round(runner, drafter, tree, tokens, max_new_tokens, eos_ids, sampling, generator, out, clock):
     """One tree round: grow, verify in one target forward, keep the accepted path's KV entries."""
     device = runner.cache.device
     budget = max_new_tokens - len(tokens) - 1  # deepest useful node: its drafts + the bonus token fit
     build = build_dynamic_tree if isinstance(tree, DynamicTree) else build_static_tree
     draft = build(drafter, tree, budget)
+    clock.lap("draft")
     block = torch.cat([torch.tensor([tokens[-1]], device=device), draft.tokens.to(device)])
     logits, states = runner.forward(block.unsqueeze(0), tree_mask=draft.block_mask, depths=draft.block_depths())
+    clock.lap("verify")
     if sampling is None:
         choice = logits[0].argmax(-1)
     else:  # one sample of the warped target per node: lossless for deterministic children (verify_tree)
@@ -172,6 +193,8 @@ def _tree_round(runner, drafter, tree, tokens, max_new_tokens, eos_ids, sampling
     out.accepted.append(len(path) - 1)
     out.proposed.append(draft.max_depth)
     tokens, done = _finish(tokens + emitted, eos_ids, max_new_tokens)
+    clock.lap("other")
     if not done:
         drafter.update(emitted, states.select(path))
+        clock.lap("update")
     return tokens, done

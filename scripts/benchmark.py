@@ -23,7 +23,15 @@ from pathlib import Path
 import torch
 
 from headstart.decode.report import append_section
-from headstart.decode.benchmark import first_per_category, prompt_ids, markdown_table, plot_acceptance, read_questions, run_benchmark
+from headstart.decode.benchmark import (
+    first_per_category,
+    markdown_table,
+    plot_acceptance,
+    prompt_ids,
+    read_questions,
+    run_benchmark,
+    split_table,
+)
 from headstart.decode.draft_model import DraftModelDrafter
 from headstart.decode.generate import Sampling
 from headstart.decode.ngram import NgramDrafter
@@ -114,6 +122,11 @@ def main() -> int:
              f"dynamic tree depth {tree.depth} top-k {tree.topk} {tree.total_tokens} tokens")
     mode = "greedy" if sampling is None else f"sampling T={args.temperature} top-p {args.top_p} top-k {args.top_k}"
     table = markdown_table(report["results"], report["by_prompt_length"])
+    split = split_table(report["results"])
+    if split:
+        table += ("\n\nWhere a speculative round's time goes (decode/clock.py; the drafter update is its forward on the "
+                  "accepted tokens), and the speed-up predicted from tau and the measured forward costs alone, tau x plain "
+                  "forward / (draft + update + verify):\n\n" + split)
     if args.predict:
         prompt = prompt_ids(tokenizer, [{"role": "user", "content": questions[0]["turns"][0]}])
         if tree is not None:

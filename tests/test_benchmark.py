@@ -8,7 +8,7 @@ import pytest
 from conftest import CHATML_TEMPLATE, make_tokenizer
 from tiny_models import tiny_causal_lm
 
-from headstart.decode.benchmark import Tally, markdown_table, read_questions, run_benchmark
+from headstart.decode.benchmark import Tally, markdown_table, read_questions, run_benchmark, split_table
 from headstart.decode.generate import Generation
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.target_runner import TargetRunner
@@ -50,6 +50,16 @@ def test_run_benchmark_multi_turn_and_verification(tmp_path):
     # every turn's prompt is short here: the one bucket holds exactly the overall tally
     assert list(report["by_prompt_length"]) == ["prompt < 512 tokens"]
     assert report["by_prompt_length"]["prompt < 512 tokens"] == results["overall"]
+    # The per-round split: the parts cover the round, and the prediction is tau x plain forward / forward costs.
+    overall = results["overall"]
+    ms = overall["round_ms"]
+    assert set(ms) == {"draft", "update", "verify", "other"} and all(v > 0 for v in ms.values())
+    spec_seconds_per_round = overall["seconds_per_round"] * 1e3
+    assert sum(ms.values()) <= spec_seconds_per_round  # the prefill is the rest of the measured time
+    forwards = ms["draft"] + ms["update"] + ms["verify"]
+    assert overall["predicted_speedup"] == pytest.approx(overall["tau"] * overall["plain_forward_ms"] / forwards)
+    assert report["speedup"] == overall["speedup"] and report["predicted_speedup"] == overall["predicted_speedup"]
+    assert "| overall |" in split_table(results)
 
 
 def test_prompts_fall_into_length_buckets():
