@@ -94,7 +94,7 @@ class Tally:
 
     def add(self, spec: Generation, k: int) -> None:
         """k: the deepest draft position a round can reach (chain length or tree depth)."""
-        self.tokens += len(spec.tokens) - 1
+        self.tokens += spec.counted_tokens
         self.forwards += spec.target_forwards
         self.new_tokens += len(spec.tokens)
         self.rounds += spec.target_forwards
@@ -159,9 +159,12 @@ def run_benchmark(
     tree: DynamicTree | StaticTree | None = None,
     sampling: Sampling | None = None,
     seed: int = 0,
+    own_loop: Callable[..., Generation] | None = None,
 ) -> dict:
     """Speculative and plain decoding of every turn; with ``sampling`` both sample (same seed per
-    turn), so ``verify_greedy`` (token equality) only applies to greedy runs."""
+    turn), so ``verify_greedy`` (token equality) only applies to greedy runs. ``own_loop`` (prompt, max new
+    tokens, eos ids, sampling, generator, clock) -> Generation replaces headstart's loop and drafter (transformers'
+    own speculative decoding: decode/hf_peers.py)."""
     if verify_greedy and sampling is not None:
         raise ValueError("--verify-greedy compares with greedy decoding; it cannot be combined with sampling")
     device = next(runner.target.model.parameters()).device
@@ -175,13 +178,16 @@ def run_benchmark(
         for turn, text in enumerate(q["turns"]):
             messages.append({"role": "user", "content": text})
             prompt = prompt_ids(tokenizer, messages).to(device)
-            drafter = make_drafter()
+            drafter = make_drafter() if own_loop is None else None
             spec_clock, plain_clock = RoundClock(device), RoundClock(device)
             _sync(device)
             t0 = time.perf_counter()
             generator.manual_seed(seed)
-            spec = speculative_generate(runner, drafter, prompt, max_new_tokens, eos_ids, k, sampling, generator, tree,
-                                        spec_clock)
+            if own_loop is None:
+                spec = speculative_generate(runner, drafter, prompt, max_new_tokens, eos_ids, k, sampling, generator, tree,
+                                            spec_clock)
+            else:
+                spec = own_loop(prompt, max_new_tokens, eos_ids, sampling, generator, spec_clock)
             _sync(device)
             t1 = time.perf_counter()
             generator.manual_seed(seed)

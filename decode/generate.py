@@ -54,11 +54,19 @@ class Generation:
     target_forwards: int = 0  # after the prefill
     accepted: list[int] = field(default_factory=list)  # accepted draft tokens per speculative round
     proposed: list[int] = field(default_factory=list)  # draft tokens proposed per round (can be < k)
+    prefill_counted: bool = False
+    """True when ``target_forwards`` includes the prompt's forward, because the loop verified drafts in it
+    (transformers' assisted generation): every token then counts, the first included."""
+
+    @property
+    def counted_tokens(self) -> int:
+        """The tokens tau counts: those after the prefill's token, or all of them when the prefill is counted."""
+        return len(self.tokens) - (0 if self.prefill_counted else 1)
 
     @property
     def tau(self) -> float:
         """Tokens per target forward (bonus included); 1.0 for plain decoding."""
-        return (len(self.tokens) - 1) / max(1, self.target_forwards)
+        return self.counted_tokens / max(1, self.target_forwards)
 
 
 def _finish(tokens: list[int], eos_ids: set[int], max_new_tokens: int) -> tuple[list[int], bool]:

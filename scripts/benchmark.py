@@ -34,6 +34,7 @@ from headstart.decode.benchmark import (
 )
 from headstart.decode.draft_model import DraftModelDrafter
 from headstart.decode.generate import Sampling
+from headstart.decode.hf_peers import HFSpeculation
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.predict import measure_step_times, predict_speedups, recommend_k, round_overhead
 from headstart.decode.target_runner import TargetRunner
@@ -43,11 +44,16 @@ from headstart.models.registry import HEADS, drafter_for, load_head
 from headstart.models.target import Target, TargetConfig, load_causal_lm, load_tokenizer
 
 
+HF_METHODS = ("hf-assisted", "hf-prompt-lookup")
+"""transformers' own speculative decoding, run on the same prompts for comparison (decode/hf_peers.py)."""
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True)
-    p.add_argument("--method", choices=[*sorted(HEADS), "ngram", "draft-model"], required=True,
-                   help="a trained head type (its exported directory in --draft), n-gram lookup, or a draft model")
+    p.add_argument("--method", choices=[*sorted(HEADS), "ngram", "draft-model", *HF_METHODS], required=True,
+                   help="a trained head type (its exported directory in --draft), n-gram lookup, a draft model, or "
+                        "transformers' own assisted generation (hf-assisted, --draft a draft model) or prompt lookup "
+                        "(hf-prompt-lookup), greedy")
     p.add_argument("--draft", help="the head's exported directory, or the draft model's HF directory")
     p.add_argument("--questions", required=True)
     p.add_argument("--max-len", type=int, default=None,
@@ -74,8 +80,10 @@ def main() -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--benchmarks", default=None, help="append the table to this markdown file")
     args = p.parse_args()
-    if args.method == "ngram" and (args.tree or args.tree_paths):
-        p.error("n-gram drafting proposes chains only; drop --tree")
+    if args.method in ("ngram", *HF_METHODS) and (args.tree or args.tree_paths):
+        p.error(f"{args.method} proposes chains only; drop --tree")
+    if args.method in HF_METHODS and (args.temperature > 0 or args.predict):
+        p.error(f"{args.method} is benchmarked greedy and without --predict (transformers' loop is one call)")
     if args.verify_greedy and args.temperature > 0:
         p.error("--verify-greedy checks greedy output; it needs --temperature 0")
 
@@ -96,9 +104,9 @@ def main() -> int:
             p.error(f"--method {args.method} needs --draft (the head's directory)")
         head = load_head(args.method, args.draft, target, args.allow_other_target).to(device=device, dtype=target.lm_head_weight.dtype)
         make = lambda: drafter_for(head, max_len)  # noqa: E731
-    elif args.method == "draft-model":
+    elif args.method in ("draft-model", "hf-assisted"):
         if not args.draft:
-            p.error("--method draft-model needs --draft (an HF causal LM directory)")
+            p.error(f"--method {args.method} needs --draft (an HF causal LM directory)")
         if load_tokenizer(args.draft).get_vocab() != tokenizer.get_vocab():
             p.error(f"the draft model {args.draft} has another tokenizer than the target {args.target}; "
                     "a draft model must share its target's vocabulary")
@@ -106,6 +114,10 @@ def main() -> int:
         make = lambda: DraftModelDrafter(draft_model, max_len, vocab_size)  # noqa: E731
     else:
         make = NgramDrafter
+    own_loop = None
+    if args.method in HF_METHODS:
+        own_loop = HFSpeculation(target.model, args.num_speculative_tokens, pad_token_id=tokenizer.pad_token_id or 0,
+                                 **({"assistant": draft_model} if args.method == "hf-assisted" else {"prompt_lookup": True}))
     tree = None
     if args.tree_paths:
         tree = StaticTree(tuple(tuple(path) for path in json.loads(Path(args.tree_paths).read_text())))
@@ -114,7 +126,7 @@ def main() -> int:
     sampling = Sampling(args.temperature, args.top_k, args.top_p) if args.temperature > 0 else None
     report = run_benchmark(runner, make, tokenizer, questions, args.num_speculative_tokens, args.max_new_tokens, eos,
                            verify_greedy=args.verify_greedy, hf_reference=not args.no_hf_reference, tree=tree,
-                           sampling=sampling, seed=args.seed)
+                           sampling=sampling, seed=args.seed, own_loop=own_loop)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     shape = (f"chain k={args.num_speculative_tokens}" if tree is None else

@@ -128,3 +128,30 @@ def test_a_base_model_without_chat_template_is_prompted_with_plain_text():
     assert ids[0] == bos and base.decode(ids[1:]) == "Say hello.\n\nHello.\n\nAgain.\n\n"
     templated = prompt_ids(chat, messages)[0].tolist()
     assert chat.decode(templated).endswith("<|im_start|>assistant\n") and templated != ids
+
+
+def test_transformers_assisted_generation_and_prompt_lookup_run_in_the_same_benchmark():
+    """transformers' own speculative decoding on the same prompts: greedy-exact against headstart's plain decoding,
+    and tau counted from its target calls -- an assistant identical to the target accepts every draft."""
+    import copy
+
+    from headstart.decode.hf_peers import HFSpeculation
+
+    tokenizer = make_tokenizer(CHATML_TEMPLATE, "<|im_end|>")
+    model = tiny_causal_lm("llama", num_hidden_layers=8, vocab_size=len(tokenizer)).eval()
+    runner = TargetRunner(Target(model), max_len=512)
+    questions = [{"question_id": 1, "category": "writing", "turns": ["Say hello.", "Again, please."]}]
+    twin = HFSpeculation(model, 3, assistant=copy.deepcopy(model))
+    report = run_benchmark(runner, None, tokenizer, questions, k=3, max_new_tokens=12, eos_ids=set(), verify_greedy=True,
+                           hf_reference=False, progress=lambda _: None, own_loop=twin)
+    assert report["mismatches"] == []
+    overall = report["results"]["overall"]
+    assert overall["generated_tokens"] == 2 * 12
+    assert overall["tau"] == pytest.approx(4.0)  # per turn: 4 + 4 + 4 tokens in 3 calls, the first also the prefill
+    assert overall["round_ms"] is None and report["speedup"] > 0  # one call: no split, but a measured speed-up
+    lookup = HFSpeculation(model, 3, prompt_lookup=True)
+    report = run_benchmark(runner, None, tokenizer, questions, k=3, max_new_tokens=12, eos_ids=set(), verify_greedy=True,
+                           hf_reference=False, progress=lambda _: None, own_loop=lookup)
+    assert report["mismatches"] == [] and 1.0 <= report["results"]["overall"]["tau"] <= 4.0
+    with pytest.raises(ValueError, match="one of them"):
+        HFSpeculation(model, 3)

@@ -106,3 +106,21 @@ def test_heldout_tau_runs_any_head_and_counts_like_the_decoder(tmp_path):
     prompts, tau, tokens, forwards = int(line[1]), float(line[2]), int(line[3]), int(line[4])
     assert prompts == 2 and tau == pytest.approx(tokens / forwards, abs=1e-3) and 1.0 <= tau <= 3.0
     assert tokens >= 2 * 7  # 8 new tokens per prompt, the prefill's own token not counted (an EOS may end one early)
+
+
+def test_benchmark_script_runs_headstart_and_transformers_peers_and_writes_the_split(tmp_path):
+    """scripts/benchmark.py end to end on the demo target: n-gram (headstart's loop: a per-round split and a
+    predicted speed-up) and transformers' prompt lookup (its own loop: tau and speed-up only), greedy-exact."""
+    for method in ("ngram", "hf-prompt-lookup"):
+        out = tmp_path / method
+        proc = subprocess.run([sys.executable, str(REPO / "scripts" / "benchmark.py"), "--target", str(REPO / "configs/demo/target"),
+                               "--method", method, "--questions", str(REPO / "configs/demo/eval/mt_bench.jsonl"), "--limit", "1",
+                               "--max-new-tokens", "16", "--no-hf-reference", "--verify-greedy", "--out", str(out)],
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        report = json.loads((out / "results.json").read_text())
+        assert report["speedup"] > 0 and report["results"]["overall"]["tau"] >= 1.0
+        if method == "ngram":
+            assert report["predicted_speedup"] > 0 and "target verify" in (out / "results.md").read_text()
+        else:
+            assert report["predicted_speedup"] is None
