@@ -2,8 +2,10 @@
 
 It keeps its own ``PositionalKVCache`` over every emitted token. Drafting runs it one level at a time
 (a chain is a tree with one child per node); nodes are written after the committed slots and simply
-overwritten later. After verification the emitted tokens are re-run as one block, which is cheaper
-than tracking which speculative slots survived.
+overwritten later. After a chain round, the accepted drafts the model already ran sit in their own slots with
+exactly the context a re-run would give them, so they are kept and only the rest of the emitted tokens (the
+bonus token, and the last draft when every draft was accepted) are run; after a tree round the emitted tokens
+are re-run as one block, which is cheaper than tracking which tree slots survived.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class DraftModelDrafter:
         self._dtype = next(model.parameters()).dtype
         self._device = next(model.parameters()).device
         self.last_logits: torch.Tensor | None = None  # [V]: the next token after the committed ones
+        self.chain_fed = 0  # drafts of the last chain run through the model, in slots committed.. (0 after a tree)
 
     def _run(self, ids: torch.Tensor, start: int, allowed: torch.Tensor, positions: torch.Tensor, last_only: bool = False):
         """Score ids [m] written at slots [start, start+m) under ``allowed`` [m, start+m]; logits [m or 1, V]."""
@@ -57,7 +60,10 @@ class DraftModelDrafter:
         self._advance(torch.cat([prompt_ids[0].to(self._device), torch.tensor([next_token], device=self._device)]))
 
     def update(self, emitted: list[int], states) -> None:
-        self._advance(torch.tensor(emitted, device=self._device))
+        keep = min(len(emitted) - 1, self.chain_fed)  # accepted drafts whose KV the chain already wrote in place
+        self.cache.rollback(self.cache.length + keep)
+        self.chain_fed = 0
+        self._advance(torch.tensor(emitted[keep:], device=self._device))
 
     # -- trees (decode/tree.py) ------------------------------------------------------------------
     def to_target(self, ids: torch.Tensor) -> torch.Tensor:
@@ -65,6 +71,7 @@ class DraftModelDrafter:
 
     def tree_root(self) -> torch.Tensor:
         self._expanded = ExpandedNodes(self._device)
+        self.chain_fed = 0
         return self.last_logits
 
     @torch.no_grad()
@@ -84,6 +91,7 @@ class DraftModelDrafter:
             tokens.append(pick(logits).view(1))
             if i + 1 < k:
                 logits = self.tree_expand(torch.tensor([i - 1], device=self._device), tokens[-1], i + 1)[0]
+        self.chain_fed = max(0, k - 1)  # d_1..d_{k-1} ran, at slots committed.. in order
         return torch.cat(tokens) if tokens else torch.empty(0, dtype=torch.long, device=self._device)
 
     @torch.no_grad()
