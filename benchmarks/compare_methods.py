@@ -28,15 +28,26 @@ def mode(args: dict) -> str:
     return f"T={args['temperature']}" + (f" top-p {args['top_p']}" if args.get("top_p", 1.0) < 1.0 else "")
 
 
+def split(r: dict) -> str:
+    """A round's milliseconds by part and the speed-up its forward costs predict (decode/clock.py); '-' for runs
+    without a split (transformers' own loops, or runs made before the split existed)."""
+    ms = r.get("round_ms")
+    if not ms:
+        return "- | - | -"
+    return (f"{ms['draft']:.1f} / {ms['update']:.1f} / {ms['verify']:.1f} / {ms['other']:.1f} | "
+            f"{r['predicted_speedup']:.2f}x | {r['speedup'] / r['predicted_speedup']:.2f}")
+
+
 def table(runs: list[Path]) -> str:
-    lines = ["| method | draft | shape | mode | tau | acceptance by position | spec tok/s | plain tok/s | speed-up |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| method | draft | shape | mode | tau | acceptance by position | spec tok/s | plain tok/s | speed-up | "
+             "round ms: draft / update / verify / other | predicted speed-up | measured / predicted |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
         report = json.loads((run / "results.json").read_text())
         a, r = report["args"], report["results"]["overall"]
-        acc = " ".join("-" if x is None else f"{x:.2f}" for x in r["acceptance_by_position"][:6])
+        acc = " ".join("-" if x is None else f"{x:.2f}" for x in r["acceptance_by_position"][:6]) or "-"
         lines.append(f"| {a['method']} | `{a.get('draft') or '-'}` | {shape(a)} | {mode(a)} | {r['tau']:.2f} | {acc} | "
-                     f"{r['spec_tokens_per_s']:.1f} | {r['plain_tokens_per_s']:.1f} | {r['speedup']:.2f}x |")
+                     f"{r['spec_tokens_per_s']:.1f} | {r['plain_tokens_per_s']:.1f} | {r['speedup']:.2f}x | {split(r)} |")
     return "\n".join(lines)
 
 
