@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from headstart.models.export import HOLD_ENV
 from headstart.trainer.run_dir import MACHINE_METRICS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,7 +60,10 @@ finds them all, whatever session they are in and even while the launcher is stil
 
 
 def _launch(argv: list[str], log: Path) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", TAG: f"{os.getpid()}-{time.monotonic_ns()}"}
+    # HOLD_ENV: exports wait 50 ms before their rename, so the 2 ms watcher reliably sees a tiny head's write
+    # (about a millisecond otherwise) and kills inside it.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", TAG: f"{os.getpid()}-{time.monotonic_ns()}",
+           HOLD_ENV: "0.05"}
     with log.open("a") as f:
         proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     proc.tag = env[TAG]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 import torch
@@ -29,10 +30,19 @@ def layouts_for(head, format: str | None) -> tuple[str, ...]:
         raise ValueError(f"export.format {format!r}: {err} (or 'both')") from None
 
 
+HOLD_ENV = "HEADSTART_EXPORT_HOLD_S"
+"""Seconds a finished export waits before it is put in place. Set only by the kill soak (benchmarks/soak_kill.py):
+a tiny head is written in about a millisecond, shorter than the soak's watcher needs to see the write and kill
+inside it, as a kill on a real head's slower write would."""
+
+
 def replace_dir(tmp: Path, directory: Path) -> None:
     """Put the finished ``tmp`` at ``directory``; the previous one is moved aside, never deleted
     before the new one is in place (a crash in between leaves it at ``.old-<name>``, restored on the
     next export)."""
+    hold = float(os.environ.get(HOLD_ENV) or 0)
+    if hold > 0:
+        time.sleep(hold)
     old = directory.with_name(f".old-{directory.name}")
     if directory.exists():
         shutil.rmtree(old, ignore_errors=True)
