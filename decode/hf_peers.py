@@ -32,7 +32,6 @@ class HFSpeculation:
             assistant.generation_config.num_assistant_tokens_schedule = "constant"
             assistant.generation_config.assistant_confidence_threshold = 0.0  # no early stop of a draft
         self.calls, self.first_input = 0, 0
-        model.register_forward_hook(self._count, with_kwargs=True)
 
     def _count(self, module, args, kwargs, output) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
@@ -51,9 +50,13 @@ class HFSpeculation:
         clock.start()
         self.calls = 0
         extra = {"assistant_model": self.assistant} if self.assistant is not None else {"prompt_lookup_num_tokens": self.k}
-        out = self.model.generate(prompt_ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=self.pad,
-                                  eos_token_id=sorted(eos_ids) or None, attention_mask=torch.ones_like(prompt_ids),
-                                  **extra)
+        hook = self.model.register_forward_hook(self._count, with_kwargs=True)  # only during this call: plain runs
+        try:                                                                      # on the same model stay uncounted
+            out = self.model.generate(prompt_ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=self.pad,
+                                      eos_token_id=sorted(eos_ids) or None, attention_mask=torch.ones_like(prompt_ids),
+                                      **extra)
+        finally:
+            hook.remove()
         clock.lap("other")  # one call: transformers' loop cannot be split by part from outside
         tokens = out[0, prompt_ids.shape[1]:].tolist()
         for i, t in enumerate(tokens):  # headstart's rule: cut at the first EOS, kept
