@@ -1,19 +1,23 @@
-"""Measure online training throughput: tokens/s and the cost of a training step relative to the
-target's forward alone on the same batch.
+"""Measure online training throughput: trained tokens/s and the cost of a training step relative to the
+target's forward alone on the same batch; with ``--layouts padded packed``, both batch layouts of the same
+recipe one after the other in this process, on the same steps' sequences (a ratio from one run).
 
-    python benchmarks/bench_train.py --config configs/demo/eagle3.yaml --steps 10 --out BENCHMARKS.md
+    python benchmarks/bench_train.py --config configs/demo/eagle3.yaml --steps 10 --layouts padded packed --out BENCHMARKS.md
+
+Tokens are the sequences' real tokens (padding not counted), so padded and packed rows compare directly.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import gc
 import statistics
 import time
 
 import torch
 
 from headstart.decode.report import append_section
-from headstart.trainer.batches import collate
 from headstart.trainer.config import load_config
 from headstart.trainer.run import build_trainer
 
@@ -23,48 +27,74 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", required=True)
-    p.add_argument("--steps", type=int, default=10, help="measured steps (after --warmup)")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--out", default=None, help="append the result to this markdown file")
-    args, overrides = p.parse_known_args()
-    config = load_config(args.config, overrides + ["--output_dir=runs/bench-train", "--logging.progress=false"])
+def measure(config, steps: int, warmup: int) -> dict:
+    """Median step and target-forward seconds over ``steps`` steps after ``warmup``, trained tokens/s, and how
+    many of the batches' slots were padding."""
     trainer = build_trainer(config)
     target = trainer.features.target
-    step_s, target_s, tokens = [], [], []
-    for i in range(args.warmup + args.steps):
+    step_s, target_s, tokens, slots = [], [], [], []
+    for i in range(warmup + steps):
         accum = config.train.grad_accum
-        batches = [collate(trainer.train_data, trainer.plan.rows(trainer.step, m)) for m in range(accum)]
+        batches = [trainer.batch(trainer.train_data, trainer.plan.rows(trainer.step, m)) for m in range(accum)]
         _sync()
         t0 = time.perf_counter()
         with torch.no_grad():
-            for b in batches:
-                target(b["input_ids"].to(trainer.info.device), attention_mask=b["attention_mask"].to(trainer.info.device))
+            for b in batches:  # as trainer/features.py runs it: a packed batch by its positions
+                pos = b.get("position_ids")
+                target(b["input_ids"].to(trainer.info.device),
+                       attention_mask=b["attention_mask"].to(trainer.info.device) if pos is None else None,
+                       position_ids=None if pos is None else pos.to(trainer.info.device))
         _sync()
         t1 = time.perf_counter()
         metrics = trainer.train_step()
         _sync()
         t2 = time.perf_counter()
         trainer.step += 1
-        if i >= args.warmup:
+        if i >= warmup:
             target_s.append(t1 - t0)
             step_s.append(t2 - t1)
             tokens.append(metrics["tokens"])
-    step, fwd = statistics.median(step_s), statistics.median(target_s)
-    tok_s = sum(tokens) / sum(step_s)
-    t = config.train
+            slots.append(sum(b["input_ids"].numel() for b in batches) / sum(float(b["attention_mask"].sum()) for b in batches))
+    info = trainer.info
+    del trainer, target
+    gc.collect()
+    return {"step": statistics.median(step_s), "fwd": statistics.median(target_s), "tok_s": sum(tokens) / sum(step_s),
+            "slots_per_token": statistics.mean(slots), "info": info}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True)
+    p.add_argument("--steps", type=int, default=10, help="measured steps (after --warmup)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--layouts", nargs="+", choices=["recipe", "padded", "packed"], default=["recipe"],
+                   help="batch layouts to measure in turn (recipe: whatever data.packing says)")
+    p.add_argument("--out", default=None, help="append the result to this markdown file")
+    args, overrides = p.parse_known_args()
+    config = load_config(args.config, overrides + ["--output_dir=runs/bench-train", "--logging.progress=false"])
+    rows = {}
+    for layout in args.layouts:
+        data = config.data if layout == "recipe" else dataclasses.replace(config.data, packing=layout == "packed")
+        name = "packed" if data.packing else "padded"
+        rows[name] = measure(dataclasses.replace(config, data=data), args.steps, args.warmup)
+    info = next(iter(rows.values()))["info"]
+    t, d = config.train, config.data
+    options = ", ".join(f"{f.name} {getattr(config.draft.options, f.name)}" for f in dataclasses.fields(config.draft.options))
     body = (
-        f"Online EAGLE-3 training, {config.draft.options.ttt_steps} TTT steps, draft vocab {config.draft.options.draft_vocab_size}, "
-        f"batch {t.batch_size} x {t.grad_accum} accum x {trainer.info.world_size} ranks, "
-        f"max length {config.data.max_length}, target dtype {config.target.dtype}, backend {config.parallel.backend}; "
-        f"median of {args.steps} steps after {args.warmup} warm-up.\n\n"
-        "| tokens/s (all ranks) | step time | target forward alone | step / target forward |\n|---|---|---|---|\n"
-        f"| {tok_s:,.0f} | {step * 1e3:.0f} ms | {fwd * 1e3:.0f} ms | {step / fwd:.1f}x |\n"
+        f"Online {config.draft.head} training ({options}), batch {t.batch_size} sequences x {t.grad_accum} accum x "
+        f"{info.world_size} ranks, max length {d.max_length}, packed rows of at most {d.tokens_per_batch or t.batch_size * d.max_length} tokens, "
+        f"target dtype {config.target.dtype}, backend {config.parallel.backend}; median of {args.steps} steps after "
+        f"{args.warmup} warm-up, each layout on the same steps' sequences. tokens = the sequences' real tokens; "
+        "slots / token = batch positions (padding included) per real token.\n\n"
+        "| tokens/s (all ranks) | layout | step time | target forward alone | step / target forward | slots / token |\n"
+        "|---|---|---|---|---|---|\n"
+        + "".join(f"| {r['tok_s']:,.0f} | {name} | {r['step'] * 1e3:.0f} ms | {r['fwd'] * 1e3:.0f} ms | "
+                  f"{r['step'] / r['fwd']:.1f}x | {r['slots_per_token']:.2f} |\n" for name, r in rows.items())
     )
+    if {"padded", "packed"} <= set(rows):
+        body += f"\npacked / padded tokens/s: **{rows['packed']['tok_s'] / rows['padded']['tok_s']:.2f}x**\n"
     print(body)
-    if args.out and trainer.info.is_main:
+    if args.out and info.is_main:
         append_section(args.out, "Online training throughput", body)
 
 

@@ -23,6 +23,7 @@ from typing import Callable
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
+from torch.profiler import record_function
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
@@ -324,25 +325,25 @@ class Eagle3Draft(nn.Module):
         rotary ``positions`` [B, n] -> the layer's output [B, n, H] (what ``logits`` reads, and the next step's
         hidden). Only ``attend(q, k, v)`` -> [B, nh, n, hd] differs: the TTT pattern over the unrolled steps' keys
         in training (``unroll_hidden``), the drafter's KV cache when decoding (decode/eagle3_drafter.py)."""
-        cos, sin = self.rotary_emb(hidden, positions)
-        x = self.midlayer.attn_input(self.embed_tokens(tokens).to(hidden.dtype), hidden)
-        out = attend(*self.midlayer.self_attn.qkv(x, cos, sin))  # [B, nh, n, hd]
-        B, nh, n, hd = out.shape
-        return self.midlayer.finish(hidden, self.midlayer.self_attn.o_proj(out.transpose(1, 2).reshape(B, n, nh * hd)))
+        with record_function("head: draft step"):  # a part of the step for torch.profiler
+            cos, sin = self.rotary_emb(hidden, positions)
+            x = self.midlayer.attn_input(self.embed_tokens(tokens).to(hidden.dtype), hidden)
+            out = attend(*self.midlayer.self_attn.qkv(x, cos, sin))  # [B, nh, n, hd]
+            B, nh, n, hd = out.shape
+            return self.midlayer.finish(hidden, self.midlayer.self_attn.o_proj(out.transpose(1, 2).reshape(B, n, nh * hd)))
 
     def unroll_hidden(self, f: Features):
         """Yield the TTT steps' hidden outputs [B, T, H] (what ``logits`` reads): step k at position t reads token
         t+1+k at rotary position t+k, attending causally to step 0's keys and to its own position in steps 1..k
         (memory linear in T: models/ttt_attention.py)."""
-        B, T = f.input_ids.shape
         hidden = self.fc(f.aux_hidden_states.to(self.fc.weight.dtype))  # [B, T, H]
-        base_pos = torch.arange(T, device=hidden.device).unsqueeze(0).expand(B, T)
+        base_pos, documents = f.positions(), f.documents()  # a packed batch: each document from position 0
         keys, values = [], []
 
         def ttt(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
             keys.append(key)
             values.append(value)
-            return ttt_attention(q, keys, values, self.midlayer.self_attn.block)
+            return ttt_attention(q, keys, values, self.midlayer.self_attn.block, documents=documents)
 
         for k in range(self.ttt_steps):
             hidden = self.step(hidden, shift_left(f.input_ids, 1 + k, 0), base_pos + k, ttt)
@@ -370,7 +371,7 @@ class Eagle3Draft(nn.Module):
         total = torch.zeros((), dtype=torch.float32, device=f.input_ids.device)
         tally = StepTally()
         for k, hidden in enumerate(self.unroll_hidden(f)):  # hidden [B, T, H]
-            valid_k = shift_left(valid, 1 + k, False)
+            valid_k = f.within_document(shift_left(valid, 1 + k, False), 2 + k)  # target token t+2+k in t's document
             b, t = valid_k.nonzero(as_tuple=True)  # the trained positions; their target is at t+1+k
             # Only the trained positions' logits, a chunk at a time, recomputed in backward: no [B, T, V_d]
             # float32 tensor is kept per step (target restricted to the draft vocab, renormalised).

@@ -61,6 +61,10 @@ class Features:
     loss_denominator: float | None = None
     """What the head divides its summed loss by (``loss_denominator``). The trainer sets it to the global
     batch's trained positions per micro-batch; None: this batch's own trained positions."""
+    position_ids: torch.Tensor | None = None
+    """[B, T] int64 for a packed batch (trainer/batches.py): several documents per row, each one's positions
+    starting at 0 (a new document starts where the position is 0). None: one sequence per row, positions 0..T-1.
+    Heads read it only through ``positions``, ``documents`` and ``within_document``."""
 
     def to(self, device: torch.device | str) -> "Features":
         def move(x):
@@ -71,6 +75,22 @@ class Features:
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.numel())
+
+    def positions(self) -> torch.Tensor:
+        """[B, T] rotary positions: each document's own, from 0."""
+        if self.position_ids is not None:
+            return self.position_ids
+        B, T = self.input_ids.shape
+        return torch.arange(T, device=self.input_ids.device).unsqueeze(0).expand(B, T)
+
+    def documents(self) -> torch.Tensor | None:
+        """[B, T] int64 index of the document each position belongs to (a packed batch); None when unpacked."""
+        return None if self.position_ids is None else document_ids(self.position_ids)
+
+    def within_document(self, valid: torch.Tensor, n: int) -> torch.Tensor:
+        """``valid`` [B, T] bool, kept only where position t+n lies in t's document: a packed batch never supervises
+        position t with a token of the next document (unpacked: ``valid`` as given, padding already masks it)."""
+        return valid if self.position_ids is None else valid & same_document(self.position_ids, n)
 
 
 @runtime_checkable
@@ -162,9 +182,23 @@ def check_layout(head, layout: str | None) -> str:
     return layout
 
 
-def trained_positions(loss_mask: torch.Tensor) -> torch.Tensor:
-    """Positions whose next token is trained: what a training loss is averaged over. [] int64"""
-    return loss_mask[:, 1:].sum()
+def trained_positions(loss_mask: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Trained tokens that have a position before them in their sequence: what a training loss is averaged over.
+    ``position_ids`` [B, T] of a packed batch (each document from 0); None: one sequence per row. [] int64"""
+    if position_ids is None:
+        return loss_mask[:, 1:].sum()
+    return (loss_mask.bool() & (position_ids > 0)).sum()
+
+
+def document_ids(position_ids: torch.Tensor) -> torch.Tensor:
+    """[B, T] positions, each document's from 0 -> [B, T] int64 index of each position's document in its row."""
+    return (position_ids == 0).long().cumsum(1)
+
+
+def same_document(position_ids: torch.Tensor, n: int) -> torch.Tensor:
+    """[B, T] bool: position t+n exists and lies in t's document."""
+    docs = document_ids(position_ids)
+    return shift_left(docs, n, -1) == docs
 
 
 def loss_denominator(f: Features) -> torch.Tensor | float:
@@ -177,7 +211,7 @@ def loss_denominator(f: Features) -> torch.Tensor | float:
     size). Outside the trainer: this batch's own trained positions."""
     if f.loss_denominator is not None:
         return f.loss_denominator
-    return trained_positions(f.loss_mask).clamp(min=1)
+    return trained_positions(f.loss_mask, f.position_ids).clamp(min=1)
 
 
 def shift_left(x: torch.Tensor, n: int, fill) -> torch.Tensor:

@@ -33,6 +33,7 @@ from typing import Callable
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
+from torch.profiler import record_function
 from transformers import AttentionInterface, AutoModelForCausalLM, DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -80,7 +81,11 @@ class TTTMask:
     """Passed as the layer's ``attention_mask`` during the training unroll instead of the additive mask
     [T, (j+1)T]: the keys are j+1 steps of T positions, and step j's queries see step 0's causally and their
     own position in steps 1..j. ``ttt_or_sdpa_attention`` then runs models/ttt_attention.py: memory linear in
-    T (blocks on CPU, flex_attention on a GPU), where the additive mask and SDPA's scores are quadratic."""
+    T (blocks on CPU, flex_attention on a GPU), where the additive mask and SDPA's scores are quadratic.
+    ``documents`` [B, T]: a packed batch's document per position (models/head.py), else None."""
+
+    def __init__(self, documents: torch.Tensor | None = None) -> None:
+        self.documents = documents
 
 
 def ttt_or_sdpa_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -92,7 +97,8 @@ def ttt_or_sdpa_attention(module: nn.Module, query: torch.Tensor, key: torch.Ten
     T, rep = query.shape[2], query.shape[1] // key.shape[1]
     keys = [k.repeat_interleave(rep, dim=1) for k in key.split(T, dim=2)]  # step 0's keys, then steps 1..j
     values = [v.repeat_interleave(rep, dim=1) for v in value.split(T, dim=2)]
-    return ttt_attention(query, keys, values, block=TTT_BLOCK, scale=scaling).transpose(1, 2).contiguous(), None
+    out = ttt_attention(query, keys, values, block=TTT_BLOCK, scale=scaling, documents=attention_mask.documents)
+    return out.transpose(1, 2).contiguous(), None
 
 
 AttentionInterface.register("headstart_ttt", ttt_or_sdpa_attention)
@@ -193,16 +199,20 @@ class MTPHead(nn.Module):
         h_j (h_0 = the target's final hidden state); its logits predict token t+2+j."""
         B, T = f.input_ids.shape
         device = f.input_ids.device
-        base = torch.arange(T, device=device).unsqueeze(0).expand(B, T)
+        base, documents = f.positions(), f.documents()  # a packed batch: each document from position 0
         linear = self.block_attention == "headstart_ttt"  # else the additive mask, quadratic in T
         causal = None if linear else torch.ones(T, T, dtype=torch.bool, device=device).tril()  # step 0: causal
         diagonal = None if linear else torch.eye(T, dtype=torch.bool, device=device)  # steps 1..j: own position
+        if documents is not None and not linear:
+            causal = causal & (documents[:, :, None] == documents[:, None, :])  # [B, T, T]
+            diagonal = diagonal.expand(B, T, T)
         cache, hidden = DynamicCache(), f.last_hidden_state
         for j in range(self.unroll_steps):
             positions = base + j
-            mask = TTTMask() if linear else additive_mask(torch.cat([causal] + [diagonal] * j, dim=1),
-                                                          self.eh_proj.weight.dtype)  # [1, 1, T, (j+1)T]
-            hidden = self.layer(self.fuse(shift_left(f.input_ids, 1 + j, 0), hidden, positions), positions, mask, cache)
+            mask = TTTMask(documents) if linear else additive_mask(torch.cat([causal] + [diagonal] * j, dim=-1),
+                                                                   self.eh_proj.weight.dtype)  # [1, 1, T, (j+1)T]
+            with record_function("head: draft step"):  # a part of the step for torch.profiler
+                hidden = self.layer(self.fuse(shift_left(f.input_ids, 1 + j, 0), hidden, positions), positions, mask, cache)
             yield hidden
 
     def loss(self, f: Features) -> tuple[torch.Tensor, dict[str, float]]:

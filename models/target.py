@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.profiler import record_function
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 
@@ -50,9 +51,10 @@ class TargetOutput:
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """[n, S] bool (True = may attend) -> the [1, 1, n, S] additive mask HF attention takes."""
-    mask = torch.zeros(1, 1, *allowed.shape, dtype=dtype, device=allowed.device)
-    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    """[n, S] or per row [B, n, S] bool (True = may attend) -> the [1 or B, 1, n, S] additive mask HF attention takes."""
+    allowed = allowed if allowed.dim() == 3 else allowed.unsqueeze(0)
+    mask = torch.zeros(allowed.shape[0], 1, *allowed.shape[1:], dtype=dtype, device=allowed.device)
+    return mask.masked_fill_(~allowed.unsqueeze(1), torch.finfo(dtype).min)
 
 
 def text_config(config):
@@ -183,7 +185,8 @@ class Target(nn.Module):
         self._captured.clear()
         out = self.base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                         past_key_values=past_key_values, use_cache=past_key_values is not None)
-        aux = torch.cat([self._captured[k] for k in self.aux_layer_ids], dim=-1) if with_aux else None  # [B, T, n*H]
+        with record_function("target: aux states"):  # a part of the step for torch.profiler
+            aux = torch.cat([self._captured[k] for k in self.aux_layer_ids], dim=-1) if with_aux else None  # [B, T, n*H]
         self._captured.clear()
         return TargetOutput(aux_hidden_states=aux, last_hidden_state=out.last_hidden_state)
 

@@ -31,45 +31,57 @@ FLEX_BLOCK = 128  # flex_attention's tile; sequences are padded to a multiple of
 
 
 def ttt_attention_dense(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
-                        scale: float | None = None) -> torch.Tensor:
+                        scale: float | None = None, documents: torch.Tensor | None = None) -> torch.Tensor:
     """The reference: q [B, nh, T, hd], keys/values: step 0's and steps 1..k's [B, nh, T, hd] -> [B, nh, T, hd_v].
-    ``scale``: of the scores, default 1/sqrt(hd)."""
-    return _rows(q, keys[0], values[0], keys[1:], values[1:], 0, scale)
+    ``scale``: of the scores, default 1/sqrt(hd). ``documents`` [B, T] (a packed batch, models/head.py): step 0's
+    key s is seen from t only when both lie in one document; the own-position keys always are."""
+    return _rows(q, keys[0], values[0], keys[1:], values[1:], 0, scale, documents, documents)
 
 
 def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], block: int = 512,
-                  scale: float | None = None) -> torch.Tensor:
+                  scale: float | None = None, documents: torch.Tensor | None = None) -> torch.Tensor:
     """Same as ``ttt_attention_dense``: on a GPU through ``ttt_attention_flex``; elsewhere, beyond ``block``
-    positions, in checkpointed blocks of query rows. ``HEADSTART_TTT_ATTENTION=blocks`` keeps the blocks on a GPU."""
+    positions, in checkpointed blocks of query rows. ``HEADSTART_TTT_ATTENTION=blocks`` keeps the blocks on a GPU.
+
+    A packed batch (``documents``) takes the blocks on a GPU too unless ``HEADSTART_TTT_ATTENTION=flex``: flex's
+    document mask is checked against the blocks on CPU in its eager form only (CPU inductor cannot compile a mask
+    that reads a tensor under dynamic shapes), and the compiled GPU kernel with it has not been run yet."""
     T = q.shape[2]
-    if q.is_cuda and q.shape[-1] >= 16 and os.environ.get("HEADSTART_TTT_ATTENTION", "auto") != "blocks":
-        return ttt_attention_flex(q, keys, values, scale=scale)  # (compiled flex_attention needs head_dim >= 16)
+    choice = os.environ.get("HEADSTART_TTT_ATTENTION", "auto")
+    if q.is_cuda and q.shape[-1] >= 16 and (choice == "flex" or (choice == "auto" and documents is None)):
+        # (compiled flex_attention needs head_dim >= 16)
+        return ttt_attention_flex(q, keys, values, scale=scale, documents=documents)
     if T <= block or not torch.is_grad_enabled():
         # One block (or no backward to keep anything for): the dense form is already the cheapest.
-        return _rows(q, keys[0], values[0], keys[1:], values[1:], 0, scale)
+        return _rows(q, keys[0], values[0], keys[1:], values[1:], 0, scale, documents, documents)
     outs = []
     for start in range(0, T, block):
         end = min(T, start + block)
         rows = slice(start, end)
-        outs.append(checkpoint(_block, start, scale, q[:, :, rows], keys[0][:, :, :end], values[0][:, :, :end],
-                               *[k[:, :, rows] for k in keys[1:]], *[v[:, :, rows] for v in values[1:]],
-                               use_reentrant=False))
+        docs = () if documents is None else (documents[:, rows], documents[:, :end])
+        outs.append(checkpoint(_block, start, scale, len(keys) - 1, q[:, :, rows], keys[0][:, :, :end],
+                               values[0][:, :, :end], *[k[:, :, rows] for k in keys[1:]],
+                               *[v[:, :, rows] for v in values[1:]], *docs, use_reentrant=False))
     return torch.cat(outs, dim=2)
 
 
-def _block(start: int, scale: float | None, q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor,
-           *diag: torch.Tensor) -> torch.Tensor:
-    n = len(diag) // 2
-    return _rows(q, k0, v0, list(diag[:n]), list(diag[n:]), start, scale)
+def _block(start: int, scale: float | None, n: int, q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor,
+           *rest: torch.Tensor) -> torch.Tensor:
+    docs = rest[2 * n:] or (None, None)  # the query rows' and the keys' documents, when packed
+    return _rows(q, k0, v0, list(rest[:n]), list(rest[n:2 * n]), start, scale, *docs)
 
 
 def _rows(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, dk: list[torch.Tensor], dv: list[torch.Tensor],
-          start: int, scale: float | None = None) -> torch.Tensor:
-    """Query rows start..start+C (q [B, nh, C, hd]) against step 0's keys 0..start+C-1 and their own diagonal keys."""
+          start: int, scale: float | None = None, q_docs: torch.Tensor | None = None,
+          k_docs: torch.Tensor | None = None) -> torch.Tensor:
+    """Query rows start..start+C (q [B, nh, C, hd]) against step 0's keys 0..start+C-1 and their own diagonal keys;
+    ``q_docs`` [B, C] and ``k_docs`` [B, S]: the rows' and the keys' documents (a packed batch), else None."""
     C, S = q.shape[2], k0.shape[2]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     rows = torch.arange(start, start + C, device=q.device)[:, None]
     causal = torch.arange(S, device=q.device)[None, :] <= rows  # [C, S]
+    if q_docs is not None:
+        causal = (causal & (q_docs[:, :, None] == k_docs[:, None, :])).unsqueeze(1)  # [B, 1, C, S]
     s0 = (q @ k0.transpose(-1, -2)) * scale
     s0 = s0.masked_fill(~causal, torch.finfo(s0.dtype).min)
     diag = [(q * k).sum(-1, keepdim=True) * scale for k in dk]  # each [B, nh, C, 1]
@@ -81,13 +93,16 @@ def _rows(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, dk: list[torch.Te
 
 
 def ttt_attention_flex(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
-                       compiled: bool | None = None, scale: float | None = None) -> torch.Tensor:
+                       compiled: bool | None = None, scale: float | None = None,
+                       documents: torch.Tensor | None = None) -> torch.Tensor:
     """``ttt_attention_dense`` through ``flex_attention``: the query at t sees kv index i of [k0 | k1 | ... | kk]
     when i < T and i <= t (causal over step 0) or i >= T and i mod T == t (its own position in steps 1..k).
 
     T is padded to a multiple of ``FLEX_BLOCK`` so a run compiles for a handful of lengths, not one per batch;
     padding is exact: a real query's mask never reaches a padded key. ``compiled`` (default: on a GPU) runs
-    the Triton kernels; eager flex_attention is the math form, for checking the mask on CPU."""
+    the Triton kernels; eager flex_attention is the math form, for checking the mask on CPU. ``documents`` [B, T]
+    (a packed batch) adds the document mask; step 0's tiles below the diagonal are then no longer known to be
+    full, so every listed tile evaluates the mask."""
     from torch.nn.attention.flex_attention import flex_attention
 
     B, nh, T, hd = q.shape
@@ -96,15 +111,41 @@ def ttt_attention_flex(q: torch.Tensor, keys: list[torch.Tensor], values: list[t
     def pad(x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.pad(x, (0, 0, 0, Tp - T)) if Tp != T else x
 
-    mask = _ttt_block_mask(Tp, len(keys), str(q.device))
+    if documents is None:
+        mask = _ttt_block_mask(Tp, len(keys), str(q.device))
+    else:
+        docs = torch.nn.functional.pad(documents, (0, Tp - T), value=-1) if Tp != T else documents
+        mask = _ttt_block_mask(Tp, len(keys), str(q.device), docs)
     k = torch.cat([pad(x) for x in keys], dim=2)
     v = torch.cat([pad(x) for x in values], dim=2)
     attend = _compiled_flex() if (q.is_cuda if compiled is None else compiled) else flex_attention
     return attend(pad(q), k, v, block_mask=mask, scale=scale)[:, :, :T]
 
 
+def _ttt_block_mask(T: int, steps: int, device: str, documents: torch.Tensor | None = None):
+    """``_ttt_tiles``' mask; with ``documents`` [B, T] (a packed batch) also within each document. Step 0's tiles
+    below the diagonal may then hold two documents, so none is marked full: query tile i lists step 0's tiles
+    0..i and tile i of every later step, and each evaluates the mask."""
+    if documents is None:
+        return _ttt_tiles(T, steps, device)
+    from torch.nn.attention.flex_attention import BlockMask
+
+    ttt_mask = _ttt_tiles(T, steps, device).mask_mod
+    kv_documents = documents.repeat(1, steps)  # the keys are the steps' T positions side by side
+
+    def packed_mask(b, h, q_idx, kv_idx):
+        return ttt_mask(b, h, q_idx, kv_idx) & (documents[b, q_idx] == kv_documents[b, kv_idx])
+
+    n = T // FLEX_BLOCK
+    rows = [list(range(i + 1)) + [i + j * n for j in range(1, steps)] for i in range(n)]
+    kv_indices = torch.tensor([r + [0] * (n * steps - len(r)) for r in rows], dtype=torch.int32, device=device)
+    counts = torch.tensor([len(r) for r in rows], dtype=torch.int32, device=device)
+    return BlockMask.from_kv_blocks(counts[None, None], kv_indices[None, None], BLOCK_SIZE=FLEX_BLOCK,
+                                    mask_mod=packed_mask, seq_lengths=(T, T * steps))
+
+
 @functools.lru_cache(maxsize=64)
-def _ttt_block_mask(T: int, steps: int, device: str):
+def _ttt_tiles(T: int, steps: int, device: str):
     """The TTT mask as flex_attention's BlockMask, its tiles written down rather than found by evaluating the
     mask on all T x steps*T pairs (create_block_mask would hold that dense mask): query tile i computes step 0's
     tiles 0..i-1 in full and, partially, step 0's tile i and tile i of every later step. T: a multiple of

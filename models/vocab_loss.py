@@ -13,6 +13,7 @@ from typing import Callable, Iterable
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.profiler import record_function
 from torch.utils.checkpoint import checkpoint
 
 from headstart.models.fused_loss import fused_linear_loss, triton_usable
@@ -69,11 +70,12 @@ def chunked_vocab_loss(project: Callable[[torch.Tensor], torch.Tensor], x: torch
     Medusa's ``token_map``). The teacher's distribution is then restricted to them and renormalised, a data
     label outside them is not trained, and accuracy still compares with the teacher's full-vocab argmax: a
     position whose right token the draft cannot name counts as wrong, as it is when decoding."""
-    if vocab_ids is not None:
-        return _chunks(project, x, teacher, teacher_h, labels, soft, chunk_tokens, recompute, vocab_ids)
-    if use_fused(project, x):
-        return fused_linear_loss(project.pre(x), project.weight, teacher, teacher_h, labels, soft, chunk_tokens)
-    return _chunks(project, x, teacher, teacher_h, labels, soft, chunk_tokens, recompute, None)
+    with record_function("head: vocab loss"):  # a part of the step for torch.profiler (benchmarks/profile_step.py)
+        if vocab_ids is not None:
+            return _chunks(project, x, teacher, teacher_h, labels, soft, chunk_tokens, recompute, vocab_ids)
+        if use_fused(project, x):
+            return fused_linear_loss(project.pre(x), project.weight, teacher, teacher_h, labels, soft, chunk_tokens)
+        return _chunks(project, x, teacher, teacher_h, labels, soft, chunk_tokens, recompute, None)
 
 
 def _chunks(project, x, teacher, teacher_h, labels, soft, chunk_tokens, recompute, vocab_ids):
@@ -170,6 +172,7 @@ def multi_step_loss(steps: Iterable[tuple[Callable[[torch.Tensor], torch.Tensor]
         valid = torch.zeros_like(f.loss_mask, dtype=torch.bool)
         if s + 2 < T:
             valid[:, : T - s - 2] = f.loss_mask[:, s + 2 :].bool()
+        valid = f.within_document(valid, s + 2)  # a packed batch: token t+2+s in t's document
         b, t = valid.nonzero(as_tuple=True)  # the trained positions
         teacher_s, teacher_h = (teacher, target_h[b, t + 1 + s]) if rows is None else (rows, b * T + t + 1 + s)
         step_sum, correct, top5, _ = chunked_vocab_loss(project, draft[b, t], teacher_s, teacher_h,

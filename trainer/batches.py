@@ -49,19 +49,50 @@ class BatchPlan:
         return self.rows_seen(step) / self.num_rows
 
 
-def collate(dataset: datasets.Dataset, rows: list[int]) -> dict[str, torch.Tensor]:
-    """Right-padded batch: input_ids, loss_mask, attention_mask, each [B, T_max]."""
+def pack(lengths: list[int], capacity: int) -> list[tuple[int, int]]:
+    """First-fit decreasing: (bin, start) of each sequence, bins holding at most ``capacity`` tokens (a longer
+    sequence gets a bin of its own). Longest first, ties in the given order, so the packing is deterministic."""
+    placement: list[tuple[int, int]] = [(0, 0)] * len(lengths)
+    used: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        b = next((b for b, u in enumerate(used) if u + lengths[i] <= capacity), len(used))
+        if b == len(used):
+            used.append(0)
+        placement[i] = (b, used[b])
+        used[b] += lengths[i]
+    return placement
+
+
+def collate(dataset: datasets.Dataset, rows: list[int], pack_tokens: int | None = None) -> dict[str, torch.Tensor]:
+    """Right-padded batch: input_ids, loss_mask, attention_mask, each [B, T_max], one sequence per row.
+
+    ``pack_tokens``: the sequences packed (``pack``) into rows of at most that many tokens, padded to the
+    longest: [n_rows, T], plus ``position_ids`` restarting at 0 for each sequence (and for the padding at a
+    row's end, which attends only to itself), from which the target's and the heads' attention keep every
+    sequence to itself (models/head.py). ``segments`` [n, 3] says where each of the ``rows`` sits: (batch row,
+    start, length)."""
     items = dataset[rows]
-    T = max(len(x) for x in items["input_ids"])
-    B = len(rows)
+    lengths = [len(x) for x in items["input_ids"]]
+    placement = [(i, 0) for i in range(len(rows))] if pack_tokens is None else pack(lengths, pack_tokens)
+    B = max(b for b, _ in placement) + 1
+    T = max(start + n for (_, start), n in zip(placement, lengths))
     input_ids = torch.zeros(B, T, dtype=torch.long)
     loss_mask = torch.zeros(B, T, dtype=torch.long)
     attention_mask = torch.zeros(B, T, dtype=torch.long)
-    for i, (ids, mask) in enumerate(zip(items["input_ids"], items["loss_mask"])):
-        input_ids[i, : len(ids)] = torch.tensor(ids)
-        loss_mask[i, : len(ids)] = torch.tensor(mask)
-        attention_mask[i, : len(ids)] = 1
-    batch = {"input_ids": input_ids, "loss_mask": loss_mask, "attention_mask": attention_mask}
+    for (b, start), ids, mask in zip(placement, items["input_ids"], items["loss_mask"]):
+        input_ids[b, start : start + len(ids)] = torch.tensor(ids)
+        loss_mask[b, start : start + len(ids)] = torch.tensor(mask)
+        attention_mask[b, start : start + len(ids)] = 1
+    batch = {"input_ids": input_ids, "loss_mask": loss_mask, "attention_mask": attention_mask,
+             "segments": torch.tensor([(b, start, n) for (b, start), n in zip(placement, lengths)])}
+    if pack_tokens is not None:
+        position_ids = torch.zeros(B, T, dtype=torch.long)
+        for (b, start), n in zip(placement, lengths):
+            position_ids[b, start : start + n] = torch.arange(n)
+        for b in range(B):
+            used = int(attention_mask[b].sum())
+            position_ids[b, used:] = torch.arange(T - used)
+        batch["position_ids"] = position_ids
     if "row" in items:  # the dataset row each sequence came from (offline features are keyed by it)
         batch["row"] = torch.tensor(items["row"])
     return batch

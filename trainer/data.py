@@ -49,6 +49,19 @@ class DataConfig:
     """Processes used for tokenization."""
     cache_dir: str | None = None
     """Where tokenized datasets are cached; default $HEADSTART_CACHE or ~/.cache/headstart."""
+    packing: bool = True
+    """Pack each micro-batch's sequences into rows of at most ``tokens_per_batch`` tokens (first-fit decreasing)
+    instead of padding every sequence to the longest; attention stays within each sequence, and every head's loss
+    and gradients are the padded batch's (trainer/batches.py, tests/test_packing.py). false: pad."""
+    tokens_per_batch: int | None = None
+    """Token budget of one packed row; None: ``train.batch_size`` x ``max_length``, so a micro-batch is one row with
+    no padding at all. A smaller budget splits it into several rows (bounding the attention's cross-sequence work).
+    A step still trains ``train.batch_size`` sequences per rank and micro-batch, so resume, resharding and the
+    loss's denominator are unchanged."""
+
+    def pack_tokens(self, batch_size: int) -> int | None:
+        """What ``collate`` packs a micro-batch of ``batch_size`` sequences to: None when not packing."""
+        return (self.tokens_per_batch or batch_size * self.max_length) if self.packing else None
 
 
 @dataclass
@@ -123,7 +136,9 @@ def _file_sha256(path: str) -> str:
 
 
 def cache_key(config: DataConfig, tokenizer: PreTrainedTokenizerBase) -> str:
-    options = {k: v for k, v in asdict(config).items() if k not in ("files", "num_proc", "cache_dir")}
+    # How batches are laid out is no tokenization option: packing reads the same cached rows.
+    options = {k: v for k, v in asdict(config).items()
+               if k not in ("files", "num_proc", "cache_dir", "packing", "tokens_per_batch")}
     payload = json.dumps(
         {
             "version": _CACHE_VERSION,

@@ -37,9 +37,13 @@ class OnlineFeatures:
         device = self.t2d.device
         input_ids = batch["input_ids"].to(device)
         attention_mask = batch["attention_mask"].to(device)
-        out = self.target(input_ids, attention_mask=attention_mask, with_aux=self.needs.aux_hidden_states)
+        position_ids = batch["position_ids"].to(device) if "position_ids" in batch else None
+        # A packed batch (trainer/batches.py) gives the target its position_ids and no 2D mask: transformers then
+        # finds the sequences where the positions restart and keeps each one's attention to itself.
+        out = self.target(input_ids, attention_mask=attention_mask if position_ids is None else None,
+                          position_ids=position_ids, with_aux=self.needs.aux_hidden_states)
         features = Features(input_ids=input_ids, loss_mask=batch["loss_mask"].to(device) * attention_mask,
-                            aux_hidden_states=out.aux_hidden_states)
+                            aux_hidden_states=out.aux_hidden_states, position_ids=position_ids)
         if self.needs.last_hidden_state:
             features.last_hidden_state = out.last_hidden_state
         if self.needs.draft_vocab_logits:

@@ -18,6 +18,7 @@ from typing import Callable
 
 import datasets
 import torch
+from torch.profiler import record_function
 from tqdm import tqdm
 
 from headstart.models.head import SUMS, Features, step_metrics, trained_positions
@@ -110,24 +111,34 @@ class Trainer:
 
     # -- training -------------------------------------------------------------------------------
     def forward_backward(self, batch: dict[str, torch.Tensor], last_micro: bool, denominator: float) -> dict[str, float]:
-        features = self.features(batch)
+        # The scopes name the parts of a step for torch.profiler (benchmarks/profile_step.py); free otherwise.
+        with record_function("step: features"):
+            features = self.features(batch)
         features.loss_denominator = denominator
-        with autocast_context(self.config.train.mixed_precision, self.info.device):
+        with autocast_context(self.config.train.mixed_precision, self.info.device), record_function("step: head forward"):
             loss, metrics = self.backend.forward(features)
-        self.backend.backward(loss, last_micro)
+        with record_function("step: head backward"):
+            self.backend.backward(loss, last_micro)
         return {"loss": float(loss.detach()), **metrics, "tokens": float(batch["attention_mask"].sum())}
+
+    def batch(self, dataset, rows: list[int]) -> dict[str, torch.Tensor]:
+        """The micro-batch of these dataset rows: padded, or packed when the recipe says ``data.packing``."""
+        return collate(dataset, rows, self.config.data.pack_tokens(self.config.train.batch_size))
 
     def train_step(self) -> dict[str, float]:
         accum = self.config.train.grad_accum
-        batches = [collate(self.train_data, self.plan.rows(self.step, micro)) for micro in range(accum)]
+        with record_function("step: data"):
+            batches = [self.batch(self.train_data, self.plan.rows(self.step, micro)) for micro in range(accum)]
         self._check_sources(batches)
         # The loss is the global batch's token mean (see models.head.loss_denominator): count its trained
         # positions over every micro-batch and rank before the first backward.
-        trained = torch.tensor([float(sum(trained_positions(b["loss_mask"]) for b in batches))], dtype=torch.float64)
+        trained = torch.tensor([float(sum(trained_positions(b["loss_mask"], b.get("position_ids")) for b in batches))],
+                               dtype=torch.float64)
         trained = float(all_reduce_sum(trained.to(self.info.device)))
         denominator = max(trained, 1.0) / (accum * self.info.world_size)
         micro_metrics = [self.forward_backward(b, micro == accum - 1, denominator) for micro, b in enumerate(batches)]
-        grad_norm = self.backend.step()
+        with record_function("step: optimizer"):
+            grad_norm = self.backend.step()
         metrics = self._reduce(micro_metrics)
         metrics.update(grad_norm=grad_norm, lr=self.backend.lr, epoch=self.plan.epoch_of(self.step + 1))
         return metrics
@@ -172,7 +183,7 @@ class Trainer:
         for b in range(n_batches):
             start = (b * self.info.world_size + self.info.rank) * t.batch_size
             rows = [(start + i) % len(self.eval_data) for i in range(t.batch_size)]
-            features = self.features(collate(self.eval_data, rows))
+            features = self.features(self.batch(self.eval_data, rows))
             with autocast_context(t.mixed_precision, self.info.device):
                 loss, metrics = self.backend.forward(features)
             records.append({"loss": float(loss), **metrics})

@@ -1,6 +1,6 @@
 """Offline features: ``Features`` read from the feature store instead of computed by the target.
 
-The batch is the same as online (rows of the tokenized dataset, right-padded); each row's stored
+The batch is the same as online (rows of the tokenized dataset, right-padded or packed); each row's stored
 tokens are checked against the batch's, so features from other data cannot slip in. Only what the
 head's ``needs`` ask for is read. In bf16 storage the tensors equal the online ones exactly (same
 bf16 values, same lm_head slice and arithmetic); fp8 states are dequantized; top-k storage gives the
@@ -60,20 +60,22 @@ class OfflineFeatures:
         if use_topk:
             topk_ids = torch.zeros(B, T, storage.topk, dtype=torch.long, device=device)
             topk_probs = torch.zeros(B, T, storage.topk, dtype=torch.float32, device=device)
-        for b, row in enumerate(batch["row"].tolist()):
+        for row, (b, start, length) in zip(batch["row"].tolist(), batch["segments"].tolist()):
             s = {k: v.to(device) for k, v in self.store.get(row).items()}
-            n = s["input_ids"].numel()
-            if n != int(batch["attention_mask"][b].sum()) or not torch.equal(s["input_ids"].long(), input_ids[b, :n]):
+            n, at = s["input_ids"].numel(), slice(start, start + length)
+            if n != length or not torch.equal(s["input_ids"].long(), input_ids[b, at]):
                 raise ValueError(f"stored features of row {row} hold other tokens than this run's data row {row}: the "
                                  f"store {self.store.directory} was made from other data or data options")
             if aux is not None:
-                aux[b, :n] = _states(s, "aux", self.dtype).reshape(n, -1)
+                aux[b, at] = _states(s, "aux", self.dtype).reshape(n, -1)
             if hidden is not None:
-                hidden[b, :n] = _states(s, "hidden", self.dtype)
+                hidden[b, at] = _states(s, "hidden", self.dtype)
             if use_topk:
-                topk_ids[b, :n], topk_probs[b, :n] = s["topk_ids"].long(), s["topk_probs"].float()
+                topk_ids[b, at], topk_probs[b, at] = s["topk_ids"].long(), s["topk_probs"].float()
+        position_ids = batch["position_ids"].to(device) if "position_ids" in batch else None
         features = Features(input_ids=input_ids, loss_mask=batch["loss_mask"].to(device) * batch["attention_mask"].to(device),
-                            aux_hidden_states=aux, last_hidden_state=hidden if needs.last_hidden_state else None)
+                            aux_hidden_states=aux, last_hidden_state=hidden if needs.last_hidden_state else None,
+                            position_ids=position_ids)
         if needs.draft_vocab_logits and not use_topk:
             features.target_logits = self.draft_vocab_logits(hidden)
             features.target_in_draft = self.t2d[self.matrices.argmax(hidden)]
