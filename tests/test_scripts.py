@@ -78,13 +78,39 @@ def test_bench_train_runs_and_reports_the_step_cost(tmp_path):
 
     overrides = make_setup(tmp_path)
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_train.py"), "--config", str(REPO / "configs/demo/eagle3.yaml"),
-                           "--steps", "2", "--warmup", "1", "--out", str(tmp_path / "B.md"), *overrides],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=600)
+                           "--steps", "2", "--warmup", "1", "--layouts", "padded", "packed", "--out", str(tmp_path / "B.md"),
+                           *overrides], capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     table = (tmp_path / "B.md").read_text()
-    assert "| tokens/s (all ranks) | step time | target forward alone | step / target forward |" in table
-    row = table.strip().splitlines()[-1].split("|")
-    assert float(row[1].replace(",", "")) > 0 and row[4].strip().endswith("x")
+    assert "| tokens/s (all ranks) | layout | step time | target forward alone | step / target forward | slots / token |" in table
+    rows = {r.split("|")[2].strip(): r.split("|") for r in table.splitlines() if r.startswith("| ") and "ms |" in r}
+    assert set(rows) == {"padded", "packed"}
+    for row in rows.values():
+        assert float(row[1].replace(",", "")) > 0 and row[5].strip().endswith("x") and float(row[6]) >= 1.0
+    # Packing never adds padding: at most the padded layout's slots per token.
+    assert float(rows["packed"][6]) <= float(rows["padded"][6])
+    assert "packed / padded tokens/s:" in table
+
+
+def test_profile_step_splits_a_step_into_its_parts(tmp_path):
+    """benchmarks/profile_step.py on a tiny setup: every part of the step is timed, the heads' scopes nest in the
+    forward, and the op table lists real ops."""
+    from trainer_fixtures import make_setup
+
+    overrides = make_setup(tmp_path)
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "profile_step.py"), "--config", str(REPO / "configs/demo/eagle3.yaml"),
+                           "--steps", "1", "--out", str(tmp_path / "B.md"), *overrides],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = (tmp_path / "B.md").read_text()
+    parts = {r.split("|")[1].strip().replace("&nbsp;", "").split(" (within")[0]: float(r.split("|")[2])
+             for r in text.splitlines() if r.startswith("| ") and r.split("|")[2].strip().replace(".", "").isdigit()}
+    for scope in ("step: data", "step: features", "step: head forward", "head: draft step", "head: vocab loss",
+                  "step: head backward", "step: optimizer"):
+        assert scope in parts, (scope, parts)
+    assert parts["step: head forward"] > 0 and parts["step: head backward"] > 0
+    assert parts["head: draft step"] + parts["head: vocab loss"] <= parts["step: head forward"] * 1.01
+    assert "| `aten::" in text  # the op table
 
 
 def test_heldout_tau_runs_any_head_and_counts_like_the_decoder(tmp_path):
