@@ -1,0 +1,78 @@
+"""Where a training step's time goes: torch.profiler over a few steps of a recipe, split by the scopes the trainer
+and the heads name (data, features = the target's forward or the store's read, the head's forward -- its draft
+steps and its vocab loss --, its backward, the optimizer) and, below, the ops that cost most.
+
+    python benchmarks/profile_step.py --config configs/demo/eagle3.yaml --steps 3 --out BENCHMARKS.md
+
+One process (the profile of one rank). The scopes nest: "head: draft step" and "head: vocab loss" are parts of
+"step: head forward" (the loss's chunks recomputed in backward are counted in "step: head backward").
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from headstart.decode.report import append_section
+from headstart.trainer.config import load_config
+from headstart.trainer.run import build_trainer
+
+SCOPES = ("step: data", "step: features", "target: aux states", "step: head forward", "head: draft step",
+          "head: vocab loss", "step: head backward", "step: optimizer")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True)
+    p.add_argument("--steps", type=int, default=3, help="profiled steps (after one warm-up step)")
+    p.add_argument("--top", type=int, default=12, help="ops listed by their own time")
+    p.add_argument("--out", default=None, help="append the tables to this markdown file")
+    args, overrides = p.parse_known_args()
+    config = load_config(args.config, overrides + ["--output_dir=runs/profile-step", "--logging.progress=false"])
+    trainer = build_trainer(config)
+    trainer.train_step()  # warm-up
+    trainer.step += 1
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        for _ in range(args.steps):
+            trainer.train_step()
+            trainer.step += 1
+    device_time = torch.cuda.is_available()
+    events = prof.key_averages()
+    by_name = {e.key: e for e in events}
+
+    def ms(e) -> float:  # per step; on a GPU the device time, else the wall time on the host
+        total = (e.device_time_total if device_time else e.cpu_time_total) / 1e3
+        return total / args.steps
+
+    step_ms = sum(ms(by_name[s]) for s in ("step: data", "step: features", "step: head forward",
+                                          "step: head backward", "step: optimizer") if s in by_name)
+    lines = ["| part of the step | ms per step | share |", "|---|---|---|"]
+    for scope in SCOPES:
+        if scope in by_name:
+            nested = not scope.startswith("step: ")
+            name = f"&nbsp;&nbsp;{scope} (within the above)" if nested else scope
+            lines.append(f"| {name} | {ms(by_name[scope]):.1f} | {ms(by_name[scope]) / step_ms:.0%} |")
+    lines.append(f"| **the scopes together** | {step_ms:.1f} | 100% |")
+    ops = sorted((e for e in events if not e.key.startswith(("step: ", "head: ", "target: ", "ProfilerStep"))),
+                 key=lambda e: -(e.self_device_time_total if device_time else e.self_cpu_time_total))[: args.top]
+    own = lambda e: (e.self_device_time_total if device_time else e.self_cpu_time_total) / 1e3 / args.steps  # noqa: E731
+    op_lines = ["| op (own time) | ms per step | calls per step |", "|---|---|---|"]
+    op_lines += [f"| `{e.key}` | {own(e):.1f} | {e.count / args.steps:.0f} |" for e in ops]
+    t, d = config.train, config.data
+    options = ", ".join(f"{f.name} {getattr(config.draft.options, f.name)}" for f in dataclasses.fields(config.draft.options))
+    body = (f"{'Offline' if config.features.path else 'Online'} {config.draft.head} training ({options}), batch "
+            f"{t.batch_size} x {t.grad_accum} accum, one process, max length {d.max_length}, "
+            f"{'packed' if d.packing else 'padded'} batches, target dtype {config.target.dtype}; {args.steps} steps "
+            f"profiled after one warm-up, {'device' if device_time else 'host wall'} time per step.\n\n"
+            + "\n".join(lines) + "\n\n" + "\n".join(op_lines) + "\n")
+    print(body)
+    if args.out:
+        append_section(args.out, f"Where a training step goes: {config.draft.head}", body)
+
+
+if __name__ == "__main__":
+    main()
