@@ -28,7 +28,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from headstart.models.draft_vocab import build_draft_vocab, check_draft_vocab
-from headstart.models.ttt_attention import ttt_attention
+from headstart.models.ttt_attention import ttt_attention, ttt_attention_at
 from headstart.models.vocab_loss import VocabProjection, chunked_vocab_loss
 from headstart.models.head import (
     DEFAULT_SPECULATIVE_TOKENS,
@@ -280,6 +280,9 @@ class Eagle3Draft(nn.Module):
 
     needs = FeatureNeeds(aux_hidden_states=True, draft_vocab_logits=True)
     layouts = ("flat", "speculators")  # docs/FORMATS.md sections A and B; the first is the default
+    skip_untrained = True
+    """The loss runs TTT steps 1.. only at the positions they are trained at (``unroll_hidden``'s ``needed``); False
+    runs them everywhere (the same loss and gradients, more work: tests/test_eagle3.py holds them equal)."""
 
     def __init__(self, config: Eagle3Config, ttt_steps: int = 7, step_weight: float = 0.8) -> None:
         super().__init__()
@@ -332,22 +335,46 @@ class Eagle3Draft(nn.Module):
             B, nh, n, hd = out.shape
             return self.midlayer.finish(hidden, self.midlayer.self_attn.o_proj(out.transpose(1, 2).reshape(B, n, nh * hd)))
 
-    def unroll_hidden(self, f: Features):
+    def unroll_hidden(self, f: Features, needed: torch.Tensor | None = None):
         """Yield the TTT steps' hidden outputs [B, T, H] (what ``logits`` reads): step k at position t reads token
         t+1+k at rotary position t+k, attending causally to step 0's keys and to its own position in steps 1..k
-        (memory linear in T: models/ttt_attention.py)."""
+        (memory linear in T: models/ttt_attention.py).
+
+        ``needed`` [B, T] bool: the positions some step k >= 1 is trained at. Steps 1.. then run only there (their
+        outputs elsewhere are zeros): a later step at t reads only step 0's keys and its own position's earlier
+        steps, so those positions come out exactly as in the full unroll, at the cost of the trained share of the
+        sequence. Step 0 always runs everywhere: its keys are every later query's context."""
         hidden = self.fc(f.aux_hidden_states.to(self.fc.weight.dtype))  # [B, T, H]
         base_pos, documents = f.positions(), f.documents()  # a packed batch: each document from position 0
         keys, values = [], []
+        block = self.midlayer.self_attn.block
 
         def ttt(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
             keys.append(key)
             values.append(value)
-            return ttt_attention(q, keys, values, self.midlayer.self_attn.block, documents=documents)
+            return ttt_attention(q, keys, values, block, documents=documents)
 
-        for k in range(self.ttt_steps):
-            hidden = self.step(hidden, shift_left(f.input_ids, 1 + k, 0), base_pos + k, ttt)
-            yield hidden
+        if needed is None:
+            for k in range(self.ttt_steps):
+                hidden = self.step(hidden, shift_left(f.input_ids, 1 + k, 0), base_pos + k, ttt)
+                yield hidden
+            return
+        hidden = self.step(hidden, shift_left(f.input_ids, 1, 0), base_pos, ttt)
+        yield hidden
+        B, T, H = hidden.shape
+        b, t = needed.nonzero(as_tuple=True)  # row-major, as ttt_attention_at expects
+        k0, v0 = keys[0], values[0]
+        at_keys, at_values = [], []
+
+        def ttt_at(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+            at_keys.append(key)
+            at_values.append(value)
+            return ttt_attention_at(q, b, t, k0, v0, at_keys, at_values, block, documents=documents)
+
+        h = hidden[b, t].unsqueeze(0)  # [1, N, H]
+        for k in range(1, self.ttt_steps):
+            h = self.step(h, shift_left(f.input_ids, 1 + k, 0)[b, t].unsqueeze(0), (base_pos + k)[b, t].unsqueeze(0), ttt_at)
+            yield hidden.new_zeros(B, T, H).index_put((b, t), h[0])
 
     def unroll(self, f: Features):
         """Yield the TTT steps' draft logits [B, T, V_d] (float32), step k at position t predicting
@@ -370,8 +397,16 @@ class Eagle3Draft(nn.Module):
         target_rows = f.target_logits.reshape(B * T, V_d)
         total = torch.zeros((), dtype=torch.float32, device=f.input_ids.device)
         tally = StepTally()
-        for k, hidden in enumerate(self.unroll_hidden(f)):  # hidden [B, T, H]
-            valid_k = f.within_document(shift_left(valid, 1 + k, False), 2 + k)  # target token t+2+k in t's document
+        # Step k trains position t on the target's distribution at t+1+k (token t+2+k, in t's document).
+        valid_steps = [f.within_document(shift_left(valid, 1 + k, False), 2 + k) for k in range(self.ttt_steps)]
+        needed = torch.stack(valid_steps[1:]).any(0) if self.ttt_steps > 1 and self.skip_untrained else None
+        if needed is not None and not needed.any():
+            # Never an empty step: ZeRO-3 gathers and reduces each module's weights collectively, and a rank that ran
+            # the layer on zero positions fell out of step with the others (gloo: size mismatch). One unread position
+            # keeps every rank's calls and gradients alike; its output is never trained on.
+            needed[0, 0] = True
+        for k, hidden in enumerate(self.unroll_hidden(f, needed)):  # hidden [B, T, H]
+            valid_k = valid_steps[k]
             b, t = valid_k.nonzero(as_tuple=True)  # the trained positions; their target is at t+1+k
             # Only the trained positions' logits, a chunk at a time, recomputed in backward: no [B, T, V_d]
             # float32 tensor is kept per step (target restricted to the draft vocab, renormalised).

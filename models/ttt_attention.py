@@ -58,28 +58,54 @@ def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.
     for start in range(0, T, block):
         end = min(T, start + block)
         rows = slice(start, end)
-        docs = () if documents is None else (documents[:, rows], documents[:, :end])
-        outs.append(checkpoint(_block, start, scale, len(keys) - 1, q[:, :, rows], keys[0][:, :, :end],
-                               values[0][:, :, :end], *[k[:, :, rows] for k in keys[1:]],
+        # A packed row: the block's queries see no key before the start of its first query's document.
+        first = 0 if documents is None else int(torch.searchsorted(documents, documents[:, start:start + 1]).min())
+        docs = () if documents is None else (documents[:, rows], documents[:, first:end])
+        outs.append(checkpoint(_block, start, first, scale, len(keys) - 1, q[:, :, rows], keys[0][:, :, first:end],
+                               values[0][:, :, first:end], *[k[:, :, rows] for k in keys[1:]],
                                *[v[:, :, rows] for v in values[1:]], *docs, use_reentrant=False))
     return torch.cat(outs, dim=2)
 
 
-def _block(start: int, scale: float | None, n: int, q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor,
-           *rest: torch.Tensor) -> torch.Tensor:
+def ttt_attention_at(q: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor,
+                     dk: list[torch.Tensor], dv: list[torch.Tensor], block: int = 512, scale: float | None = None,
+                     documents: torch.Tensor | None = None) -> torch.Tensor:
+    """``ttt_attention``'s output at chosen positions only, for a step that runs only where a later loss reads it:
+    q [1, nh, N, hd] are the queries of (batch row ``rows[i]``, position ``positions[i]``), in row-major order (as
+    ``nonzero`` lists them); k0 / v0 [B, nh, T, hd] are step 0's keys at every position (every query's context);
+    dk / dv: steps 1..k's keys at the chosen positions, [1, nh, N, hd] each. Checkpointed blocks of ``block``
+    queries, each against the keys from its first query's document start to its last query."""
+    bounds = torch.searchsorted(rows, torch.arange(k0.shape[0] + 1, device=rows.device)).tolist()  # row r: N range
+    outs = []
+    for r in range(k0.shape[0]):
+        for start in range(bounds[r], bounds[r + 1], block):
+            end = min(bounds[r + 1], start + block)
+            at, sel = positions[start:end], slice(start, end)
+            last = int(at[-1]) + 1
+            first = 0 if documents is None else int(torch.searchsorted(documents[r], documents[r, at[:1]]))
+            docs = () if documents is None else (documents[r:r + 1, at], documents[r:r + 1, first:last])
+            args = (at, first, scale, len(dk), q[:, :, sel], k0[r:r + 1, :, first:last], v0[r:r + 1, :, first:last],
+                    *[k[:, :, sel] for k in dk], *[v[:, :, sel] for v in dv], *docs)
+            outs.append(checkpoint(_block, *args, use_reentrant=False) if torch.is_grad_enabled() else _block(*args))
+    return torch.cat(outs, dim=2) if outs else q.clone()
+
+
+def _block(start: int | torch.Tensor, first: int, scale: float | None, n: int, q: torch.Tensor, k0: torch.Tensor,
+           v0: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
     docs = rest[2 * n:] or (None, None)  # the query rows' and the keys' documents, when packed
-    return _rows(q, k0, v0, list(rest[:n]), list(rest[n:2 * n]), start, scale, *docs)
+    return _rows(q, k0, v0, list(rest[:n]), list(rest[n:2 * n]), start, scale, *docs, first=first)
 
 
 def _rows(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, dk: list[torch.Tensor], dv: list[torch.Tensor],
-          start: int, scale: float | None = None, q_docs: torch.Tensor | None = None,
-          k_docs: torch.Tensor | None = None) -> torch.Tensor:
-    """Query rows start..start+C (q [B, nh, C, hd]) against step 0's keys 0..start+C-1 and their own diagonal keys;
-    ``q_docs`` [B, C] and ``k_docs`` [B, S]: the rows' and the keys' documents (a packed batch), else None."""
+          start: int | torch.Tensor, scale: float | None = None, q_docs: torch.Tensor | None = None,
+          k_docs: torch.Tensor | None = None, first: int = 0) -> torch.Tensor:
+    """Query rows start..start+C (q [B, nh, C, hd]; or at the positions ``start`` [C]) against step 0's keys
+    first..first+S-1 (k0 [B, nh, S, hd]), causally, and their own diagonal keys; ``q_docs`` [B, C] and ``k_docs``
+    [B, S]: the rows' and the keys' documents (a packed batch), else None."""
     C, S = q.shape[2], k0.shape[2]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    rows = torch.arange(start, start + C, device=q.device)[:, None]
-    causal = torch.arange(S, device=q.device)[None, :] <= rows  # [C, S]
+    rows = (torch.arange(start, start + C, device=q.device) if isinstance(start, int) else start)[:, None]
+    causal = torch.arange(first, first + S, device=q.device)[None, :] <= rows  # [C, S]
     if q_docs is not None:
         causal = (causal & (q_docs[:, :, None] == k_docs[:, None, :])).unsqueeze(1)  # [B, 1, C, S]
     s0 = (q @ k0.transpose(-1, -2)) * scale

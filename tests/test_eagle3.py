@@ -94,6 +94,35 @@ def test_ttt_matches_naive_inference_reference():
     assert draft.loss(f)[0].item() == pytest.approx(total.item() * trained / 2.5, rel=1e-5)
 
 
+@pytest.mark.parametrize("block", [512, 3])
+def test_steps_run_only_where_trained_give_the_full_unrolls_loss_and_gradients(block):
+    """Steps 1.. run at the trained positions only (skip_untrained) or everywhere: the same loss, metrics and
+    gradients, also through the checkpointed query blocks."""
+    draft = tiny_draft(ttt_steps=4)
+    draft.midlayer.self_attn.block = block
+    f = random_features(draft, B=3, T=12)
+    f.loss_mask[0, :] = 0  # a row with nothing trained: no position of it runs after step 0
+    f.loss_mask[1, 5:9] = 0
+    results = []
+    nothing = Features(**{**vars(f), "loss_mask": torch.zeros_like(f.loss_mask)})  # no step trained anywhere
+    loss, metrics = draft.loss(nothing)
+    loss.backward()  # still one graph through every step (a rank with nothing to train keeps in step with the others)
+    assert loss.item() == 0 and metrics["valid_tokens"] == 0
+    assert all(p.grad is not None for n, p in draft.named_parameters() if p.requires_grad and n.startswith("midlayer"))
+    for skip in (True, False):
+        draft.skip_untrained = skip
+        draft.zero_grad(set_to_none=True)
+        loss, metrics = draft.loss(f)
+        loss.backward()
+        results.append((loss.detach(), metrics, {n: p.grad.clone() for n, p in draft.named_parameters() if p.grad is not None}))
+    (l1, m1, g1), (l2, m2, g2) = results
+    torch.testing.assert_close(l1, l2, atol=1e-6, rtol=1e-5)
+    assert m1 == pytest.approx(m2, rel=1e-5, abs=1e-6)
+    assert g1.keys() == g2.keys() and g1
+    for name in g1:
+        torch.testing.assert_close(g1[name], g2[name], atol=1e-6, rtol=1e-4, msg=name)
+
+
 def test_loss_gradients_and_metrics():
     draft = tiny_draft(ttt_steps=3, draft_vocab=3)  # 3 draft tokens: chance accuracy ~1/3, so chains form
     assert isinstance(draft, DraftHead)
