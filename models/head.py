@@ -56,8 +56,11 @@ class Features:
     loss_mask: torch.Tensor  # [B, T] 1 where the token is trained (assistant tokens), 0 elsewhere and on padding
     aux_hidden_states: torch.Tensor | None = None  # [B, T, n*H_t] target residual streams at the aux layer ids
     last_hidden_state: torch.Tensor | None = None  # [B, T, H_t] the target's final (normed) hidden state
-    target_logits: torch.Tensor | None = None  # [B, T, V_d] target logits at each position, restricted to the draft vocab
-    target_in_draft: torch.Tensor | None = None  # [B, T] bool: the target's full-vocab argmax lies in the draft vocab
+    # [B, T, V_d] the target's logits restricted to the draft vocab, and [B, T] bool whether its full-vocab argmax
+    # lies in that vocab: both only at positions whose next token is trained (zeros / False elsewhere, where no loss
+    # reads them: trainer/features.py teacher_at_labels).
+    target_logits: torch.Tensor | None = None
+    target_in_draft: torch.Tensor | None = None
     loss_denominator: float | None = None
     """What the head divides its summed loss by (``loss_denominator``). The trainer sets it to the global
     batch's trained positions per micro-batch; None: this batch's own trained positions."""

@@ -47,6 +47,25 @@ class OnlineFeatures:
         if self.needs.last_hidden_state:
             features.last_hidden_state = out.last_hidden_state
         if self.needs.draft_vocab_logits:
-            features.target_logits = self.draft_vocab_logits(out.last_hidden_state)
-            features.target_in_draft = self.t2d[self.target.argmax(out.last_hidden_state)]
+            features.target_logits, features.target_in_draft = teacher_at_labels(
+                out.last_hidden_state, features.loss_mask, self.draft_vocab_logits, self.target.argmax, self.t2d)
         return features
+
+
+def teacher_at_labels(hidden: torch.Tensor, loss_mask: torch.Tensor, vocab_logits, argmax, t2d: torch.Tensor):
+    """The target's logits on the draft vocab [B, T, V_d] and whether its full-vocab argmax lies in it [B, T],
+    computed only at the positions whose next token is trained (``loss_mask[:, t+1]``): no loss reads them anywhere
+    else (a head's step k reads position t+1+k only where token t+2+k is trained), and on chat data that skips the
+    vocab projections of the prompts. Zeros (and False) elsewhere. Online and offline features share it, so both
+    compute the same bits."""
+    B, T, _ = hidden.shape
+    labelled = torch.zeros(B, T, dtype=torch.bool, device=hidden.device)
+    labelled[:, :-1] = loss_mask[:, 1:].bool()
+    b, t = labelled.nonzero(as_tuple=True)
+    rows = hidden[b, t]  # [N, H]
+    logits = vocab_logits(rows)  # [N, V_d]
+    target_logits = logits.new_zeros(B, T, logits.shape[-1])
+    target_logits[b, t] = logits
+    in_draft = torch.zeros(B, T, dtype=torch.bool, device=hidden.device)
+    in_draft[b, t] = t2d[argmax(rows)]
+    return target_logits, in_draft

@@ -15,7 +15,7 @@ import torch
 from headstart.models.head import FeatureNeeds, Features
 from headstart.models.target_matrices import TargetMatrices
 from headstart.trainer.feature_store import FeatureStore, dequantize_fp8
-from headstart.trainer.features import vocab_mask
+from headstart.trainer.features import teacher_at_labels, vocab_mask
 
 LOW_LOGIT = -1.0e4  # finite: softmax gives exactly 0 and 0 * log-softmax stays 0 (unlike -inf)
 
@@ -77,8 +77,8 @@ class OfflineFeatures:
                             aux_hidden_states=aux, last_hidden_state=hidden if needs.last_hidden_state else None,
                             position_ids=position_ids)
         if needs.draft_vocab_logits and not use_topk:
-            features.target_logits = self.draft_vocab_logits(hidden)
-            features.target_in_draft = self.t2d[self.matrices.argmax(hidden)]
+            features.target_logits, features.target_in_draft = teacher_at_labels(
+                hidden, features.loss_mask, self.draft_vocab_logits, self.matrices.argmax, self.t2d)
         elif use_topk:
             # Top-k ids outside the draft vocab go to a spare last column, dropped after the scatter.
             target_logits = torch.full((B, T, self.num_draft + 1), LOW_LOGIT, device=device)
