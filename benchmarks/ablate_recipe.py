@@ -101,6 +101,11 @@ def main() -> int:
                        f"`scripts/benchmark.py` (first question per category of `{args.questions}`, greedy chain "
                        f"k={args.k}, {args.max_new_tokens} new tokens). Command: "
                        f"`python {shlex.join(sys.argv)}`.\n\n{table}")
+    # A variant that did not train or measure is a failed ablation, not a row of NaNs: say which, after the table.
+    failed = [r["name"] for r in results if r.get("rc", 0) != 0 or r["tau"] != r["tau"]]
+    if failed:
+        print(f"failed: {', '.join(failed)} (their logs: {args.out}/NAME.train.log and NAME.bench.log)", file=sys.stderr)
+        return 1
     return 0
 
 

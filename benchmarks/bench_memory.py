@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -180,6 +181,8 @@ def main() -> int:
     if args.benchmarks:
         from headstart.decode.report import append_section
 
+        # the plot's path as the markdown file's reader resolves it: relative to that file (the plot may be anywhere)
+        plot = os.path.relpath(Path(args.plot).resolve(), Path(args.benchmarks).resolve().parent)
         append_section(args.benchmarks, "Training memory by sequence length: TTT attention and loss"
                        + (" (CUDA)" if cuda else ""),
                        "One EAGLE-3 training step (forward + backward, 7 TTT steps, batch 1, hidden 1024, 16 heads, "
@@ -188,7 +191,7 @@ def main() -> int:
                        "after = headstart's loss as it runs there (CPU: blockwise attention and chunked loss; GPU: compiled "
                        "flex_attention and the fused Triton loss, after one warm-up step); blocks = the CPU path on the "
                        f"GPU.\n\n{table}\n\n"
-                       f"![memory by length]({Path(args.plot).resolve().relative_to(REPO)})")
+                       f"![memory by length]({plot})")
     return 0
 
 

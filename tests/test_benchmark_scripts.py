@@ -1,0 +1,217 @@
+"""The lab scripts in benchmarks/, each run for real, end to end, on the smallest setup that exercises it.
+
+These scripts are run by hand and rarely; without a test a refactor breaks them silently (bench_train.py
+crashed for weeks). Each test runs the script as a user does (a subprocess, in a temporary directory) and
+checks the table or section it writes. Nothing here downloads anything: the targets are the committed demo
+target or a tiny random one written by ``trainer_fixtures.make_setup``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO_TARGET = REPO / "configs" / "demo" / "target"
+DEMO_CONFIG = REPO / "configs" / "demo" / "eagle3.yaml"
+OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1"}
+
+
+def run(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *map(str, args)], cwd=cwd, env=OFFLINE,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"{script} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def table_rows(text: str, header: str) -> list[list[str]]:
+    """The cells of the markdown table under ``header`` (which must be in ``text``), one list per row."""
+    assert header in text, text[-3000:]
+    lines = text[text.index(header):].splitlines()
+    assert set(lines[1]) <= set("|-"), lines[1]  # the separator row
+    rows = []
+    for line in lines[2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    assert rows and all(len(r) == header.count("|") - 1 for r in rows), rows
+    return rows
+
+
+def section(path: Path, title: str) -> str:
+    """The body of the section ``## title`` that append_section wrote to ``path``."""
+    text = path.read_text()
+    assert text.startswith("# Benchmarks") and f"\n## {title}\n" in text, text[:2000]
+    return text.split(f"\n## {title}\n", 1)[1]
+
+
+def test_ablate_recipe_trains_each_variant_and_measures_its_head(tmp_path):
+    """Two variants (the recipe as it is, and one override) of a 2-step EAGLE-3 recipe on a tiny target, each
+    measured by scripts/benchmark.py. The script swallows a failed training or benchmark (its row gets nan),
+    so a run that exits 0 proves nothing by itself: every number must be there."""
+    from trainer_fixtures import make_setup
+
+    # make_setup's --output_dir would override ablate_recipe's own OUT/NAME: left out
+    common = [o for o in make_setup(tmp_path) if not o.startswith("--output_dir=")] + ["--train.max_steps=2"]
+    # A few short questions: the tiny target has 256 positions and the tiny tokenizer makes mt_bench's prompts
+    # longer than that. Two categories, the first of each is measured (--per-category 1).
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text("".join(json.dumps(q) + "\n" for q in [
+        {"question_id": 1, "category": "math", "turns": ["What is 2+3?", "And 12 times 7?"]},
+        {"question_id": 2, "category": "chat", "turns": ["Say hello."]},
+        {"question_id": 3, "category": "chat", "turns": ["Name a colour."]}]))
+    out = tmp_path / "ablation"
+    proc = run("ablate_recipe.py", "--config", DEMO_CONFIG, "--out", out, "--variant", "baseline=",
+               "--variant", "clip_1=--train.grad_clip=1.0", "--common", " ".join(common), "--target", tmp_path / "target",
+               "--questions", questions, "--k", "2", "--max-new-tokens", "4", "--benchmarks", tmp_path / "B.md",
+               "--title", "Tiny ablation", cwd=tmp_path)
+
+    header = "| variant | tau (chain k=2) | held-out sim. accept len | train time | command |"
+    body = section(tmp_path / "B.md", "Tiny ablation")
+    rows = {r[0]: r for r in table_rows(body, header)}
+    assert list(rows) == ["baseline", "clip_1"]
+    assert "greedy chain k=2, 4 new tokens" in body
+    for name, (_, tau, sim, train_time, command) in rows.items():
+        assert 1.0 <= float(tau) <= 3.0, (name, tau, (out / f"{name}.bench.log").read_text()[-2000:])  # k=2: 1..k+1
+        assert 1.0 <= float(sim) <= 4.0, (name, sim, (out / f"{name}.train.log").read_text()[-2000:])  # 3 TTT steps
+        assert re.fullmatch(r"\d+ s", train_time), train_time
+        assert command.startswith("`python scripts/train_eagle3.py --config ") and "--train.max_steps=2" in command
+    assert "--train.grad_clip=1.0" in rows["clip_1"][4] and "--train.grad_clip" not in rows["baseline"][4]
+    assert header in proc.stdout
+
+    results = {r["name"]: r for r in json.loads((out / "ablation.json").read_text())}
+    for name in ("baseline", "clip_1"):
+        r = results[name]
+        assert r["rc"] == 0 and r["train_s"] > 0 and f"{float(rows[name][1]):.2f}" == f"{r['tau']:.2f}"
+        assert (out / name / "final").is_dir()
+        # benchmark.py measured this variant's own head, on the first question of each category
+        report = json.loads((out / f"{name}.bench" / "results.json").read_text())
+        assert report["args"]["draft"] == str(out / name / "final") and report["args"]["method"] == "eagle3"
+        assert {"math", "chat"} <= set(report["results"]) and report["results"]["overall"]["tau"] == r["tau"]
+
+
+def test_bench_features_times_the_first_step_from_each_store(tmp_path):
+    """Two feature stores of the same tiny data (5 shards and 1), written by generate_features; the script builds
+    an offline trainer from each and times its first step."""
+    from trainer_fixtures import make_setup
+
+    from headstart.scripts import generate_features
+    from headstart.trainer.config import load_config
+
+    overrides = make_setup(tmp_path) + ["--features.batch_size=4"]
+    manifests = {}
+    for name, per_shard in (("five", 5), ("one", 24)):
+        manifests[name] = generate_features.generate(load_config(str(DEMO_CONFIG), [
+            *overrides, f"--features.samples_per_shard={per_shard}", f"--features.path={tmp_path / name}"]))
+    assert [len(m["shards"]) for m in manifests.values()] == [5, 1]
+
+    proc = run("bench_features.py", "--config", DEMO_CONFIG, "--stores", "five", "one", "--out", tmp_path / "B.md",
+               *overrides, cwd=tmp_path)
+
+    header = ("| store | shards | samples | bytes/token | build trainer (s) | first step (s) | "
+              "time to first step (s) |")
+    body = section(tmp_path / "B.md", "Offline training: time to the first step vs number of shards")
+    rows = table_rows(body, header)
+    assert [r[0] for r in rows] == ["`five`", "`one`"]
+    for (_, shards, samples, per_token, build, first, total), manifest in zip(rows, manifests.values()):
+        assert int(shards) == len(manifest["shards"]) and int(samples.replace(",", "")) == manifest["num_samples"] == 24
+        assert int(per_token.replace(",", "")) == round(manifest["bytes"] / manifest["num_tokens"]) > 0
+        assert float(build) >= 0 and float(first) > 0
+        assert float(total) == pytest.approx(float(build) + float(first), abs=0.016)  # each of the three rounded to 0.01
+    assert "| `five` | 5 | 24 |" in proc.stdout and "| `one` | 1 | 24 |" in proc.stdout
+
+
+def test_bench_memory_measures_before_and_after_at_one_length(tmp_path):
+    """One short length (T=16), both implementations; on CPU each is a fresh worker process measuring peak RSS
+    (on a GPU the script runs its CUDA path instead, and the same checks hold). The head is the script's own
+    fixed size (hidden 1024, 32k vocabularies), so this takes ~20 s on 2 CPU cores. The dense loss ("before")
+    and headstart's ("after") compute the same value from the same seeded inputs."""
+    import torch
+
+    plot = tmp_path / "memory.png"
+    proc = run("bench_memory.py", "--lengths", "16", "--impls", "before", "after", "--plot", plot,
+               "--benchmarks", tmp_path / "B.md", cwd=tmp_path)
+
+    title = "Training memory by sequence length: TTT attention and loss" + (" (CUDA)" if torch.cuda.is_available() else "")
+    body = section(tmp_path / "B.md", title)
+    header = ("| T | before: peak extra memory / step time | after: peak extra memory / step time | "
+              "memory before / after |")
+    [row] = table_rows(body, header)
+    assert row[0] == "16"
+    for cell in row[1:3]:
+        mib, seconds = re.fullmatch(r"([\d,]+) MiB / ([\d.]+) s", cell).groups()
+        assert int(mib.replace(",", "")) > 0 and float(seconds) > 0
+    assert row[3].endswith("x") and float(row[3][:-1]) > 0
+    assert ("CPU, float32" in body) != torch.cuda.is_available()
+    assert "![memory by length](memory.png)" in body  # relative to B.md, beside it
+    assert plot.read_bytes().startswith(b"\x89PNG")
+
+    measured = {r["impl"]: r for r in (json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{"))}
+    assert set(measured) == {"before", "after"} and all("error" not in r and r["T"] == 16 for r in measured.values())
+    assert measured["after"]["loss"] == pytest.approx(measured["before"]["loss"], rel=1e-3 if torch.cuda.is_available()
+                                                      else 1e-5)
+    assert math.isfinite(measured["after"]["loss"]) and measured["after"]["loss"] > 0
+
+
+def test_bench_regenerate_runs_every_backend_on_the_demo_target(tmp_path):
+    """hf at batch 1 and 16 in process, and openai against `transformers serve` (which the script starts, offline,
+    on the demo target): one row from each of two demo data files, 4 new tokens, greedy."""
+    data = [REPO / "configs/demo/data/gsm8k_train.jsonl", REPO / "configs/demo/data/gpteacher_codegen.json"]
+    proc = run("bench_regenerate.py", "--target", DEMO_TARGET, "--data", *data, "--rows-per-file", "1",
+               "--max-new-tokens", "4", "--temperature", "0", "--concurrency", "2", "--benchmarks", tmp_path / "B.md",
+               cwd=tmp_path)
+
+    text = (tmp_path / "B.md").read_text()
+    assert "## Regenerating data: backend throughput" in text
+    assert "2 conversations (the first 1 of each of 2 files), T = 0.0, max 4 new tokens" in text
+    header = "| backend | rows | generated tokens | seconds | rows/s | tokens/s | vs hf batch 1 |"
+    rows = {r[0]: r for r in table_rows(text, header)}
+    assert list(rows) == ["hf, batch 1", "hf, batch 16", "openai, `transformers serve`, 2 in flight"]
+    for _, n, tokens, seconds, rows_s, tokens_s, ratio in rows.values():
+        assert int(n) == 2 and 2 <= int(tokens) <= 2 * 4
+        assert float(seconds) >= 0 and float(rows_s) > 0 and float(tokens_s) > 0 and float(ratio.rstrip("x")) > 0
+    assert rows["hf, batch 1"][6] == "1.00x"
+    assert len({r[2] for r in rows.values()}) == 1  # greedy: every backend generates the same replies
+    assert header in proc.stdout
+
+
+def test_compare_methods_tabulates_two_benchmark_runs(tmp_path):
+    """Two tiny scripts/benchmark.py runs (n-gram on the demo target, chains of 2 and 3), then one table of both."""
+    runs = []
+    for k in (2, 3):
+        out = tmp_path / f"ngram-k{k}"
+        bench = subprocess.run([sys.executable, str(REPO / "scripts" / "benchmark.py"), "--target", str(DEMO_TARGET),
+                                "--method", "ngram", "--questions", str(REPO / "configs/demo/eval/mt_bench.jsonl"),
+                                "--limit", "1", "--max-new-tokens", "8", "--no-hf-reference",
+                                "--num-speculative-tokens", str(k), "--out", str(out)],
+                               cwd=tmp_path, env=OFFLINE, capture_output=True, text=True, timeout=600)
+        assert bench.returncode == 0, bench.stderr[-3000:]
+        runs.append(out)
+
+    proc = run("compare_methods.py", *runs, "--benchmarks", tmp_path / "B.md", "--title", "Tiny comparison",
+               "--note", "A note under the table.", cwd=tmp_path)
+
+    body = section(tmp_path / "B.md", "Tiny comparison")
+    assert "max 8 new tokens" in body and f"target `{DEMO_TARGET}`" in body
+    assert body.rstrip().endswith("A note under the table.")
+    header = ("| method | draft | shape | mode | tau | acceptance by position | spec tok/s | plain tok/s | speed-up | "
+              "round ms: draft / update / verify / other | predicted speed-up | measured / predicted |")
+    rows = table_rows(body, header)
+    assert [r[:4] for r in rows] == [["ngram", "`-`", "chain k=2", "greedy"], ["ngram", "`-`", "chain k=3", "greedy"]]
+    for row, k, out in zip(rows, (2, 3), runs):
+        overall = json.loads((out / "results.json").read_text())["results"]["overall"]
+        _, _, _, _, tau, acceptance, spec, plain, speedup, split, predicted, ratio = row
+        assert 1.0 <= float(tau) <= k + 1 and tau == f"{overall['tau']:.2f}"
+        assert len(acceptance.split()) == k and all(0.0 <= float(a) <= 1.0 for a in acceptance.split())
+        assert float(spec) > 0 and float(plain) > 0 and speedup.endswith("x") and float(speedup[:-1]) > 0
+        parts = [float(x) for x in split.split(" / ")]
+        assert len(parts) == 4 and all(x >= 0 for x in parts) and parts[2] > 0  # the target's verify forward costs time
+        assert float(predicted.rstrip("x")) > 0 and float(ratio) > 0
+    assert header in proc.stdout
