@@ -173,6 +173,14 @@ def run_benchmark(
     tallies: dict[str, Tally] = defaultdict(Tally)
     by_length: dict[str, Tally] = defaultdict(Tally)  # the same turns, by the length of their prompt
     mismatches = []
+    if questions:  # untimed warm-up: CUDA context, cuBLAS handles and allocator growth would land in the first timing
+        warm = prompt_ids(tokenizer, [{"role": "user", "content": questions[0]["turns"][0]}]).to(device)
+        if own_loop is None:
+            speculative_generate(runner, make_drafter(), warm, 8, eos_ids, k, sampling, generator, tree)
+        else:
+            own_loop(warm, 8, eos_ids, sampling, generator, RoundClock(device))
+        plain_generate(runner, warm, 8, eos_ids, sampling, generator, RoundClock(device))
+        _sync(device)
     for q in questions:
         messages: list[dict[str, str]] = []
         for turn, text in enumerate(q["turns"]):

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Decoding on a GPU (issue 23's GPU table): the demo target in bf16 with each of its heads (chain k=4 and a tree),
+# headstart's draft-model and n-gram drafters, and transformers' assisted generation and prompt lookup, on
+# MT-bench (first question per category, all turns, 128 new tokens, greedy, output checked identical to plain
+# greedy decoding), batch 1, eager. Speed-up = plain / speculative time on the same runner. The real target's GPU
+# table comes from benchmarks/smollm2_gpu.sh. Needs a CUDA GPU (benchmark.py picks it and bf16 by itself).
+#   benchmarks/bench_decode_gpu.sh [OUT_DIR] [BENCHMARKS_FILE]
+set -euo pipefail
+X=${1:-runs/bench-decode-gpu}
+M=${2:-BENCHMARKS.md}
+D=${TARGET:-configs/demo/target}
+B="python scripts/benchmark.py --target $D --questions configs/demo/eval/mt_bench.jsonl --per-category 1 \
+  --max-new-tokens 128 --no-hf-reference --verify-greedy ${EXTRA:-}"
+runs=()
+run() {  # a run that fails or is not greedy-exact is reported and, when it wrote results, still tabled
+  local out=$1; shift
+  $B "$@" --out "$X/$out" || echo "FAILED or not greedy-exact: $out"
+  [ -f "$X/$out/results.json" ] && runs+=("$X/$out")
+}
+run eagle3-k4 --method eagle3 --draft configs/demo/eagle3-head --num-speculative-tokens 4
+run eagle3-tree --method eagle3 --draft configs/demo/eagle3-head --tree
+run mtp-k4 --method mtp --draft configs/demo/mtp-head --num-speculative-tokens 4
+run medusa-k4 --method medusa --draft configs/demo/medusa-head --num-speculative-tokens 4
+run draft-model-k4 --method draft-model --draft configs/demo/draft-model --num-speculative-tokens 4
+run hf-assisted-k4 --method hf-assisted --draft configs/demo/draft-model --num-speculative-tokens 4
+run ngram-k4 --method ngram --num-speculative-tokens 4
+run hf-prompt-lookup-k4 --method hf-prompt-lookup --num-speculative-tokens 4
+python benchmarks/compare_methods.py "${runs[@]}" --benchmarks "$M" \
+  --title "Decoding on a GPU: demo target, bf16, batch 1, eager" --script '`benchmarks/bench_decode_gpu.sh`' \
+  --note "${NOTE:-}"
