@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from headstart.trainer.config import ParallelConfig, TrainConfig
+from headstart.trainer.muon import GatheredMuon
 
 
 @dataclass(frozen=True)
@@ -112,12 +113,12 @@ def _optimizers(module: nn.Module, train: TrainConfig) -> list[torch.optim.Optim
         return [adamw([p for _, p in named])]
     if train.optimizer != "muon":
         raise ValueError(f"train.optimizer={train.optimizer!r}: expected adamw or muon")
-    # Under FSDP2 the matrices are DTensors sharded by rows: Muon's Newton-Schulz products and norms on them are
-    # the whole matrix's (DTensor gathers what a product needs), so every rank applies the full-matrix update
-    # to its shard (tests/test_distributed.py: 2 ranks follow 1 process).
+    # Under FSDP2 the matrices are DTensors sharded by rows: GatheredMuon orthogonalises each whole matrix once per
+    # step and every rank applies the full-matrix update to its shard (tests/test_distributed.py: 2 ranks follow
+    # 1 process); on one process it is torch's Muon step for step.
     hidden = [p for n, p in named if p.ndim == 2 and "embed" not in n and "lm_head" not in n]
     ids = {id(p) for p in hidden}
-    muon = torch.optim.Muon(hidden, lr=train.lr, weight_decay=train.weight_decay, adjust_lr_fn="match_rms_adamw")
+    muon = GatheredMuon(hidden, lr=train.lr, weight_decay=train.weight_decay, adjust_lr_fn="match_rms_adamw")
     return [muon, adamw([p for _, p in named if id(p) not in ids])]
 
 
