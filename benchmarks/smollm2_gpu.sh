@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# SmolLM2-135M-Instruct on one GPU, the whole path: regenerate the demo questions with the target (its own
+# sampled replies), train the EAGLE-3, MTP and Medusa heads online in bf16 (configs/smollm2/*_gpu.yaml, the
+# three side by side on the one GPU), publish them, check them against the target, and benchmark them.
+#   benchmarks/smollm2_gpu.sh [OUT_DIR]          STAGES="regenerate train publish bench" (the default) picks stages
+# Knobs: REGEN_S (seconds each regeneration process may run; unfinished shards are left out, 0 = no limit),
+# REGEN_BATCH (conversations per generate call), ROWS (rows per source file; default all), MAX_NEW (tokens per regenerated
+# reply, default 256), TRAIN_ARGS (overrides for every head, e.g. --train.max_steps=500), KS (chain lengths), BENCH_ARGS.
+# The CPU path and its numbers: README "A real target"; this path's: BENCHMARKS.md.
+set -euo pipefail
+X=${1:-runs/smollm2-gpu}
+T=${TARGET:-targets/SmolLM2-135M-Instruct}
+DATA=${DATA:-configs/smollm2/data/regenerated_gpu.jsonl}
+HEADS=${HEADS:-eagle3 mtp medusa}
+mkdir -p "$X"
+has() { [[ " ${STAGES:-regenerate train publish bench} " == *" $1 "* ]]; }
+
+if has regenerate; then
+  # One process per source file on the one GPU: a 135M target's generate call is launch-bound, so four
+  # processes keep the GPU busier than one with a four-times larger batch.
+  for f in gsm8k_train.jsonl gpteacher_codegen.json gpteacher_roleplay.json gpteacher_toolformer.json; do
+    limit=(); [ "${REGEN_S:-0}" = 0 ] || limit=(timeout --signal=INT "$REGEN_S")
+    "${limit[@]}" python scripts/regenerate_data.py --target "$T" --data "configs/demo/data/$f" \
+      --output "$X/regen/${f%%.*}" --resume ${ROWS:+--rows-per-file "$ROWS"} --max-new-tokens "${MAX_NEW:-256}" --temperature 0.7 --top-p 0.95 --seed 0 \
+      --batch-size "${REGEN_BATCH:-256}" --rows-per-shard "${REGEN_BATCH:-256}" --no-progress > "$X/regen-${f%%.*}.log" 2>&1 &
+  done
+  wait || true
+  # Finished shards only: a process stopped by REGEN_S leaves its last shard unwritten (shards are atomic).
+  shopt -s nullglob
+  cat "$X"/regen/*/shards/shard-?????.jsonl > "$DATA"
+  echo "regenerated: $(wc -l < "$DATA") conversations -> $DATA"
+fi
+
+if has train; then
+  for h in $HEADS; do
+    # shellcheck disable=SC2086
+    python scripts/train_eagle3.py --config "configs/smollm2/${h}_gpu.yaml" --target.path="$T" \
+      --data.files="[$DATA]" --output_dir="$X/$h" ${TRAIN_ARGS:-} > "$X/train-$h.log" 2>&1 &
+  done
+  wait
+fi
+
+if has publish; then
+  for h in $HEADS; do
+    python scripts/publish_head.py --run "$X/$h" --out "$X/$h-head" --recipe "configs/smollm2/${h}_gpu.yaml"
+    python scripts/check_head.py --head "$X/$h-head" --target "$T" --questions configs/demo/eval/mt_bench.jsonl \
+      || echo "check_head found problems with $X/$h-head (above)"
+  done
+fi
+
+if has bench; then
+  # MT-bench, first question per category, all turns, 128 new tokens, greedy: the CPU table's settings.
+  B="python scripts/benchmark.py --target $T --questions configs/demo/eval/mt_bench.jsonl --per-category 1 \
+    --max-new-tokens 128 --no-hf-reference --verify-greedy ${BENCH_ARGS:-}"
+  runs=()
+  run() {  # a run that fails or is not greedy-exact is reported and, when it wrote results, still tabled
+    local out=$1; shift
+    $B "$@" --out "$X/bench/$out" || echo "FAILED or not greedy-exact: $out"
+    [ -f "$X/bench/$out/results.json" ] && runs+=("$X/bench/$out")
+  }
+  for k in ${KS:-3 4 5}; do run eagle3-k$k --method eagle3 --draft "$X/eagle3-head" --num-speculative-tokens "$k"; done
+  run eagle3-tree --method eagle3 --draft "$X/eagle3-head" --tree
+  run mtp-k3 --method mtp --draft "$X/mtp-head" --num-speculative-tokens 3
+  run medusa-k4 --method medusa --draft "$X/medusa-head" --num-speculative-tokens 4
+  run ngram-k4 --method ngram --num-speculative-tokens 4
+  run hf-prompt-lookup --method hf-prompt-lookup --num-speculative-tokens 4
+  python benchmarks/compare_methods.py "${runs[@]}" --benchmarks "$X/BENCHMARKS.md" \
+    --title "Real target on a GPU: SmolLM2-135M-Instruct" --script '`benchmarks/smollm2_gpu.sh`' --note "${NOTE:-}"
+fi
