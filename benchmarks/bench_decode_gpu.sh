@@ -9,14 +9,8 @@ set -euo pipefail
 X=${1:-runs/bench-decode-gpu}
 M=${2:-BENCHMARKS.md}
 D=${TARGET:-configs/demo/target}
-B="python scripts/benchmark.py --target $D --questions configs/demo/eval/mt_bench.jsonl --per-category 1 \
-  --max-new-tokens 128 --no-hf-reference --verify-greedy ${EXTRA:-}"
-runs=()
-run() {  # a run that fails or is not greedy-exact is reported and, when it wrote results, still tabled
-  local out=$1; shift
-  $B "$@" --out "$X/$out" || echo "FAILED or not greedy-exact: $out"
-  [ -f "$X/$out/results.json" ] && runs+=("$X/$out")
-}
+source "$(dirname "$0")/decode_runs.sh"
+run() { decode_run "$D" "$X" "$@"; }
 run eagle3-k4 --method eagle3 --draft configs/demo/eagle3-head --num-speculative-tokens 4
 run eagle3-tree --method eagle3 --draft configs/demo/eagle3-head --tree
 run mtp-k4 --method mtp --draft configs/demo/mtp-head --num-speculative-tokens 4

@@ -5,7 +5,7 @@
 #   benchmarks/smollm2_gpu.sh [OUT_DIR]          STAGES="regenerate train publish bench" (the default) picks stages
 # Knobs: REGEN_S (seconds each regeneration process may run; unfinished shards are left out, 0 = no limit),
 # REGEN_BATCH (conversations per generate call), ROWS (rows per source file; default all), MAX_NEW (tokens per regenerated
-# reply, default 256), TRAIN_ARGS (overrides for every head, e.g. --train.max_steps=500), KS (chain lengths), BENCH_ARGS.
+# reply, default 256), TRAIN_ARGS (overrides for every head, e.g. --train.max_steps=500), KS (chain lengths), EXTRA (extra benchmark.py arguments).
 # The CPU path and its numbers: README "A real target"; this path's: BENCHMARKS.md.
 set -euo pipefail
 X=${1:-runs/smollm2-gpu}
@@ -49,15 +49,9 @@ if has publish; then
 fi
 
 if has bench; then
-  # MT-bench, first question per category, all turns, 128 new tokens, greedy: the CPU table's settings.
-  B="python scripts/benchmark.py --target $T --questions configs/demo/eval/mt_bench.jsonl --per-category 1 \
-    --max-new-tokens 128 --no-hf-reference --verify-greedy ${BENCH_ARGS:-}"
-  runs=()
-  run() {  # a run that fails or is not greedy-exact is reported and, when it wrote results, still tabled
-    local out=$1; shift
-    $B "$@" --out "$X/bench/$out" || echo "FAILED or not greedy-exact: $out"
-    [ -f "$X/bench/$out/results.json" ] && runs+=("$X/bench/$out")
-  }
+  # MT-bench as in the CPU table (decode_runs.sh).
+  source "$(dirname "$0")/decode_runs.sh"
+  run() { decode_run "$T" "$X/bench" "$@"; }
   for k in ${KS:-3 4 5}; do run eagle3-k$k --method eagle3 --draft "$X/eagle3-head" --num-speculative-tokens "$k"; done
   run eagle3-tree --method eagle3 --draft "$X/eagle3-head" --tree
   run mtp-k3 --method mtp --draft "$X/mtp-head" --num-speculative-tokens 3
