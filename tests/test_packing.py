@@ -117,6 +117,14 @@ def test_packed_loss_and_gradients_equal_the_padded_ones(tmp_path, head_name, so
     assert g_pad.keys() == g_pack.keys() and g_pad
     for name in g_pad:
         torch.testing.assert_close(g_pack[name], g_pad[name], atol=1e-5, rtol=1e-4, msg=name)
+    if head_name == "mtp" and source == "online":  # MTP's other attention: the additive [B, T, (j+1)T] mask + SDPA
+        head.block_attention = "sdpa"
+        head.block.self_attn.config._attn_implementation = "sdpa"
+        (l1, _, g1), (l2, _, g2) = _head_loss(head, f_pad), _head_loss(head, f_pack)
+        torch.testing.assert_close(l2, l1, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(l1, loss_pad, atol=1e-5, rtol=1e-5)  # the same loss as the linear path's
+        for name in g1:
+            torch.testing.assert_close(g2[name], g1[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
 def test_a_packed_run_trains_and_counts_the_same_tokens(tmp_path):
