@@ -1,5 +1,6 @@
 """One table from several ``scripts/benchmark.py`` runs (their ``results.json``): tau, acceptance by
-position, tokens/s and speed-up per method, side by side; optionally appended to BENCHMARKS.md.
+position, tokens/s and speed-up per method and batch size, side by side; optionally appended to BENCHMARKS.md.
+Batched runs' tokens/s are over the whole batch.
 
     python benchmarks/compare_methods.py runs/bench-medusa-chain runs/bench-eagle3-chain ... --benchmarks BENCHMARKS.md \
         --title "Heads side by side" --note "why the ranking comes out as it does"
@@ -23,9 +24,10 @@ def shape(args: dict) -> str:
 
 
 def mode(args: dict) -> str:
+    compiled = ", compiled target" if args.get("compile") else ""
     if not args.get("temperature"):
-        return "greedy"
-    return f"T={args['temperature']}" + (f" top-p {args['top_p']}" if args.get("top_p", 1.0) < 1.0 else "")
+        return "greedy" + compiled
+    return f"T={args['temperature']}" + (f" top-p {args['top_p']}" if args.get("top_p", 1.0) < 1.0 else "") + compiled
 
 
 def split(r: dict) -> str:
@@ -39,14 +41,15 @@ def split(r: dict) -> str:
 
 
 def table(runs: list[Path]) -> str:
-    lines = ["| method | draft | shape | mode | tau | acceptance by position | spec tok/s | plain tok/s | speed-up | "
+    lines = ["| method | draft | shape | mode | batch | tau | acceptance by position | spec tok/s | plain tok/s | speed-up | "
              "round ms: draft / update / verify / other | predicted speed-up | measured / predicted |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
         report = json.loads((run / "results.json").read_text())
         a, r = report["args"], report["results"]["overall"]
         acc = " ".join("-" if x is None else f"{x:.2f}" for x in r["acceptance_by_position"][:6]) or "-"
-        lines.append(f"| {a['method']} | `{a.get('draft') or '-'}` | {shape(a)} | {mode(a)} | {r['tau']:.2f} | {acc} | "
+        lines.append(f"| {a['method']} | `{a.get('draft') or '-'}` | {shape(a)} | {mode(a)} | {a.get('batch_size', 1)} | "
+                     f"{r['tau']:.2f} | {acc} | "
                      f"{r['spec_tokens_per_s']:.1f} | {r['plain_tokens_per_s']:.1f} | {r['speedup']:.2f}x | {split(r)} |")
     return "\n".join(lines)
 

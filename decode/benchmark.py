@@ -17,9 +17,10 @@ from collections.abc import Callable
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from headstart.decode.batch_generate import batch_plain_generate, batch_speculative_generate
 from headstart.decode.clock import PARTS, RoundClock
 from headstart.decode.generate import Drafter, Generation, Sampling, plain_generate, speculative_generate
-from headstart.decode.target_runner import TargetRunner
+from headstart.decode.target_runner import RaggedRunner, TargetRunner
 from headstart.decode.tree import DynamicTree, StaticTree
 
 
@@ -74,10 +75,13 @@ class Tally:
     plain_parts: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))
     plain_forwards: int = 0  # plain decoding's one-token target forwards
 
-    def add_seconds(self, spec: RoundClock, plain: RoundClock, plain_forwards: int) -> None:
+    def add_seconds(self, spec: RoundClock, plain: RoundClock, spec_rounds: int, plain_forwards: int) -> None:
+        """One timed run: its clocks, its speculative rounds and plain forwards (after the prefill; batched, a round
+        is one forward of the whole batch)."""
         for part in PARTS:
             self.spec_parts[part] += spec.seconds[part]
             self.plain_parts[part] += plain.seconds[part]
+        self.rounds += spec_rounds
         self.plain_forwards += plain_forwards
 
     def split(self) -> dict:
@@ -97,7 +101,6 @@ class Tally:
         self.tokens += spec.counted_tokens
         self.forwards += spec.target_forwards
         self.new_tokens += len(spec.tokens)
-        self.rounds += spec.target_forwards
         if not self.accepted_at:
             self.accepted_at, self.proposed_at = [0] * k, [0] * k
         for n, m in zip(spec.accepted, spec.proposed):
@@ -160,11 +163,13 @@ def run_benchmark(
     sampling: Sampling | None = None,
     seed: int = 0,
     own_loop: Callable[..., Generation] | None = None,
+    batch_size: int = 1,
 ) -> dict:
     """Speculative and plain decoding of every turn; with ``sampling`` both sample (same seed per
     turn), so ``verify_greedy`` (token equality) only applies to greedy runs. ``own_loop`` (prompt, max new
     tokens, eos ids, sampling, generator, clock) -> Generation replaces headstart's loop and drafter (transformers'
-    own speculative decoding: decode/hf_peers.py)."""
+    own speculative decoding: decode/hf_peers.py). ``batch_size`` > 1 decodes that many questions' turns together
+    (``_run_batched``)."""
     if verify_greedy and sampling is not None:
         raise ValueError("--verify-greedy compares with greedy decoding; it cannot be combined with sampling")
     device = next(runner.target.model.parameters()).device
@@ -172,7 +177,14 @@ def run_benchmark(
     generator = torch.Generator(device=device)
     tallies: dict[str, Tally] = defaultdict(Tally)
     by_length: dict[str, Tally] = defaultdict(Tally)  # the same turns, by the length of their prompt
-    mismatches = []
+    mismatches: list[str] = []
+    if batch_size > 1:
+        if tree is not None or own_loop is not None:
+            raise ValueError("a batch decodes headstart's chains; trees and transformers' loops run at batch size 1")
+        _run_batched(RaggedRunner(runner.target, runner.max_len, runner.with_aux), make_drafter, tokenizer, questions, k,
+                     max_new_tokens, eos_ids, batch_size, sampling, seed, generator, progress, tallies, by_length,
+                     mismatches if verify_greedy else None)
+        return _report(tallies, by_length, mismatches)
     if questions:  # untimed warm-up: CUDA context, cuBLAS handles and allocator growth would land in the first timing
         warm = prompt_ids(tokenizer, [{"role": "user", "content": questions[0]["turns"][0]}]).to(device)
         if own_loop is None:
@@ -215,18 +227,71 @@ def run_benchmark(
                 mismatches.append(f"question {q['question_id']} turn {turn + 1}")
             for tally in (tallies[q["category"]], tallies["overall"], by_length[prompt_bucket(prompt.shape[1])]):
                 tally.add(spec, depth)
-                tally.add_seconds(spec_clock, plain_clock, plain.target_forwards)
+                tally.add_seconds(spec_clock, plain_clock, spec.target_forwards, plain.target_forwards)
                 tally.spec_seconds += t1 - t0
                 tally.plain_seconds += t2 - t1
                 tally.plain_tokens += len(plain.tokens)
                 tally.hf_seconds += hf_seconds
             messages.append({"role": "assistant", "content": tokenizer.decode(plain.tokens, skip_special_tokens=True)})
         progress(f"question {q['question_id']} ({q['category']}): tau so far {tallies['overall'].summary()['tau']:.2f}")
+    return _report(tallies, by_length, mismatches)
+
+
+def _report(tallies: dict[str, Tally], by_length: dict[str, Tally], mismatches: list[str]) -> dict:
     result = {k_: t.summary() for k_, t in tallies.items()}
     lengths = {name: by_length[name].summary() for _, name in PROMPT_BUCKETS if name in by_length}
     overall = result.get("overall", {})
     return {"speedup": overall.get("speedup"), "predicted_speedup": overall.get("predicted_speedup"),
             "results": result, "by_prompt_length": lengths, "mismatches": mismatches}
+
+
+def _run_batched(runner: RaggedRunner, make_drafter: Callable[[], Drafter], tokenizer: PreTrainedTokenizerBase,
+                 questions: list[dict], k: int, max_new_tokens: int, eos_ids: set[int], batch_size: int,
+                 sampling: Sampling | None, seed: int, generator: torch.Generator, progress: Callable[[str], None],
+                 tallies: dict[str, Tally], by_length: dict[str, Tally], mismatches: list[str] | None) -> None:
+    """``batch_size`` questions at a time: their turn t decoded together (speculative, then plain on the same
+    runner), a later turn seeing the plain answers as at batch size 1. Tau and acceptance are per sequence, by
+    category and prompt length; tokens/s, the speed-up and the round split are the batch's, so only overall."""
+    device = next(runner.target.model.parameters()).device
+    depth = k
+    if questions:  # untimed warm-up at the full batch size (see run_benchmark)
+        warm = [prompt_ids(tokenizer, [{"role": "user", "content": questions[0]["turns"][0]}]).to(device)] * batch_size
+        batch_speculative_generate(runner, [make_drafter() for _ in warm], warm, 8, eos_ids, k, sampling, generator)
+        batch_plain_generate(runner, warm, 8, eos_ids, sampling, generator)
+        _sync(device)
+    overall = tallies["overall"]
+    for start in range(0, len(questions), batch_size):
+        chunk = questions[start : start + batch_size]
+        histories: list[list[dict[str, str]]] = [[] for _ in chunk]
+        for turn in range(max(len(q["turns"]) for q in chunk)):
+            rows = [i for i, q in enumerate(chunk) if turn < len(q["turns"])]
+            for i in rows:
+                histories[i].append({"role": "user", "content": chunk[i]["turns"][turn]})
+            prompts = [prompt_ids(tokenizer, histories[i]).to(device) for i in rows]
+            spec_clock, plain_clock = RoundClock(device), RoundClock(device)
+            _sync(device)
+            t0 = time.perf_counter()
+            generator.manual_seed(seed)
+            specs, rounds = batch_speculative_generate(runner, [make_drafter() for _ in rows], prompts, max_new_tokens,
+                                                       eos_ids, k, sampling, generator, spec_clock)
+            _sync(device)
+            t1 = time.perf_counter()
+            generator.manual_seed(seed)
+            plains, steps = batch_plain_generate(runner, prompts, max_new_tokens, eos_ids, sampling, generator, plain_clock)
+            _sync(device)
+            t2 = time.perf_counter()
+            overall.add_seconds(spec_clock, plain_clock, rounds, steps)
+            overall.spec_seconds += t1 - t0
+            overall.plain_seconds += t2 - t1
+            for i, spec, plain, prompt in zip(rows, specs, plains, prompts):
+                q = chunk[i]
+                if mismatches is not None and spec.tokens != plain.tokens:
+                    mismatches.append(f"question {q['question_id']} turn {turn + 1}")
+                for tally in (tallies[q["category"]], overall, by_length[prompt_bucket(prompt.shape[1])]):
+                    tally.add(spec, depth)
+                overall.plain_tokens += len(plain.tokens)
+                histories[i].append({"role": "assistant", "content": tokenizer.decode(plain.tokens, skip_special_tokens=True)})
+        progress(f"questions {start + 1}-{start + len(chunk)}: tau so far {overall.summary()['tau']:.2f}")
 
 
 def split_table(results: dict) -> str:

@@ -79,3 +79,109 @@ class PositionalKVCache(Cache):
                 layer.keys[:, :, dst] = layer.keys[:, :, slots]
                 layer.values[:, :, dst] = layer.values[:, :, slots]
         self.length += slots.numel()
+
+
+class RaggedKVLayer(PositionalKVLayer):
+    """One layer of a ``RaggedKVCache``: row b's n new tokens go to its own slots [starts[b], starts[b] + n)."""
+
+    def __init__(self, max_len: int) -> None:
+        super().__init__(max_len)
+        self.starts: torch.Tensor | None = None  # [B] on the cache's device (set by the cache)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        B, n = key_states.shape[0], key_states.shape[-2]
+        end = self.start + n  # self.start: the longest row's length, so [:end] holds every row's keys
+        if end > self.max_len:
+            raise ValueError(f"KV cache overflow: {end} tokens > max_len {self.max_len}")
+        slots = self.starts[:, None] + torch.arange(n, device=self.starts.device)  # [B, n]
+        rows = torch.arange(B, device=slots.device)[:, None]
+        # keys[rows, :, slots] is [B, n, heads, head_dim]: the advanced indices come first.
+        self.keys[rows, :, slots] = key_states.transpose(1, 2)
+        self.values[rows, :, slots] = value_states.transpose(1, 2)
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+
+class RaggedKVCache(Cache):
+    """A batch whose rows hold different numbers of committed tokens (``lengths``, one per row).
+
+    A forward over n new tokens per row writes row b's at slots [lengths[b], lengths[b] + n) and returns keys up to
+    the longest row's end; the caller's mask hides every row's slots past its own tokens. Committing is moving a
+    row's length, so a chain's rejected drafts need no rollback: the next forward overwrites them. Rows that finish
+    are dropped (``select``), so the batch never pays for them again."""
+
+    def __init__(self, num_layers: int, max_len: int) -> None:
+        super().__init__(layers=[RaggedKVLayer(max_len) for _ in range(num_layers)])
+        self.max_len = max_len
+        self.lengths: list[int] = []
+
+    def reset(self, batch: int) -> None:
+        self.lengths = [0] * batch
+        for layer in self.layers:
+            if layer.is_initialized and layer.keys.shape[0] != batch:
+                layer.is_initialized = False  # reallocated for this batch size by the next forward
+
+    def begin(self, device: torch.device) -> None:
+        starts = torch.tensor(self.lengths, device=device)
+        for layer in self.layers:
+            layer.starts, layer.start = starts, max(self.lengths)
+
+    def commit(self, counts: list[int]) -> None:
+        """Keep the first counts[b] tokens of row b's last block."""
+        self.lengths = [n + c for n, c in zip(self.lengths, counts)]
+
+    def select(self, rows: list[int]) -> None:
+        """Keep only these rows (in this order): finished sequences leave the batch."""
+        for layer in self.layers:
+            if layer.is_initialized:
+                index = torch.tensor(rows, dtype=torch.long, device=layer.keys.device)
+                layer.keys, layer.values = layer.keys[index], layer.values[index]
+        self.lengths = [self.lengths[r] for r in rows]
+
+
+class StaticKVLayer(PositionalKVLayer):
+    """A ``PositionalKVLayer`` with static shapes, for a compiled forward (``torch.compile``, CUDA graphs): the
+    write slot is a device tensor shared by every layer (changing it recompiles nothing) and attention reads the
+    whole ``max_len`` buffer, the caller's mask hiding every slot that is not committed or in this block."""
+
+    is_compileable = True
+
+    def __init__(self, max_len: int, write_at: torch.Tensor) -> None:
+        super().__init__(max_len)
+        self.write_at = write_at
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        if not torch.compiler.is_compiling():  # fixed addresses: what CUDA graphs replay against
+            torch._dynamo.mark_static_address(self.keys)
+            torch._dynamo.mark_static_address(self.values)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        slots = self.write_at + torch.arange(key_states.shape[-2], device=key_states.device)
+        self.keys.index_copy_(2, slots, key_states)
+        self.values.index_copy_(2, slots, value_states)
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.max_len, 0
+
+
+class StaticKVCache(PositionalKVCache):
+    """``PositionalKVCache`` (same length, rollback and tree ``keep``) over ``StaticKVLayer``s on ``device``; the
+    caller checks that a block fits in ``max_len`` (an index past it fails inside the compiled graph)."""
+
+    def __init__(self, num_layers: int, max_len: int, device: torch.device) -> None:
+        self.write_at = torch.zeros((), dtype=torch.long, device=device)
+        torch._dynamo.mark_static_address(self.write_at)
+        Cache.__init__(self, layers=[StaticKVLayer(max_len, self.write_at) for _ in range(num_layers)])
+        self.max_len = max_len
+        self.length = 0
+
+    def begin(self, start: int | None = None) -> None:
+        start = self.length if start is None else start
+        for layer in self.layers:
+            layer.start = start
+        self.write_at.fill_(start)  # in place: the compiled graph reads this tensor

@@ -1,4 +1,5 @@
-"""Run the target over new tokens against a ``PositionalKVCache`` (batch size 1).
+"""Run the target over new tokens against a ``PositionalKVCache`` (batch size 1), or a batch of chains of
+different lengths against a ``RaggedKVCache`` (``RaggedRunner``).
 
 ``forward`` scores a block of n new tokens placed after the committed cache: a chain (causal) or a
 tree (``tree_mask[i, j]``: token i may attend to token j, its ancestors and itself; position ids by
@@ -12,17 +13,34 @@ from __future__ import annotations
 
 import torch
 
-from headstart.decode.kv_cache import PositionalKVCache
+from headstart.decode.kv_cache import PositionalKVCache, RaggedKVCache, StaticKVCache
 from headstart.models.target import Target, TargetOutput, additive_mask
 
 
+COMPILED_BLOCK = 64
+"""With ``compile``, blocks of up to this many tokens after a prompt (decode steps, verify blocks, trees) run the
+compiled forward, one graph per block size; prompts run eagerly on the same cache (a graph per prompt length would
+recompile at every prompt)."""
+
+
 class TargetRunner:
-    def __init__(self, target: Target, max_len: int, with_aux: bool = True) -> None:
-        """``with_aux``: whether drafters read the aux hidden states (EAGLE-3); others skip building them."""
+    def __init__(self, target: Target, max_len: int, with_aux: bool = True, compile: bool = False,
+                 backend: str = "inductor") -> None:
+        """``with_aux``: whether drafters read the aux hidden states (EAGLE-3); others skip building them.
+        ``compile``: the decode forward through ``torch.compile(backend=backend)`` over a static cache
+        (``StaticKVCache``: every forward attends over all ``max_len`` slots, so keep ``max_len`` near what a
+        generation needs), with CUDA graphs on a GPU."""
         self.target = target
         self.max_len = max_len
         self.with_aux = with_aux
-        self.cache = PositionalKVCache(target.num_layers, max_len)
+        self.device = next(target.model.parameters()).device
+        self.cache = StaticKVCache(target.num_layers, max_len, self.device) if compile else \
+            PositionalKVCache(target.num_layers, max_len)
+        cuda_graphs = self.device.type == "cuda"
+        self._compiled = torch.compile(self._run, dynamic=False, backend=backend,
+                                       mode="reduce-overhead" if cuda_graphs and backend == "inductor" else None) \
+            if compile else None
+        self._sizes: set[int] = set()  # block sizes compiled so far
         self._dtype = next(target.model.parameters()).dtype
         # Sliding-window attention (Gemma 2/3, Mistral, Qwen with use_sliding_window): those layers see only
         # keys less than ``window`` positions back. The mask is explicit here, so the window must be in it.
@@ -59,26 +77,104 @@ class TargetRunner:
         n = input_ids.shape[1]
         start = self.cache.length
         device = input_ids.device
-        within = torch.ones(n, n, dtype=torch.bool, device=device).tril() if tree_mask is None else tree_mask
-        allowed = torch.cat([torch.ones(n, start, dtype=torch.bool, device=device), within], dim=1)  # [n, start+n]
-        offsets = torch.arange(n, device=device) if depths is None else depths
+        compiled = self._compiled is not None and start > 0 and n <= COMPILED_BLOCK
+        # A compiled block is padded to the smallest size already compiled that holds it (a chain's last, shorter
+        # rounds reuse the full round's graph instead of compiling their own); padding attends only to itself and
+        # is never attended to, and its cache slots lie past the committed length.
+        m = min((size for size in self._sizes if size >= n), default=n) if compiled else n
+        if start + m > self.max_len:
+            raise ValueError(f"KV cache overflow: {start + m} tokens > max_len {self.max_len} (raise --max-len)")
+        keys = self.max_len if self._compiled is not None else start + m  # a static cache: every slot, the rest masked
+        within = torch.eye(m, dtype=torch.bool, device=device)
+        within[:n, :n] = torch.ones(n, n, dtype=torch.bool, device=device).tril() if tree_mask is None else tree_mask
+        allowed = torch.zeros(m, keys, dtype=torch.bool, device=device)
+        allowed[:, :start] = True
+        allowed[:, start : start + m] = within  # [m, keys]
+        offsets = torch.arange(m, device=device)
+        if depths is not None:
+            offsets[:n] = depths
         position_ids = (start + offsets).unsqueeze(0)
-        mask = self._mask(allowed, position_ids[0], start)
+        key_pos = torch.arange(keys, device=device)
+        key_pos[start : start + m] = position_ids[0]  # a block's key sits at its query's position (a tree's depth)
+        mask = self._mask(allowed, position_ids[0], key_pos)
+        if m > n:
+            input_ids = torch.cat([input_ids, input_ids.new_zeros(1, m - n)], dim=1)
         self.cache.begin()
+        if compiled:
+            self._sizes.add(m)
+            if device.type == "cuda":
+                torch.compiler.cudagraph_mark_step_begin()
+            out = self._compiled(input_ids, mask, position_ids)
+        else:
+            out = self._run(input_ids, mask, position_ids)
+        logits, aux, last = (t if t is None else t[:, :n].clone() if compiled else t for t in out)
+        return logits, TargetOutput(aux_hidden_states=aux, last_hidden_state=last)
+
+    def _run(self, input_ids: torch.Tensor, mask, position_ids: torch.Tensor):
+        """The target over a block, written to the cache: (logits, aux states or None, final hidden state)."""
         out = self.target(input_ids, attention_mask=mask, position_ids=position_ids, past_key_values=self.cache,
                           with_aux=self.with_aux)
-        return self.target.logits(out.last_hidden_state), out
+        return self.target.logits(out.last_hidden_state), out.aux_hidden_states, out.last_hidden_state
 
-    def _mask(self, allowed: torch.Tensor, query_pos: torch.Tensor, start: int):
+    def _mask(self, allowed: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.Tensor):
         """The additive mask for every layer, or a {layer type: mask} dict (what HF models with
-        ``layer_types`` take) when sliding and full attention layers are mixed. A committed key sits at its
-        own position; a key of this block at its query's (tree depth) position."""
+        ``layer_types`` take) when sliding and full attention layers are mixed. ``allowed`` [(B,) n, S], the
+        positions of the queries [(B,) n] and of the keys [(B,) S] (a committed key at its own position, a tree's
+        at its depth's)."""
         full = additive_mask(allowed, self._dtype)
         if "sliding_attention" not in self.layer_types:
             return full
-        key_pos = torch.cat([torch.arange(start, device=allowed.device), query_pos])  # [start + n]
-        in_window = (query_pos[:, None] - key_pos[None, :]) < self.window  # HF: kv_idx > q_idx - window
+        in_window = (query_pos[..., :, None] - key_pos[..., None, :]) < self.window  # HF: kv_idx > q_idx - window
         sliding = additive_mask(allowed & in_window, self._dtype)
         if self.layer_types == {"sliding_attention"}:
             return sliding
         return {"full_attention": full, "sliding_attention": sliding}
+
+
+class RaggedRunner(TargetRunner):
+    """The target over a batch of sequences of different lengths (decode/kv_cache.py ``RaggedKVCache``).
+
+    ``forward`` scores a chain block [B, n] placed after each row's own committed tokens; row b's tokens past
+    ``valid[b]`` are padding (a shorter prompt, a shorter draft) that no real token attends to. Rotary positions
+    are per row, so a row's logits are the ones it would get decoded alone."""
+
+    def __init__(self, target: Target, max_len: int, with_aux: bool = True) -> None:
+        super().__init__(target, max_len, with_aux)
+        self.cache = RaggedKVCache(target.num_layers, max_len)
+
+    @property
+    def length(self) -> int:
+        return max(self.cache.lengths, default=0)
+
+    def reset(self, batch: int = 1) -> None:
+        self.cache.reset(batch)
+
+    def commit(self, counts: list[int]) -> None:
+        self.cache.commit(counts)
+
+    def select(self, rows: list[int]) -> None:
+        self.cache.select(rows)
+
+    def keep(self, path: list[int]) -> None:
+        raise NotImplementedError("a ragged batch decodes chains; trees run one sequence at a time (TargetRunner)")
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, valid: list[int] | None = None) -> tuple[torch.Tensor, TargetOutput]:
+        """input_ids [B, n], ``valid[b]`` real tokens in row b (default n) -> (logits [B, n, V], states [B, n, ...])."""
+        B, n = input_ids.shape
+        device = input_ids.device
+        lengths = torch.tensor(self.cache.lengths, device=device)[:, None, None]  # [B, 1, 1]
+        ends = lengths + torch.tensor(valid or [n] * B, device=device)[:, None, None]
+        slots = torch.arange(self.length + n, device=device)  # [S]: a key's slot is its position
+        offsets = torch.arange(n, device=device)[:, None]  # [n, 1]
+        # Row b's query i sees its committed keys and its own block up to itself, never past its real tokens; a
+        # padding query sees at least itself (a query with no key, past a sliding window, would be NaN, and its
+        # NaN keys would reach real queries through the masked product).
+        here = slots == lengths + offsets
+        allowed = (slots < lengths) | ((slots <= lengths + offsets) & (slots < ends)) | here  # [B, n, S]
+        position_ids = lengths[:, :, 0] + offsets[:, 0]  # [B, n]
+        mask = self._mask(allowed, position_ids, slots)
+        self.cache.begin(device)
+        out = self.target(input_ids, attention_mask=mask, position_ids=position_ids, past_key_values=self.cache,
+                          with_aux=self.with_aux)
+        return self.target.logits(out.last_hidden_state), out

@@ -27,14 +27,25 @@ def warp_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, t
     return torch.softmax(logits, dim=-1)
 
 
-def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """draft_tokens [B, k], target_logits [B, k+1, V] (position i scores the token after draft i-1).
+def _proposed(draft_tokens: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
+    """[B, k] True where row b has a real draft (a batch pads shorter chains to the longest one)."""
+    k = draft_tokens.shape[1]
+    if lengths is None:
+        return torch.ones_like(draft_tokens, dtype=torch.bool)
+    return torch.arange(k, device=draft_tokens.device) < lengths[:, None]
+
+
+def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor,
+                  lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """draft_tokens [B, k], target_logits [B, k+1, V] (position i scores the token after draft i-1); ``lengths``
+    [B]: row b's real drafts (the rest is padding, never accepted).
 
     Returns (accepted [B] in 0..k, next_token [B]): the longest prefix equal to the target's argmax,
     then the target's argmax at the first mismatch (or after the last draft: the bonus token)."""
     target = target_logits.argmax(-1)  # [B, k+1]
     k = draft_tokens.shape[1]
-    accepted = (draft_tokens == target[:, :k]).long().cumprod(dim=1).sum(dim=1)  # [B]
+    match = (draft_tokens == target[:, :k]) & _proposed(draft_tokens, lengths)
+    accepted = match.long().cumprod(dim=1).sum(dim=1)  # [B]
     return accepted, target.gather(1, accepted[:, None]).squeeze(1)
 
 
@@ -43,6 +54,7 @@ def verify_sampling(
     draft_probs: torch.Tensor,  # [B, k, V] q: the distributions the drafts were sampled from
     target_probs: torch.Tensor,  # [B, k+1, V] p: the target's (warped) distributions
     generator: torch.Generator | None = None,
+    lengths: torch.Tensor | None = None,  # [B] row b's real drafts; its padding (q = 0 there) is never accepted
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Accept draft i with probability min(1, p(x)/q(x)); at the first rejection sample from
     norm(max(p - q, 0)); if all k are accepted sample the bonus from p at position k.
@@ -51,7 +63,7 @@ def verify_sampling(
     p_x = target_probs[:, :k].gather(2, draft_tokens[..., None]).squeeze(-1)  # [B, k]
     q_x = draft_probs.gather(2, draft_tokens[..., None]).squeeze(-1)
     u = torch.rand(B, k, generator=generator, device=draft_tokens.device)
-    ok = u * q_x < p_x  # u < p/q without dividing by q = 0
+    ok = (u * q_x < p_x) & _proposed(draft_tokens, lengths)  # u < p/q without dividing by q = 0
     accepted = ok.long().cumprod(dim=1).sum(dim=1)  # [B]
     # Residual at the first rejection; at position k (all accepted) q is zero, so the residual is p.
     q_pad = torch.cat([draft_probs, draft_probs.new_zeros(B, 1, draft_probs.shape[-1])], dim=1)  # [B, k+1, V]

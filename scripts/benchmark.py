@@ -8,7 +8,8 @@
 
 --tree drafts an EAGLE-2 dynamic tree (--tree-depth/--tree-topk/--tree-total-tokens) or, with --tree-paths
 FILE.json, a static tree from a list of rank paths. --temperature > 0 samples (lossless rejection sampling);
-the default is greedy. --predict also times draft and target steps and predicts the speed-up of chains of
+the default is greedy. --batch-size B decodes B questions' turns together (chains): tau per sequence, tokens/s over the batch.
+--predict also times draft and target steps and predicts the speed-up of chains of
 k = 1..8 from the measured acceptance (run it with --num-speculative-tokens 8 so every position is measured).
 Writes results.json, results.md and acceptance.png to --out; --benchmarks FILE also appends the table there.
 """
@@ -77,6 +78,11 @@ def main() -> int:
     p.add_argument("--predict", action="store_true", help="predict the chain speed-up for k = 1..8 from measured step times")
     p.add_argument("--allow-other-target", action="store_true",
                    help="run a head whose headstart.json names another target (warns instead of refusing)")
+    p.add_argument("--compile", action="store_true",
+                   help="the target's decode forward through torch.compile over a static KV cache (CUDA graphs on a "
+                        "GPU); --max-len then defaults to 1024, as every forward attends over all of it")
+    p.add_argument("--batch-size", type=int, default=1,
+                   help="decode this many questions' turns together (chains; tokens/s and speed-up over the batch)")
     p.add_argument("--out", required=True)
     p.add_argument("--benchmarks", default=None, help="append the table to this markdown file")
     args = p.parse_args()
@@ -86,6 +92,13 @@ def main() -> int:
         p.error(f"{args.method} is benchmarked greedy and without --predict (transformers' loop is one call)")
     if args.verify_greedy and args.temperature > 0:
         p.error("--verify-greedy checks greedy output; it needs --temperature 0")
+    if args.batch_size < 1:
+        p.error("--batch-size must be >= 1")
+    if args.compile and (args.batch_size > 1 or args.method in HF_METHODS):
+        p.error("--compile runs headstart's batch-size-1 loop (the batched runner and transformers' loops are eager)")
+    if args.batch_size > 1 and (args.tree or args.tree_paths or args.method in HF_METHODS or args.predict):
+        p.error("--batch-size > 1 decodes headstart's chains: drop --tree/--tree-paths/--predict, or use a headstart "
+                "method (transformers' loops are benchmarked at batch size 1)")
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = args.dtype or ("bfloat16" if device == "cuda" else "float32")
@@ -95,10 +108,10 @@ def main() -> int:
     if args.per_category:
         questions = first_per_category(questions, args.per_category)
     eos = {t for t in [tokenizer.eos_token_id, target.model.generation_config.eos_token_id] if isinstance(t, int)}
-    max_len = args.max_len or target.context_length
+    max_len = args.max_len or (min(1024, target.context_length) if args.compile else target.context_length)
     vocab_size = target.lm_head.weight.shape[0]
     reads_aux = args.method in HEADS and HEADS[args.method].cls.needs.aux_hidden_states
-    runner = TargetRunner(target, max_len=max_len, with_aux=reads_aux)
+    runner = TargetRunner(target, max_len=max_len, with_aux=reads_aux, compile=args.compile)
     if args.method in HEADS:
         if not args.draft:
             p.error(f"--method {args.method} needs --draft (the head's directory)")
@@ -126,13 +139,18 @@ def main() -> int:
     sampling = Sampling(args.temperature, args.top_k, args.top_p) if args.temperature > 0 else None
     report = run_benchmark(runner, make, tokenizer, questions, args.num_speculative_tokens, args.max_new_tokens, eos,
                            verify_greedy=args.verify_greedy, hf_reference=not args.no_hf_reference, tree=tree,
-                           sampling=sampling, seed=args.seed, own_loop=own_loop)
+                           sampling=sampling, seed=args.seed, own_loop=own_loop, batch_size=args.batch_size,
+                           progress=lambda line: print(line, flush=True))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     shape = (f"chain k={args.num_speculative_tokens}" if tree is None else
              f"static tree of {len(tree.paths)} paths" if isinstance(tree, StaticTree) else
              f"dynamic tree depth {tree.depth} top-k {tree.topk} {tree.total_tokens} tokens")
     mode = "greedy" if sampling is None else f"sampling T={args.temperature} top-p {args.top_p} top-k {args.top_k}"
+    if args.batch_size > 1:
+        mode += f", batch {args.batch_size}"
+    if args.compile:
+        mode += ", compiled target"
     table = markdown_table(report["results"], report["by_prompt_length"])
     split = split_table(report["results"])
     if split:

@@ -183,14 +183,15 @@ def test_bench_regenerate_runs_every_backend_on_the_demo_target(tmp_path):
 
 
 def test_compare_methods_tabulates_two_benchmark_runs(tmp_path):
-    """Two tiny scripts/benchmark.py runs (n-gram on the demo target, chains of 2 and 3), then one table of both."""
+    """Two tiny scripts/benchmark.py runs (n-gram on the demo target, chains of 2 and 3; the second decodes its two
+    questions as one batch), then one table of both."""
     runs = []
-    for k in (2, 3):
+    for k, batch in ((2, 1), (3, 2)):
         out = tmp_path / f"ngram-k{k}"
         bench = subprocess.run([sys.executable, str(REPO / "scripts" / "benchmark.py"), "--target", str(DEMO_TARGET),
                                 "--method", "ngram", "--questions", str(REPO / "configs/demo/eval/mt_bench.jsonl"),
-                                "--limit", "1", "--max-new-tokens", "8", "--no-hf-reference",
-                                "--num-speculative-tokens", str(k), "--out", str(out)],
+                                "--limit", "2", "--max-new-tokens", "8", "--no-hf-reference", "--verify-greedy",
+                                "--batch-size", str(batch), "--num-speculative-tokens", str(k), "--out", str(out)],
                                cwd=tmp_path, env=OFFLINE, capture_output=True, text=True, timeout=600)
         assert bench.returncode == 0, bench.stderr[-3000:]
         runs.append(out)
@@ -201,13 +202,15 @@ def test_compare_methods_tabulates_two_benchmark_runs(tmp_path):
     body = section(tmp_path / "B.md", "Tiny comparison")
     assert "max 8 new tokens" in body and f"target `{DEMO_TARGET}`" in body
     assert body.rstrip().endswith("A note under the table.")
-    header = ("| method | draft | shape | mode | tau | acceptance by position | spec tok/s | plain tok/s | speed-up | "
-              "round ms: draft / update / verify / other | predicted speed-up | measured / predicted |")
+    header = ("| method | draft | shape | mode | batch | tau | acceptance by position | spec tok/s | plain tok/s | "
+              "speed-up | round ms: draft / update / verify / other | predicted speed-up | measured / predicted |")
     rows = table_rows(body, header)
-    assert [r[:4] for r in rows] == [["ngram", "`-`", "chain k=2", "greedy"], ["ngram", "`-`", "chain k=3", "greedy"]]
+    assert [r[:5] for r in rows] == [["ngram", "`-`", "chain k=2", "greedy", "1"],
+                                     ["ngram", "`-`", "chain k=3", "greedy", "2"]]
     for row, k, out in zip(rows, (2, 3), runs):
         overall = json.loads((out / "results.json").read_text())["results"]["overall"]
-        _, _, _, _, tau, acceptance, spec, plain, speedup, split, predicted, ratio = row
+        assert overall["generated_tokens"] == 4 * 8  # two questions of two turns, 8 tokens each, batched or not
+        _, _, _, _, _, tau, acceptance, spec, plain, speedup, split, predicted, ratio = row
         assert 1.0 <= float(tau) <= k + 1 and tau == f"{overall['tau']:.2f}"
         assert len(acceptance.split()) == k and all(0.0 <= float(a) <= 1.0 for a in acceptance.split())
         assert float(spec) > 0 and float(plain) > 0 and speedup.endswith("x") and float(speedup[:-1]) > 0
