@@ -6,11 +6,13 @@ target forward of [B, 1 + longest draft], and commits row b's accepted prefix an
 length. A sequence that finishes leaves the batch. Greedy output and tau per sequence are those of decoding it
 alone (decode/generate.py); sampling output follows the warped target exactly, as there.
 
-The drafters run one sequence at a time (the ``Drafter`` interface is per sequence): the target's forward, the
-memory-bound part, is what batching shares; a drafter's steps scale with B.
+The drafter is a ``BatchDrafter``: a head's batched drafter where its registry entry has one (EAGLE-3: one draft
+forward per step for every row), else ``PerSequence`` over its one-sequence drafters, whose cost grows with B.
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import torch
 
@@ -48,11 +50,13 @@ def _prefill(runner: RaggedRunner, prompts: list[torch.Tensor], sampling: Sampli
     return _pick_rows(last, sampling, generator).tolist(), states
 
 
-def _drop_finished(runner: RaggedRunner, active: list[int], done: list[bool]) -> list[int]:
-    """The batch without its finished rows (the cache follows)."""
+def _drop_finished(runner: RaggedRunner, drafter, active: list[int], done: list[bool]) -> list[int]:
+    """The batch without its finished rows (the target's cache and the drafter, when given, follow)."""
     keep = [i for i, b in enumerate(active) if not done[b]]
     if len(keep) < len(active):
         runner.select(keep)
+        if drafter is not None:
+            drafter.select(keep)
     return [active[i] for i in keep]
 
 
@@ -70,7 +74,7 @@ def batch_plain_generate(runner: RaggedRunner, prompts: list[torch.Tensor], max_
         tokens, finished = _finish([token], eos_ids, max_new_tokens)
         outs.append(Generation(tokens))
         done.append(finished)
-    active = _drop_finished(runner, list(range(len(prompts))), done)
+    active = _drop_finished(runner, None, list(range(len(prompts))), done)
     steps = 0
     device = prompts[0].device
     while active:
@@ -82,14 +86,67 @@ def batch_plain_generate(runner: RaggedRunner, prompts: list[torch.Tensor], max_
         for b, token in zip(active, _pick_rows(logits[:, -1], sampling, generator).tolist()):
             outs[b].target_forwards += 1
             outs[b].tokens, done[b] = _finish(outs[b].tokens + [token], eos_ids, max_new_tokens)
-        active = _drop_finished(runner, active, done)
+        active = _drop_finished(runner, None, active, done)
     clock.lap("other")
     return outs, steps
 
 
+class BatchDrafter(Protocol):
+    """A drafter for a batch (its rows follow the loop's active rows): ``Eagle3BatchDrafter`` runs one draft
+    forward for every row; ``PerSequence`` adapts any one-sequence ``Drafter``. A drafter that samples also has
+    ``propose_sampled(budgets, sampling, generator) -> (drafts, q per row [k_b, V] or None)``."""
+
+    def begin(self, prompts: list[torch.Tensor], states: TargetOutput, next_tokens: list[int]) -> None:
+        """Prompts [1, T_b], the target's states over the right-padded prefill [B, T_max, ...], first tokens."""
+
+    def propose(self, budgets: list[int]) -> list[torch.Tensor]:
+        """Up to budgets[b] draft tokens for row b."""
+
+    def update(self, emitted: list[list[int]], states: TargetOutput) -> None:
+        """Row b's emitted tokens; the target's states [B, n_max, ...] of the positions that produced them."""
+
+    def select(self, rows: list[int]) -> None:
+        """Keep only these rows, in this order."""
+
+
+class PerSequence:
+    """A ``BatchDrafter`` of one-sequence drafters, each run on its own row (draft cost grows with the batch)."""
+
+    def __init__(self, drafters: list[Drafter]) -> None:
+        self.drafters = drafters
+
+    def begin(self, prompts: list[torch.Tensor], states: TargetOutput, next_tokens: list[int]) -> None:
+        for b, (d, p) in enumerate(zip(self.drafters, prompts)):
+            d.begin(p, _row(states, b, p.shape[1]), next_tokens[b])
+
+    def propose(self, budgets: list[int]) -> list[torch.Tensor]:
+        return [d.propose(k) for d, k in zip(self.drafters, budgets)]
+
+    def propose_sampled(self, budgets: list[int], sampling: Sampling, generator: torch.Generator | None = None):
+        drafts, qs = [], []
+        for d, k in zip(self.drafters, budgets):
+            tokens, q = d.propose_sampled(k, sampling, generator) if hasattr(d, "propose_sampled") else (d.propose(k), None)
+            drafts.append(tokens)
+            qs.append(q)
+        return drafts, qs
+
+    def update(self, emitted: list[list[int]], states: TargetOutput) -> None:
+        for b, (d, e) in enumerate(zip(self.drafters, emitted)):
+            d.update(e, _row(states, b, len(e)))
+
+    def select(self, rows: list[int]) -> None:
+        self.drafters = [self.drafters[r] for r in rows]
+
+
+def _rows(states: TargetOutput, rows: list[int]) -> TargetOutput:
+    index = torch.tensor(rows, dtype=torch.long, device=states.last_hidden_state.device)
+    aux = None if states.aux_hidden_states is None else states.aux_hidden_states[index]
+    return TargetOutput(aux_hidden_states=aux, last_hidden_state=states.last_hidden_state[index])
+
+
 def batch_speculative_generate(
     runner: RaggedRunner,
-    drafters: list[Drafter],
+    drafter: BatchDrafter,
     prompts: list[torch.Tensor],
     max_new_tokens: int,
     eos_ids: set[int],
@@ -98,9 +155,9 @@ def batch_speculative_generate(
     generator: torch.Generator | None = None,
     clock: RoundClock | None = None,
 ) -> tuple[list[Generation], int]:
-    """Speculative chains for B prompts ([1, T_b] each), one drafter per prompt. Greedy when ``sampling`` is None
-    (each output = that prompt's greedy decoding), else lossless rejection sampling. Returns each sequence's
-    generation and the number of batched rounds (target forwards after the prefill)."""
+    """Speculative chains for B prompts ([1, T_b] each), ``drafter`` holding one row per prompt. Greedy when
+    ``sampling`` is None (each output = that prompt's greedy decoding), else lossless rejection sampling. Returns each
+    sequence's generation and the number of batched rounds (target forwards after the prefill)."""
     clock = clock or UNTIMED
     clock.start()
     device = prompts[0].device
@@ -112,23 +169,18 @@ def batch_speculative_generate(
         outs.append(Generation(tokens))
         done.append(finished)
     clock.lap("other")
-    for b, prompt in enumerate(prompts):
-        if not done[b]:
-            drafters[b].begin(prompt, _row(states, b, prompt.shape[1]), first[b])
+    drafter.begin(prompts, states, first)
     clock.lap("update")
-    active = _drop_finished(runner, list(range(len(prompts))), done)
+    active = _drop_finished(runner, drafter, list(range(len(prompts))), done)
     rounds = 0
     while active:
-        drafts, qs = [], []
-        for b in active:
-            budget = min(k, max_new_tokens - len(outs[b].tokens) - 1)  # as alone: accepted + bonus fit the limit
-            if sampling is not None and hasattr(drafters[b], "propose_sampled"):
-                d, q = drafters[b].propose_sampled(budget, sampling, generator)
-            else:
-                d, q = drafters[b].propose(budget), None
-            drafts.append(d.to(device))
-            qs.append(q)
+        budgets = [min(k, max_new_tokens - len(outs[b].tokens) - 1) for b in active]  # as alone: the drafts fit
+        if sampling is not None and hasattr(drafter, "propose_sampled"):
+            drafts, qs = drafter.propose_sampled(budgets, sampling, generator)
+        else:
+            drafts, qs = drafter.propose(budgets), [None] * len(active)
         clock.lap("draft")
+        drafts = [d.to(device) for d in drafts]
         width = max(d.numel() for d in drafts)
         lengths = torch.tensor([d.numel() for d in drafts], device=device)
         padded = torch.zeros(len(active), width, dtype=torch.long, device=device)
@@ -160,10 +212,10 @@ def batch_speculative_generate(
             out.tokens, done[b] = _finish(out.tokens + emitted, eos_ids, max_new_tokens)
             emitted_by_row.append(emitted)
         clock.lap("other")
-        for i, (b, emitted) in enumerate(zip(active, emitted_by_row)):
-            if not done[b]:
-                drafters[b].update(emitted, _row(states, i, len(emitted)))
+        kept = [i for i, b in enumerate(active) if not done[b]]
+        active = _drop_finished(runner, drafter, active, done)
+        if active:  # the drafter reads what its surviving rows emitted
+            drafter.update([emitted_by_row[i] for i in kept], states if len(kept) == len(packed) else _rows(states, kept))
         clock.lap("update")
-        active = _drop_finished(runner, active, done)
     clock.lap("other")
     return outs, rounds

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from headstart.decode.batch_generate import batch_plain_generate, batch_speculative_generate
+from headstart.decode.batch_generate import BatchDrafter, PerSequence, batch_plain_generate, batch_speculative_generate
 from headstart.decode.clock import PARTS, RoundClock
 from headstart.decode.generate import Drafter, Generation, Sampling, plain_generate, speculative_generate
 from headstart.decode.target_runner import RaggedRunner, TargetRunner
@@ -164,12 +164,13 @@ def run_benchmark(
     seed: int = 0,
     own_loop: Callable[..., Generation] | None = None,
     batch_size: int = 1,
+    make_batch_drafter: Callable[[int], BatchDrafter] | None = None,
 ) -> dict:
     """Speculative and plain decoding of every turn; with ``sampling`` both sample (same seed per
     turn), so ``verify_greedy`` (token equality) only applies to greedy runs. ``own_loop`` (prompt, max new
     tokens, eos ids, sampling, generator, clock) -> Generation replaces headstart's loop and drafter (transformers'
     own speculative decoding: decode/hf_peers.py). ``batch_size`` > 1 decodes that many questions' turns together
-    (``_run_batched``)."""
+    (``_run_batched``) with ``make_batch_drafter(B)``, or one ``make_drafter()`` per sequence."""
     if verify_greedy and sampling is not None:
         raise ValueError("--verify-greedy compares with greedy decoding; it cannot be combined with sampling")
     device = next(runner.target.model.parameters()).device
@@ -181,7 +182,8 @@ def run_benchmark(
     if batch_size > 1:
         if tree is not None or own_loop is not None:
             raise ValueError("a batch decodes headstart's chains; trees and transformers' loops run at batch size 1")
-        _run_batched(RaggedRunner(runner.target, runner.max_len, runner.with_aux), make_drafter, tokenizer, questions, k,
+        make_batch = make_batch_drafter or (lambda b: PerSequence([make_drafter() for _ in range(b)]))
+        _run_batched(RaggedRunner(runner.target, runner.max_len, runner.with_aux), make_batch, tokenizer, questions, k,
                      max_new_tokens, eos_ids, batch_size, sampling, seed, generator, progress, tallies, by_length,
                      mismatches if verify_greedy else None)
         return _report(tallies, by_length, mismatches)
@@ -245,7 +247,7 @@ def _report(tallies: dict[str, Tally], by_length: dict[str, Tally], mismatches: 
             "results": result, "by_prompt_length": lengths, "mismatches": mismatches}
 
 
-def _run_batched(runner: RaggedRunner, make_drafter: Callable[[], Drafter], tokenizer: PreTrainedTokenizerBase,
+def _run_batched(runner: RaggedRunner, make_drafter: Callable[[int], BatchDrafter], tokenizer: PreTrainedTokenizerBase,
                  questions: list[dict], k: int, max_new_tokens: int, eos_ids: set[int], batch_size: int,
                  sampling: Sampling | None, seed: int, generator: torch.Generator, progress: Callable[[str], None],
                  tallies: dict[str, Tally], by_length: dict[str, Tally], mismatches: list[str] | None) -> None:
@@ -256,7 +258,7 @@ def _run_batched(runner: RaggedRunner, make_drafter: Callable[[], Drafter], toke
     depth = k
     if questions:  # untimed warm-up at the full batch size (see run_benchmark)
         warm = [prompt_ids(tokenizer, [{"role": "user", "content": questions[0]["turns"][0]}]).to(device)] * batch_size
-        batch_speculative_generate(runner, [make_drafter() for _ in warm], warm, 8, eos_ids, k, sampling, generator)
+        batch_speculative_generate(runner, make_drafter(len(warm)), warm, 8, eos_ids, k, sampling, generator)
         batch_plain_generate(runner, warm, 8, eos_ids, sampling, generator)
         _sync(device)
     overall = tallies["overall"]
@@ -272,7 +274,7 @@ def _run_batched(runner: RaggedRunner, make_drafter: Callable[[], Drafter], toke
             _sync(device)
             t0 = time.perf_counter()
             generator.manual_seed(seed)
-            specs, rounds = batch_speculative_generate(runner, [make_drafter() for _ in rows], prompts, max_new_tokens,
+            specs, rounds = batch_speculative_generate(runner, make_drafter(len(rows)), prompts, max_new_tokens,
                                                        eos_ids, k, sampling, generator, spec_clock)
             _sync(device)
             t1 = time.perf_counter()

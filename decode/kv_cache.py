@@ -81,20 +81,38 @@ class PositionalKVCache(Cache):
         self.length += slots.numel()
 
 
+def grown(buffer: torch.Tensor, needed: int, limit: int) -> torch.Tensor:
+    """``buffer`` [B, heads, slots, head_dim] with room for ``needed`` slots: doubled (up to ``limit``), contents kept.
+    A batch's caches grow on demand rather than holding ``max_len`` slots: dropping a finished row copies them."""
+    slots = min(limit, max(needed, 2 * buffer.shape[2]))
+    out = buffer.new_zeros(*buffer.shape[:2], slots, buffer.shape[3])
+    out[:, :, : buffer.shape[2]] = buffer
+    return out
+
+
 class RaggedKVLayer(PositionalKVLayer):
     """One layer of a ``RaggedKVCache``: row b's n new tokens go to its own slots [starts[b], starts[b] + n)."""
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        B, heads, n, _ = key_states.shape
+        slots = min(self.max_len, max(256, self.start + n))
+        self.keys = key_states.new_zeros(B, heads, slots, key_states.shape[-1])
+        self.values = value_states.new_zeros(B, heads, slots, value_states.shape[-1])
+        self.is_initialized = True
 
     def __init__(self, max_len: int) -> None:
         super().__init__(max_len)
         self.starts: torch.Tensor | None = None  # [B] on the cache's device (set by the cache)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
         B, n = key_states.shape[0], key_states.shape[-2]
         end = self.start + n  # self.start: the longest row's length, so [:end] holds every row's keys
         if end > self.max_len:
             raise ValueError(f"KV cache overflow: {end} tokens > max_len {self.max_len}")
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        if end > self.keys.shape[2]:
+            self.keys, self.values = grown(self.keys, end, self.max_len), grown(self.values, end, self.max_len)
         slots = self.starts[:, None] + torch.arange(n, device=self.starts.device)  # [B, n]
         rows = torch.arange(B, device=slots.device)[:, None]
         # keys[rows, :, slots] is [B, n, heads, head_dim]: the advanced indices come first.

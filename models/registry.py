@@ -17,6 +17,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from headstart.decode.batch_generate import PerSequence
+from headstart.decode.eagle3_batch_drafter import Eagle3BatchDrafter
 from headstart.decode.eagle3_drafter import Eagle3Drafter
 from headstart.decode.medusa_drafter import MedusaDrafter
 from headstart.decode.mtp_drafter import MTPDrafter
@@ -54,11 +56,15 @@ class HeadSpec:
     """``check_head``'s rules: (directory, layout, target config) -> problems; None: the reader's refusals."""
     convert: Callable[..., Path] | None = None
     """(source, out, to layout, verifier, force) -> out: rewrite an export in another of its layouts."""
+    batch_drafter: Callable[[nn.Module, int, int], Any] | None = None
+    """(finished head, cache length, batch size) -> a ``BatchDrafter`` running one draft forward for every row
+    (decode/batch_generate.py); None: the batch runs one ``drafter`` per sequence."""
 
 
 HEADS: dict[str, HeadSpec] = {
     "eagle3": HeadSpec(
         title="EAGLE-3 head", cls=Eagle3Draft, options=Eagle3Options, build=build_eagle3, drafter=Eagle3Drafter,
+        batch_drafter=Eagle3BatchDrafter,
         detect=detect_eagle3, check=check_eagle3, convert=convert_eagle3, unit="TTT step k",
         cards={"flat": "Flat EAGLE-3 server layout (config.json + model.safetensors with d2t/t2d; no embed_tokens: the "
                        "target's are used).",
@@ -132,6 +138,14 @@ def build_head(config: DraftConfig, target, token_counts: torch.Tensor) -> Draft
 def drafter_for(head: nn.Module, max_len: int):
     """The decoder's drafter for a finished ``head``, its caches holding ``max_len`` positions."""
     return spec_of(head).drafter(head, max_len)
+
+
+def batch_drafter_for(head: nn.Module, max_len: int, batch: int):
+    """The decoder's ``BatchDrafter`` for ``batch`` sequences: the head's batched drafter, or one drafter per row."""
+    spec = spec_of(head)
+    if spec.batch_drafter is not None:
+        return spec.batch_drafter(head, max_len, batch)
+    return PerSequence([spec.drafter(head, max_len) for _ in range(batch)])
 
 
 def load_head(name: str, directory: str, target, allow_other_target: bool = False) -> DraftHead:

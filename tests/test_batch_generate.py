@@ -7,8 +7,9 @@ import torch
 from test_sampling_loop import SAMPLING, V, chi2_vs, exact_joint, medusa_heads, PROMPT
 from tiny_models import random_eagle3_head, tiny_causal_lm
 
-from headstart.decode.batch_generate import batch_plain_generate, batch_speculative_generate
+from headstart.decode.batch_generate import PerSequence, batch_plain_generate, batch_speculative_generate
 from headstart.decode.draft_model import DraftModelDrafter
+from headstart.decode.eagle3_batch_drafter import Eagle3BatchDrafter
 from headstart.decode.eagle3_drafter import Eagle3Drafter
 from headstart.decode.generate import plain_generate, speculative_generate
 from headstart.decode.medusa_drafter import MedusaDrafter
@@ -80,6 +81,7 @@ def test_plain_batch_equals_each_prompt_alone_and_drops_finished_rows(world):
 
 
 def drafter_makers(world):
+    """method -> (one-sequence drafter maker, batch drafter maker taking the batch size)."""
     model, target, _, _ = world
     torch.manual_seed(0)
     eagle3 = random_eagle3_head(target).double()
@@ -87,20 +89,23 @@ def drafter_makers(world):
     heads = medusa_heads(model).double()
     small = tiny_causal_lm("llama", num_hidden_layers=1).double()
     vocab = model.config.vocab_size
-    return {"eagle3": lambda: Eagle3Drafter(eagle3, MAX_LEN), "mtp": lambda: MTPDrafter(mtp, MAX_LEN),
-            "medusa": lambda: MedusaDrafter(heads), "ngram": NgramDrafter,
-            "draft-model": lambda: DraftModelDrafter(small, MAX_LEN, vocab)}
+    single = {"eagle3": lambda: Eagle3Drafter(eagle3, MAX_LEN), "mtp": lambda: MTPDrafter(mtp, MAX_LEN),
+              "medusa": lambda: MedusaDrafter(heads), "ngram": NgramDrafter,
+              "draft-model": lambda: DraftModelDrafter(small, MAX_LEN, vocab)}
+    makers = {m: (make, lambda b, make=make: PerSequence([make() for _ in range(b)])) for m, make in single.items()}
+    makers["eagle3-batched"] = (single["eagle3"], lambda b: Eagle3BatchDrafter(eagle3, MAX_LEN, b))
+    return makers
 
 
-@pytest.mark.parametrize("method", ["eagle3", "mtp", "medusa", "ngram", "draft-model"])
+@pytest.mark.parametrize("method", ["eagle3", "eagle3-batched", "mtp", "medusa", "ngram", "draft-model"])
 @pytest.mark.parametrize("k,max_new", [(3, 30), (5, 7)])
 def test_greedy_batch_equals_each_prompt_alone_tau_included(world, method, k, max_new):
     """Tokens, target forwards and accepted drafts of every round, per sequence, equal decoding it alone."""
     _, _, alone, ragged = world
-    make = drafter_makers(world)[method]
+    make, make_batch = drafter_makers(world)[method]
     ps = prompts()
     expected = [speculative_generate(alone, make(), p, max_new, set(), k) for p in ps]
-    outs, rounds = batch_speculative_generate(ragged, [make() for _ in ps], ps, max_new, set(), k)
+    outs, rounds = batch_speculative_generate(ragged, make_batch(len(ps)), ps, max_new, set(), k)
     for got, want in zip(outs, expected):
         assert got.tokens == want.tokens
         assert (got.target_forwards, got.accepted, got.proposed) == (want.target_forwards, want.accepted, want.proposed)
@@ -112,12 +117,12 @@ def test_greedy_batch_equals_each_prompt_alone_tau_included(world, method, k, ma
 
 def test_greedy_batch_with_eos_stops_each_row_where_alone(world):
     _, _, alone, ragged = world
-    make = drafter_makers(world)["ngram"]
+    make, make_batch = drafter_makers(world)["ngram"]
     ps = prompts()
     plain = [plain_generate(alone, p, 30, set()).tokens for p in ps]
     eos = {plain[0][4], plain[3][9]}
     expected = [speculative_generate(alone, make(), p, 30, eos, 4).tokens for p in ps]
-    outs, _ = batch_speculative_generate(ragged, [make() for _ in ps], ps, 30, eos, 4)
+    outs, _ = batch_speculative_generate(ragged, make_batch(len(ps)), ps, 30, eos, 4)
     assert [o.tokens for o in outs] == expected
     assert len(expected[0]) <= 5 and len(expected[3]) <= 10
 
@@ -130,7 +135,7 @@ def small_vocab():
     return model, RaggedRunner(Target(model), 32)
 
 
-@pytest.mark.parametrize("drafter", ["eagle3-sampled", "medusa"])
+@pytest.mark.parametrize("drafter", ["eagle3-sampled", "eagle3-batched", "medusa"])
 def test_batched_speculative_samples_follow_the_target(small_vocab, drafter):
     """Lossless in a batch: 2,000 sequences decoded 250 at a time; the joint of the 2nd and 3rd tokens matches the
     warped target's exact joint (chi-square at p = 0.001)."""
@@ -141,12 +146,52 @@ def test_batched_speculative_samples_follow_the_target(small_vocab, drafter):
     for p in head.parameters():
         torch.nn.init.normal_(p, std=0.3)
     heads = medusa_heads(model)
-    make = {"eagle3-sampled": lambda: Eagle3Drafter(head, 32), "medusa": lambda: MedusaDrafter(heads)}[drafter]
+    make = {"eagle3-sampled": lambda: PerSequence([Eagle3Drafter(head, 32) for _ in range(250)]),
+            "eagle3-batched": lambda: Eagle3BatchDrafter(head, 32, 250),
+            "medusa": lambda: PerSequence([MedusaDrafter(heads) for _ in range(250)])}[drafter]
     g = torch.Generator().manual_seed(0)
     pairs = []
     for _ in range(8):
-        outs, _ = batch_speculative_generate(ragged, [make() for _ in range(250)], [PROMPT] * 250, 4, set(), 3,
-                                             sampling=SAMPLING, generator=g)
+        outs, _ = batch_speculative_generate(ragged, make(), [PROMPT] * 250, 4, set(), 3, sampling=SAMPLING, generator=g)
         pairs += [(o.tokens[1], o.tokens[2]) for o in outs]
     stat, critical = chi2_vs(pairs, exact_joint(model))
     assert stat < critical
+
+
+def test_the_demo_eagle3_head_batched_accepts_exactly_as_alone():
+    """A trained head (the demo EAGLE-3 head on the demo target, in float64) accepts drafts, so the batched drafter's
+    proposals -- not just the target's tokens -- are checked against the one-sequence drafter round by round."""
+    from pathlib import Path
+
+    from headstart.models.registry import load_head
+    from headstart.models.target import TargetConfig, load_tokenizer
+
+    repo = Path(__file__).resolve().parents[1]
+    target = Target.from_pretrained(TargetConfig(path=str(repo / "configs/demo/target"), dtype="float32", device="cpu"))
+    target.model.double()
+    head = load_head("eagle3", str(repo / "configs/demo/eagle3-head"), target).double()
+    tokenizer = load_tokenizer(str(repo / "configs/demo/target"))
+    texts = ["Write a haiku about the sea.", "What is 12 times 7? Explain step by step.", "Name three colours."]
+    ps = [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                        return_tensors="pt", return_dict=True)["input_ids"] for t in texts]
+    alone, ragged = TargetRunner(target, 256), RaggedRunner(target, 256)
+    expected = [speculative_generate(alone, Eagle3Drafter(head, 256), p, 40, set(), 4) for p in ps]
+    outs, _ = batch_speculative_generate(ragged, Eagle3BatchDrafter(head, 256, len(ps)), ps, 40, set(), 4)
+    for got, want in zip(outs, expected):
+        assert got.tokens == want.tokens and got.accepted == want.accepted and got.proposed == want.proposed
+    assert sum(sum(w.accepted) for w in expected) > 20  # the case under test: most rounds accept drafts
+
+
+def test_batch_caches_grow_past_their_first_allocation(world):
+    """The batch's target cache and EAGLE-3's batched draft cache start at 256 slots and grow on demand: decoding
+    across that boundary equals decoding alone."""
+    _, target, _, _ = world
+    g = torch.Generator().manual_seed(5)
+    ps = [torch.randint(3, 128, (1, n), generator=g) for n in (236, 250)]
+    alone, ragged = TargetRunner(target, 400), RaggedRunner(target, 400)
+    head = random_eagle3_head(target).double()
+    expected = [speculative_generate(alone, Eagle3Drafter(head, 400), p, 30, set(), 3).tokens for p in ps]
+    drafter = Eagle3BatchDrafter(head, 400, len(ps))
+    outs, _ = batch_speculative_generate(ragged, drafter, ps, 30, set(), 3)
+    assert [o.tokens for o in outs] == expected
+    assert drafter.keys.shape[2] > 256 and ragged.cache.layers[0].keys.shape[2] > 256  # both grew

@@ -1,0 +1,135 @@
+"""EAGLE-3 drafting for a batch of sequences of different lengths: one draft forward per step for every row.
+
+The same steps as the one-sequence drafter (decode/eagle3_drafter.py) -- a committed pair (f_j, x_{j+1}) per
+position in the draft's own KV cache, draft step i >= 1 at rotary position t + i attending to the committed keys
+and its own earlier steps -- with each row's committed length its own, as in the target's ``RaggedKVCache``: row
+b writes at its own slots, its padding (a shorter prompt, fewer accepted tokens) attends only to itself and is
+never attended to, and its speculative slots past its length are overwritten by its next commit.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from headstart.decode.kv_cache import grown
+from headstart.models.eagle3 import Eagle3Draft
+from headstart.models.target import TargetOutput
+
+
+class Eagle3BatchDrafter:
+    def __init__(self, head: Eagle3Draft, max_len: int, batch: int) -> None:
+        self.head = head.eval()
+        c = head.config
+        self.max_len = max_len
+        device, dtype = head.fc.weight.device, head.fc.weight.dtype
+        # Grown on demand (``grown``), not max_len slots: dropping a finished row copies them.
+        self.keys = torch.zeros(batch, c.num_attention_heads, min(256, max_len), c.head_dim, device=device, dtype=dtype)
+        self.values = torch.zeros_like(self.keys)
+        self.lengths = [0] * batch  # committed draft positions per row
+        self.last_hidden: torch.Tensor | None = None  # [B, 1, H] output at each row's last committed position
+        self.last_logits: torch.Tensor | None = None  # [B, V_d]
+
+    @torch.no_grad()
+    def _step(self, hidden: torch.Tensor, tokens: torch.Tensor, starts: list[int], valid: list[int]) -> torch.Tensor:
+        """The draft layer on pairs (hidden [B, n, H], tokens [B, n]); row b's first valid[b] written at slots
+        starts[b]... and attending causally to everything before them. Returns the layer output [B, n, H]."""
+        B, n = tokens.shape
+        if max(starts) + n > self.max_len:
+            raise ValueError(f"draft KV cache overflow: {max(starts) + n} > max_len {self.max_len}")
+        if max(starts) + n > self.keys.shape[2]:
+            self.keys = grown(self.keys, max(starts) + n, self.max_len)
+            self.values = grown(self.values, max(starts) + n, self.max_len)
+        device = hidden.device
+        start = torch.tensor(starts, device=device)[:, None, None]  # [B, 1, 1]
+        end = start + torch.tensor(valid, device=device)[:, None, None]
+        slots = torch.arange(max(starts) + n, device=device)  # [S]
+        offsets = torch.arange(n, device=device)[:, None]  # [n, 1]
+        here = slots == start + offsets
+        allowed = (slots < start) | ((slots <= start + offsets) & (slots < end)) | here  # [B, n, S]
+        positions = start[:, :, 0] + offsets[:, 0]  # [B, n]: a row's slot is its position
+        rows = torch.arange(B, device=device)[:, None]
+
+        def cached(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            self.keys[rows, :, positions] = k.transpose(1, 2)  # [B, n, heads, head_dim]
+            self.values[rows, :, positions] = v.transpose(1, 2)
+            S = slots.numel()
+            return F.scaled_dot_product_attention(q, self.keys[:, :, :S], self.values[:, :, :S],
+                                                  attn_mask=allowed.unsqueeze(1))
+
+        return self.head.step(hidden, tokens, positions, cached)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.head.lm_head(self.head.norm(hidden))
+
+    def _commit(self, aux_hidden: torch.Tensor, tokens: torch.Tensor, counts: list[int]) -> None:
+        """Row b's next counts[b] pairs: aux [B, n, k*H], tokens [B, n] (padded past counts[b])."""
+        hidden = self.head.fc(aux_hidden.to(self.head.fc.weight.dtype))
+        out = self._step(hidden, tokens, self.lengths, counts)
+        self.lengths = [n + c for n, c in zip(self.lengths, counts)]
+        last = torch.tensor(counts, device=out.device) - 1
+        self.last_hidden = out[torch.arange(out.shape[0], device=out.device), last].unsqueeze(1)
+        self.last_logits = self._logits(self.last_hidden)[:, -1]
+
+    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.head.d2t[draft_ids]
+
+    def begin(self, prompts: list[torch.Tensor], states: TargetOutput, next_tokens: list[int]) -> None:
+        """Prompts [1, T_b] each, the target's states over the right-padded batch [B, T_max, ...], first tokens."""
+        counts = [p.shape[1] for p in prompts]
+        tokens = prompts[0].new_zeros(len(prompts), max(counts))
+        for b, (p, nxt) in enumerate(zip(prompts, next_tokens)):
+            tokens[b, : counts[b] - 1] = p[0, 1:]
+            tokens[b, counts[b] - 1] = nxt
+        self.lengths = [0] * len(prompts)
+        self._commit(states.aux_hidden_states[:, : max(counts)], tokens, counts)
+
+    def _draft(self, steps: int, pick) -> torch.Tensor:
+        """``steps`` draft steps for every row; ``pick(logits [B, V_d]) -> draft ids [B]``. Returns target ids [B, steps]."""
+        tokens: list[torch.Tensor] = []
+        hidden, logits = self.last_hidden, self.last_logits
+        for i in range(steps):
+            if i > 0:  # speculative slots after each row's committed ones
+                hidden = self._step(hidden, tokens[-1][:, None], [n - 1 + i for n in self.lengths], [1] * len(self.lengths))
+                logits = self._logits(hidden)[:, -1]
+            tokens.append(self.to_target(pick(logits)))
+        if not tokens:
+            return torch.empty(len(self.lengths), 0, dtype=torch.long, device=self.keys.device)
+        return torch.stack(tokens, dim=1)
+
+    @torch.no_grad()
+    def propose(self, budgets: list[int]) -> list[torch.Tensor]:
+        drafts = self._draft(max(budgets), lambda logits: logits.argmax(-1))
+        return [drafts[b, :k] for b, k in enumerate(budgets)]
+
+    @torch.no_grad()
+    def propose_sampled(self, budgets: list[int], sampling, generator: torch.Generator | None = None):
+        """Drafts sampled from the warped draft distribution: per row (tokens [k_b], q [k_b, V]), q over the target
+        vocab (zero outside the draft vocab)."""
+        q_steps: list[torch.Tensor] = []
+
+        def pick(logits: torch.Tensor) -> torch.Tensor:
+            q_steps.append(sampling.probs(logits))  # [B, V_d]
+            return torch.multinomial(q_steps[-1], 1, generator=generator).squeeze(1)
+
+        drafts = self._draft(max(budgets), pick)
+        B, steps = drafts.shape
+        q = torch.zeros(B, steps, self.head.config.vocab_size, device=self.keys.device)
+        if q_steps:
+            q[:, :, self.head.target_vocab_ids()] = torch.stack(q_steps, dim=1)
+        return [drafts[b, :k] for b, k in enumerate(budgets)], [q[b, :k] for b, k in enumerate(budgets)]
+
+    def update(self, emitted: list[list[int]], states: TargetOutput) -> None:
+        """Row b's emitted tokens and the target's states [B, n_max, ...] of the positions that produced them."""
+        counts = [len(e) for e in emitted]
+        tokens = torch.zeros(len(emitted), max(counts), dtype=torch.long, device=self.keys.device)
+        for b, e in enumerate(emitted):
+            tokens[b, : len(e)] = torch.tensor(e, device=self.keys.device)
+        self._commit(states.aux_hidden_states[:, : max(counts)], tokens, counts)
+
+    def select(self, rows: list[int]) -> None:
+        """Keep only these rows, in this order (finished sequences leave the batch)."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.keys.device)
+        self.keys, self.values = self.keys[index], self.values[index]
+        self.last_hidden, self.last_logits = self.last_hidden[index], self.last_logits[index]
+        self.lengths = [self.lengths[r] for r in rows]
