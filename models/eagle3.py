@@ -53,6 +53,9 @@ class Eagle3Options:
     """Training-time-test unroll length."""
     step_weight: float = 0.8
     """Loss weight of TTT step k is step_weight**k."""
+    feature_noise: float = 0.0
+    """Std of Gaussian noise added to the target's aux hidden states (the draft's input features) while training:
+    the draft then learns to draft from features like its own imperfect ones (speculators trains with 0.05)."""
 
 
 @dataclass(frozen=True)
@@ -289,6 +292,8 @@ class Eagle3Draft(nn.Module):
         self.config = config
         self.ttt_steps = ttt_steps
         self.chunk_tokens = 1024  # trained positions per [chunk, V_d] logits block of the loss
+        self.divergence = "kl"  # DraftConfig.loss (models/vocab_loss.py divergence_sum)
+        self.feature_noise = 0.0  # Eagle3Options.feature_noise
         self.step_weight = step_weight
         n_aux = len(config.aux_layer_ids)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
@@ -344,7 +349,10 @@ class Eagle3Draft(nn.Module):
         outputs elsewhere are zeros): a later step at t reads only step 0's keys and its own position's earlier
         steps, so those positions come out exactly as in the full unroll, at the cost of the trained share of the
         sequence. Step 0 always runs everywhere: its keys are every later query's context."""
-        hidden = self.fc(f.aux_hidden_states.to(self.fc.weight.dtype))  # [B, T, H]
+        aux = f.aux_hidden_states.to(self.fc.weight.dtype)
+        if self.training and self.feature_noise > 0:
+            aux = aux + torch.randn_like(aux) * self.feature_noise
+        hidden = self.fc(aux)  # [B, T, H]
         base_pos, documents = f.positions(), f.documents()  # a packed batch: each document from position 0
         keys, values = [], []
         block = self.midlayer.self_attn.block
@@ -412,7 +420,8 @@ class Eagle3Draft(nn.Module):
             # float32 tensor is kept per step (target restricted to the draft vocab, renormalised).
             step_sum, correct, _, accept = chunked_vocab_loss(
                 VocabProjection(self.norm, self.lm_head.weight), hidden[b, t], lambda rows: target_rows[rows], b * T + t + 1 + k, torch.zeros_like(b),
-                soft=True, chunk_tokens=self.chunk_tokens, recompute=len(b) * V_d > RECOMPUTE_ABOVE)
+                soft=True, chunk_tokens=self.chunk_tokens, recompute=len(b) * V_d > RECOMPUTE_ABOVE,
+                divergence=self.divergence)
             total = total + (self.step_weight**k) * step_sum / denominator
             tally.add(valid_k, b, t, step_sum, correct, accept=accept)
         return total, tally.metrics(valid)
@@ -498,6 +507,8 @@ def build_eagle3(draft: DraftConfig, target, token_counts: torch.Tensor) -> Eagl
                          f"to capture {list(target.aux_layer_ids)}; set target.aux_layer_ids to match")
     head = Eagle3Draft(config, ttt_steps=options.ttt_steps, step_weight=options.step_weight)
     head.chunk_tokens = draft.loss_chunk_tokens
+    head.divergence = draft.loss
+    head.feature_noise = options.feature_noise
     head.set_draft_vocab(*build_draft_vocab(token_counts, config.draft_vocab_size))
     head.load_target_embeddings(target.embed_tokens.weight)
     return head

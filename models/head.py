@@ -33,8 +33,20 @@ class DraftConfig:
     loss_chunk_tokens: int = 1024
     """Positions per [chunk, V] float32 logits block of the loss (every head: EAGLE-3 over V_d, Medusa and MTP over
     the full vocab); lower it to save memory."""
+    loss: str = "kl"
+    """What each position's draft distribution q is trained against the target's p with (``DIVERGENCES``): ``kl``
+    forward KL (cross-entropy to p), ``rkl`` reverse KL, ``jsd`` Jensen-Shannon, ``tv`` total variation, ``lk``
+    the LK loss -log(sum_v min(p, q)), the negative log of the acceptance rate itself (arXiv 2602.23881)."""
     options: Any = None
     """The head's own fields (e.g. ``Eagle3Options``); None: that dataclass's defaults."""
+
+    def __post_init__(self) -> None:
+        if self.loss not in DIVERGENCES:
+            raise ValueError(f"draft.loss={self.loss!r} is not one of {', '.join(DIVERGENCES)}")
+
+
+DIVERGENCES = ("kl", "rkl", "jsd", "tv", "lk")
+"""The values of a recipe's ``draft.loss`` (models/vocab_loss.py ``divergence_sum``)."""
 
 
 @dataclass(frozen=True)

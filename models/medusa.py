@@ -153,8 +153,9 @@ class MedusaHeads(nn.Module):
     layouts = ("vllm",)  # docs/FORMATS.md section C
 
     def __init__(self, config: MedusaConfig, step_weight: float = 0.8, labels: str = "target",
-                 chunk_tokens: int = 1024) -> None:
+                 chunk_tokens: int = 1024, divergence: str = "kl") -> None:
         super().__init__()
+        self.divergence = divergence  # DraftConfig.loss (models/vocab_loss.py divergence_sum)
         if labels not in ("target", "data"):
             raise ValueError(f"Medusa labels must be 'target' (self-distillation) or 'data', got {labels!r}")
         self.config, self.step_weight, self.labels, self.chunk_tokens = config, step_weight, labels, chunk_tokens
@@ -220,7 +221,7 @@ class MedusaHeads(nn.Module):
         steps = ((VocabProjection(lambda z, k=k: self.blocks[k](z.to(self.lm_heads[k].weight.dtype)), self.lm_heads[k].weight),
                   f.last_hidden_state) for k in range(self.config.num_heads))
         return multi_step_loss(steps, f, self.teacher, self.labels == "target", self.step_weight, self.chunk_tokens,
-                               vocab_ids=self.token_map)
+                               vocab_ids=self.token_map, divergence=self.divergence)
 
     # -- checkpoint -----------------------------------------------------------------------------
     def export_state_dict(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
@@ -279,8 +280,11 @@ def build_medusa(draft: DraftConfig, target, token_counts: torch.Tensor) -> Medu
         config = MedusaConfig.from_target(target.config, options.num_heads, options.num_layers,
                                           options.truncated_vocab_size)
     config.check_target(target.config)
+    if draft.loss != "kl" and options.labels != "target":
+        raise ValueError(f"draft.loss={draft.loss!r} compares the heads with the target's distribution; it needs "
+                         "draft.labels=target, not data")
     head = MedusaHeads(config, step_weight=options.step_weight, labels=options.labels,
-                       chunk_tokens=draft.loss_chunk_tokens)
+                       chunk_tokens=draft.loss_chunk_tokens, divergence=draft.loss)
     if config.truncated:  # the most frequent trained tokens, ascending (EAGLE-3's draft vocab rule)
         _, t2d = build_draft_vocab(token_counts, config.draft_vocab_size)
         head.set_token_map(t2d.nonzero().squeeze(1))

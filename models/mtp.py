@@ -124,8 +124,9 @@ class MTPHead(nn.Module):
     needs = FeatureNeeds(last_hidden_state=True)
 
     def __init__(self, config: MTPConfig, target_config, layer_cls: type, norm_cls: type, rotary_cls: type,
-                 unroll: int = 3, step_weight: float = 0.8, chunk_tokens: int = 1024) -> None:
+                 unroll: int = 3, step_weight: float = 0.8, chunk_tokens: int = 1024, divergence: str = "kl") -> None:
         super().__init__()
+        self.divergence = divergence  # DraftConfig.loss (models/vocab_loss.py divergence_sum)
         if unroll < 1:
             raise ValueError(f"MTP unroll (draft.ttt_steps) must be >= 1, got {unroll}")
         self.config, self.unroll_steps, self.step_weight, self.chunk_tokens = config, unroll, step_weight, chunk_tokens
@@ -224,7 +225,7 @@ class MTPHead(nn.Module):
         project = self.logits if weight is None else VocabProjection(
             lambda h: (h if self.feeds_normed else self.norm(h)).to(self.lm_head_dtype), weight)
         return multi_step_loss(((project, hidden) for hidden in self.unroll(f)), f, self.lm_head, True,
-                               self.step_weight, self.chunk_tokens)
+                               self.step_weight, self.chunk_tokens, divergence=self.divergence)
 
     # -- headstart's own layout (dense targets) --------------------------------------------------
     def export_state_dict(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
@@ -305,15 +306,18 @@ def target_classes(target) -> tuple[type, type, type]:
     return type(layers[-1]), type(base.norm), type(base.rotary_emb)
 
 
-def build_mtp(target, unroll: int = 3, step_weight: float = 0.8, chunk_tokens: int = 1024) -> MTPHead:
+def build_mtp(target, unroll: int = 3, step_weight: float = 0.8, chunk_tokens: int = 1024,
+              divergence: str = "kl") -> MTPHead:
     """The MTP layer to train for ``target``: the one its checkpoint ships (DeepSeek-V3, Qwen3-Next
     layouts), or a fresh one whose decoder block starts as a copy of the target's last layer."""
     from headstart.models.mtp_checkpoint import find_native_layout, fuse_experts, read_native_mtp
 
     n_layers = text_config(target.config).num_hidden_layers
     if target.path and find_native_layout(target.path, n_layers) is not None:
-        return read_native_mtp(target.path, target, unroll=unroll, step_weight=step_weight, chunk_tokens=chunk_tokens)
-    head = MTPHead.for_target(target, unroll=unroll, step_weight=step_weight, chunk_tokens=chunk_tokens)
+        return read_native_mtp(target.path, target, unroll=unroll, step_weight=step_weight, chunk_tokens=chunk_tokens,
+                               divergence=divergence)
+    head = MTPHead.for_target(target, unroll=unroll, step_weight=step_weight, chunk_tokens=chunk_tokens,
+                              divergence=divergence)
     last = fuse_experts(target.layer_state(n_layers - 1))  # read from safetensors (offline), experts are per-expert
     mine = head.block.state_dict()
     if set(last) == set(mine) and all(last[k].shape == mine[k].shape for k in mine):
@@ -332,5 +336,5 @@ def build_mtp(target, unroll: int = 3, step_weight: float = 0.8, chunk_tokens: i
 def build_mtp_head(draft: DraftConfig, target, token_counts: torch.Tensor | None = None) -> MTPHead:
     """``build_mtp`` from a recipe's draft section (the token counts are not used: MTP predicts the full vocab)."""
     options = draft.options or MTPOptions()
-    return build_mtp(target, options.ttt_steps, options.step_weight, draft.loss_chunk_tokens)
+    return build_mtp(target, options.ttt_steps, options.step_weight, draft.loss_chunk_tokens, draft.loss)
 

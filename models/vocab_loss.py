@@ -6,6 +6,7 @@ chunk's [n, H] inputs are kept. Used by every head that predicts the target's fu
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -54,10 +55,33 @@ def lockstep_chunks(n: int, chunk_tokens: int, device: torch.device) -> int:
     return int(count)
 
 
+def divergence_sum(divergence: str, logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """Summed over n positions, the divergence of the draft's q from the target's p (log-probabilities [n, V]):
+    ``kl`` as cross-entropy -sum p log q (forward KL plus p's entropy, a constant: the same gradient), ``rkl``
+    sum q (log q - log p), ``jsd`` the mean of KL(p || m) and KL(q || m) for m = (p + q) / 2, ``tv``
+    sum |p - q| / 2 = 1 - alpha, and ``lk`` -log alpha, where alpha = sum min(p, q) is the probability that a draft
+    token sampled from q is accepted (arXiv 2602.23881's LK^alpha; its gradient is TV's scaled by 1 / alpha, so it
+    does not stall where the two barely overlap, as TV does)."""
+    p = logp.exp()
+    if divergence == "kl":
+        return -(p * logq).sum()
+    q = logq.exp()
+    if divergence == "rkl":
+        return (q * (logq - logp)).sum()
+    if divergence == "jsd":
+        logm = torch.logaddexp(logp, logq) - math.log(2.0)
+        return 0.5 * ((p * (logp - logm)).sum() + (q * (logq - logm)).sum())
+    if divergence == "tv":
+        return 0.5 * (p - q).abs().sum()
+    if divergence == "lk":
+        return -torch.minimum(p, q).sum(-1).clamp_min(1e-6).log().sum()  # the floor keeps a zero overlap finite
+    raise ValueError(f"unknown divergence {divergence!r}")
+
+
 def chunked_vocab_loss(project: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
                        teacher: Callable[[torch.Tensor], torch.Tensor], teacher_h: torch.Tensor, labels: torch.Tensor,
-                       soft: bool, chunk_tokens: int, recompute: bool = True, vocab_ids: torch.Tensor | None = None
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                       soft: bool, chunk_tokens: int, recompute: bool = True, vocab_ids: torch.Tensor | None = None,
+                       divergence: str = "kl") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Summed cross-entropy of ``project(x)`` [N, V] against the teacher's distribution
     ``softmax(teacher(teacher_h))`` (``soft``) or the ``labels`` [N]; also per position whether the
     draft's argmax equals the teacher's, whether the teacher's argmax is in the draft's top 5, and (``soft``)
@@ -69,22 +93,28 @@ def chunked_vocab_loss(project: Callable[[torch.Tensor], torch.Tensor], x: torch
     ``vocab_ids`` [V'] (ascending target ids): the draft predicts only these tokens (a truncated vocab, e.g.
     Medusa's ``token_map``). The teacher's distribution is then restricted to them and renormalised, a data
     label outside them is not trained, and accuracy still compares with the teacher's full-vocab argmax: a
-    position whose right token the draft cannot name counts as wrong, as it is when decoding."""
+    position whose right token the draft cannot name counts as wrong, as it is when decoding.
+
+    ``divergence`` (``soft`` only; ``divergence_sum``): what q is trained against p with; the fused kernels compute
+    forward KL, so any other runs the chunked torch path."""
+    if divergence != "kl" and not soft:
+        raise ValueError(f"draft.loss={divergence!r} compares the draft with the target's distribution; it needs soft "
+                         "labels (the target's), not the data's tokens")
     with record_function("head: vocab loss"):  # a part of the step for torch.profiler (benchmarks/profile_step.py)
         if vocab_ids is not None:
-            return _chunks(project, x, teacher, teacher_h, labels, soft, chunk_tokens, recompute, vocab_ids)
-        if use_fused(project, x):
+            return _chunks(project, x, teacher, teacher_h, labels, soft, chunk_tokens, recompute, vocab_ids, divergence)
+        if divergence == "kl" and use_fused(project, x):
             return fused_linear_loss(project.pre(x), project.weight, teacher, teacher_h, labels, soft, chunk_tokens)
-        return _chunks(project, x, teacher, teacher_h, labels, soft, chunk_tokens, recompute, None)
+        return _chunks(project, x, teacher, teacher_h, labels, soft, chunk_tokens, recompute, None, divergence)
 
 
-def _chunks(project, x, teacher, teacher_h, labels, soft, chunk_tokens, recompute, vocab_ids):
+def _chunks(project, x, teacher, teacher_h, labels, soft, chunk_tokens, recompute, vocab_ids, divergence):
     N = x.shape[0]
     loss_sum = torch.zeros((), dtype=torch.float32, device=x.device)
     correct, top5, accept = [], [], []
     for c in range(lockstep_chunks(N, chunk_tokens, x.device)):
         part = slice(c * chunk_tokens, (c + 1) * chunk_tokens)
-        args = (project, teacher, x[part], teacher_h[part], labels[part], soft, vocab_ids)
+        args = (project, teacher, x[part], teacher_h[part], labels[part], soft, vocab_ids, divergence)
         if recompute and torch.is_grad_enabled():  # keep only the chunk's inputs; backward recomputes its logits
             chunk_loss, draft_top, draft_top1, target_top1, chunk_accept = checkpoint(_chunk, *args, use_reentrant=False)
         else:
@@ -120,7 +150,7 @@ class TeacherRows:
 
 
 def _chunk(project, teacher, x: torch.Tensor, teacher_h: torch.Tensor, labels: torch.Tensor, soft: bool,
-           vocab_ids: torch.Tensor | None = None):
+           vocab_ids: torch.Tensor | None = None, divergence: str = "kl"):
     """Summed loss of n positions, the draft's top-5 ids [n, 5] and argmax [n], the teacher's argmax [n] and
     sum min(p, q) [n]; ids are target ids (``vocab_ids`` maps a truncated draft's outputs to them)."""
     with torch.no_grad():
@@ -131,13 +161,14 @@ def _chunk(project, teacher, x: torch.Tensor, teacher_h: torch.Tensor, labels: t
             target_top1 = teacher_logits.argmax(-1)
             if vocab_ids is not None:
                 teacher_logits = teacher_logits[:, vocab_ids]  # [n, V']: renormalised over what the draft can say
-        p = torch.softmax(teacher_logits, -1) if soft else None
+        logp = torch.log_softmax(teacher_logits, -1) if soft else None
+        p = logp.exp() if soft else None
         del teacher_logits
         if vocab_ids is not None and not soft:  # target id -> draft index; a token outside the vocab is not trained
             index = torch.searchsorted(vocab_ids, labels).clamp(max=len(vocab_ids) - 1)
             labels = torch.where(vocab_ids[index] == labels, index, -100)
     logq = torch.log_softmax(project(x).float(), -1)  # [n, V']
-    loss = -(p * logq).sum() if soft else F.nll_loss(logq, labels, reduction="sum", ignore_index=-100)
+    loss = divergence_sum(divergence, logp, logq) if soft else F.nll_loss(logq, labels, reduction="sum", ignore_index=-100)
     with torch.no_grad():
         accept = torch.minimum(p, logq.exp()).sum(-1) if soft else torch.zeros(len(x), device=x.device)
     draft = logq.detach()
@@ -149,7 +180,8 @@ def _chunk(project, teacher, x: torch.Tensor, teacher_h: torch.Tensor, labels: t
 
 def multi_step_loss(steps: Iterable[tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor]], f: Features,
                     teacher: Callable[[torch.Tensor], torch.Tensor], soft: bool, step_weight: float,
-                    chunk_tokens: int, vocab_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+                    chunk_tokens: int, vocab_ids: torch.Tensor | None = None,
+                    divergence: str = "kl") -> tuple[torch.Tensor, dict[str, float]]:
     """The loss of a head whose step s (s = 0, 1, ...) predicts, at position t, token t+2+s -- Medusa's
     head s+1, MTP's unrolled step s: ``steps`` yields (project, draft states [B, T, D]) per step,
     ``project`` mapping draft states to logits over the full vocab (or over ``vocab_ids``: see
@@ -176,7 +208,8 @@ def multi_step_loss(steps: Iterable[tuple[Callable[[torch.Tensor], torch.Tensor]
         b, t = valid.nonzero(as_tuple=True)  # the trained positions
         teacher_s, teacher_h = (teacher, target_h[b, t + 1 + s]) if rows is None else (rows, b * T + t + 1 + s)
         step_sum, correct, top5, _ = chunked_vocab_loss(project, draft[b, t], teacher_s, teacher_h,
-                                                     f.input_ids[b, t + 2 + s], soft, chunk_tokens, vocab_ids=vocab_ids)
+                                                     f.input_ids[b, t + 2 + s], soft, chunk_tokens, vocab_ids=vocab_ids,
+                                                     divergence=divergence)
         total = total + (step_weight**s) * step_sum / denominator
         tally.add(valid, b, t, step_sum, correct, top5=top5)
     return total, tally.metrics(f.loss_mask)
