@@ -41,7 +41,7 @@ from headstart.decode.predict import measure_step_times, predict_speedups, recom
 from headstart.decode.target_runner import TargetRunner
 from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
 from headstart.decode.tree import DynamicTree, StaticTree
-from headstart.models.registry import HEADS, drafter_for, load_head
+from headstart.models.registry import HEADS, batch_drafter_for, drafter_for, load_head
 from headstart.models.target import Target, TargetConfig, load_causal_lm, load_tokenizer
 
 
@@ -117,6 +117,7 @@ def main() -> int:
             p.error(f"--method {args.method} needs --draft (the head's directory)")
         head = load_head(args.method, args.draft, target, args.allow_other_target).to(device=device, dtype=target.lm_head_weight.dtype)
         make = lambda: drafter_for(head, max_len)  # noqa: E731
+        make_batch = lambda b: batch_drafter_for(head, max_len, b)  # noqa: E731
     elif args.method in ("draft-model", "hf-assisted"):
         if not args.draft:
             p.error(f"--method {args.method} needs --draft (an HF causal LM directory)")
@@ -127,6 +128,8 @@ def main() -> int:
         make = lambda: DraftModelDrafter(draft_model, max_len, vocab_size)  # noqa: E731
     else:
         make = NgramDrafter
+    if args.method not in HEADS:
+        make_batch = None  # one drafter per sequence
     own_loop = None
     if args.method in HF_METHODS:
         own_loop = HFSpeculation(target.model, args.num_speculative_tokens, pad_token_id=tokenizer.pad_token_id or 0,
@@ -140,6 +143,7 @@ def main() -> int:
     report = run_benchmark(runner, make, tokenizer, questions, args.num_speculative_tokens, args.max_new_tokens, eos,
                            verify_greedy=args.verify_greedy, hf_reference=not args.no_hf_reference, tree=tree,
                            sampling=sampling, seed=args.seed, own_loop=own_loop, batch_size=args.batch_size,
+                           make_batch_drafter=make_batch,
                            progress=lambda line: print(line, flush=True))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
