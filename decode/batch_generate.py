@@ -36,9 +36,11 @@ def _pick_rows(logits: torch.Tensor, sampling: Sampling | None, generator: torch
     return torch.multinomial(sampling.probs(logits), 1, generator=generator).squeeze(1)
 
 
-def _prefill(runner: RaggedRunner, prompts: list[torch.Tensor], sampling: Sampling | None,
-             generator: torch.Generator | None) -> tuple[list[int], TargetOutput]:
-    """All prompts ([1, T_b] each) in one forward, right-padded; returns each row's first token and the states."""
+def _prefill(runner: RaggedRunner, prompts: list[torch.Tensor], max_new_tokens: int, eos_ids: set[int],
+             sampling: Sampling | None, generator: torch.Generator | None
+             ) -> tuple[list[Generation], list[bool], list[int], TargetOutput]:
+    """All prompts ([1, T_b] each) in one forward, right-padded: each row's generation so far (its first token),
+    whether it is already done, the first tokens, and the target's states."""
     lengths = [p.shape[1] for p in prompts]
     ids = prompts[0].new_zeros(len(prompts), max(lengths))
     for b, p in enumerate(prompts):
@@ -47,7 +49,13 @@ def _prefill(runner: RaggedRunner, prompts: list[torch.Tensor], sampling: Sampli
     logits, states = runner.forward(ids, valid=lengths)
     runner.commit(lengths)
     last = logits[torch.arange(len(prompts), device=ids.device), torch.tensor(lengths, device=ids.device) - 1]
-    return _pick_rows(last, sampling, generator).tolist(), states
+    first = _pick_rows(last, sampling, generator).tolist()
+    outs, done = [], []
+    for token in first:
+        tokens, finished = _finish([token], eos_ids, max_new_tokens)
+        outs.append(Generation(tokens))
+        done.append(finished)
+    return outs, done, first, states
 
 
 def _drop_finished(runner: RaggedRunner, drafter, active: list[int], done: list[bool]) -> list[int]:
@@ -67,13 +75,8 @@ def batch_plain_generate(runner: RaggedRunner, prompts: list[torch.Tensor], max_
     target forwards after the prefill (each a ``verify`` lap on the clock)."""
     clock = clock or UNTIMED
     clock.start()
-    first, _ = _prefill(runner, prompts, sampling, generator)
+    outs, done, _, _ = _prefill(runner, prompts, max_new_tokens, eos_ids, sampling, generator)
     clock.lap("prefill")
-    outs, done = [], []
-    for token in first:
-        tokens, finished = _finish([token], eos_ids, max_new_tokens)
-        outs.append(Generation(tokens))
-        done.append(finished)
     active = _drop_finished(runner, None, list(range(len(prompts))), done)
     steps = 0
     device = prompts[0].device
@@ -161,14 +164,8 @@ def batch_speculative_generate(
     clock = clock or UNTIMED
     clock.start()
     device = prompts[0].device
-    first, states = _prefill(runner, prompts, sampling, generator)
+    outs, done, first, states = _prefill(runner, prompts, max_new_tokens, eos_ids, sampling, generator)
     clock.lap("prefill")
-    outs, done = [], []
-    for token in first:
-        tokens, finished = _finish([token], eos_ids, max_new_tokens)
-        outs.append(Generation(tokens))
-        done.append(finished)
-    clock.lap("other")
     drafter.begin(prompts, states, first)
     clock.lap("update")
     active = _drop_finished(runner, drafter, list(range(len(prompts))), done)
