@@ -58,14 +58,15 @@ def _prefill(runner: RaggedRunner, prompts: list[torch.Tensor], max_new_tokens: 
     return outs, done, first, states
 
 
-def _drop_finished(runner: RaggedRunner, drafter, active: list[int], done: list[bool]) -> list[int]:
-    """The batch without its finished rows (the target's cache and the drafter, when given, follow)."""
+def _drop_finished(runner: RaggedRunner, drafter, active: list[int], done: list[bool]) -> tuple[list[int], list[int]]:
+    """The batch without its finished rows, and the batch indices of those kept (the target's cache and the
+    drafter, when given, follow)."""
     keep = [i for i, b in enumerate(active) if not done[b]]
     if len(keep) < len(active):
         runner.select(keep)
         if drafter is not None:
             drafter.select(keep)
-    return [active[i] for i in keep]
+    return [active[i] for i in keep], keep
 
 
 def batch_plain_generate(runner: RaggedRunner, prompts: list[torch.Tensor], max_new_tokens: int, eos_ids: set[int],
@@ -77,7 +78,7 @@ def batch_plain_generate(runner: RaggedRunner, prompts: list[torch.Tensor], max_
     clock.start()
     outs, done, _, _ = _prefill(runner, prompts, max_new_tokens, eos_ids, sampling, generator)
     clock.lap("prefill")
-    active = _drop_finished(runner, None, list(range(len(prompts))), done)
+    active, _ = _drop_finished(runner, None, list(range(len(prompts))), done)
     steps = 0
     device = prompts[0].device
     while active:
@@ -89,7 +90,7 @@ def batch_plain_generate(runner: RaggedRunner, prompts: list[torch.Tensor], max_
         for b, token in zip(active, _pick_rows(logits[:, -1], sampling, generator).tolist()):
             outs[b].target_forwards += 1
             outs[b].tokens, done[b] = _finish(outs[b].tokens + [token], eos_ids, max_new_tokens)
-        active = _drop_finished(runner, None, active, done)
+        active, _ = _drop_finished(runner, None, active, done)
     clock.lap("other")
     return outs, steps
 
@@ -168,7 +169,7 @@ def batch_speculative_generate(
     clock.lap("prefill")
     drafter.begin(prompts, states, first)
     clock.lap("update")
-    active = _drop_finished(runner, drafter, list(range(len(prompts))), done)
+    active, _ = _drop_finished(runner, drafter, list(range(len(prompts))), done)
     rounds = 0
     while active:
         budgets = [min(k, max_new_tokens - len(outs[b].tokens) - 1) for b in active]  # as alone: the drafts fit
@@ -178,13 +179,14 @@ def batch_speculative_generate(
             drafts, qs = drafter.propose(budgets), [None] * len(active)
         clock.lap("draft")
         drafts = [d.to(device) for d in drafts]
-        width = max(d.numel() for d in drafts)
-        lengths = torch.tensor([d.numel() for d in drafts], device=device)
+        counts = [d.numel() for d in drafts]
+        width = max(counts)
+        lengths = torch.tensor(counts, device=device)
         padded = torch.zeros(len(active), width, dtype=torch.long, device=device)
         for i, d in enumerate(drafts):
             padded[i, : d.numel()] = d
         last = torch.tensor([outs[b].tokens[-1] for b in active], device=device)
-        logits, states = runner.forward(torch.cat([last[:, None], padded], dim=1), valid=(lengths + 1).tolist())
+        logits, states = runner.forward(torch.cat([last[:, None], padded], dim=1), valid=[c + 1 for c in counts])
         clock.lap("verify")
         if sampling is None:
             n_acc, nxt = verify_greedy(padded, logits, lengths)
@@ -209,8 +211,7 @@ def batch_speculative_generate(
             out.tokens, done[b] = _finish(out.tokens + emitted, eos_ids, max_new_tokens)
             emitted_by_row.append(emitted)
         clock.lap("other")
-        kept = [i for i, b in enumerate(active) if not done[b]]
-        active = _drop_finished(runner, drafter, active, done)
+        active, kept = _drop_finished(runner, drafter, active, done)
         if active:  # the drafter reads what its surviving rows emitted
             drafter.update([emitted_by_row[i] for i in kept], states if len(kept) == len(packed) else _rows(states, kept))
         clock.lap("update")

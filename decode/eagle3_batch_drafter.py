@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from headstart.decode.kv_cache import grown
+from headstart.decode.kv_cache import grown, ragged_block, write_rows
 from headstart.models.eagle3 import Eagle3Draft
 from headstart.models.target import TargetOutput
 
@@ -34,26 +34,18 @@ class Eagle3BatchDrafter:
     def _step(self, hidden: torch.Tensor, tokens: torch.Tensor, starts: list[int], valid: list[int]) -> torch.Tensor:
         """The draft layer on pairs (hidden [B, n, H], tokens [B, n]); row b's first valid[b] written at slots
         starts[b]... and attending causally to everything before them. Returns the layer output [B, n, H]."""
-        B, n = tokens.shape
+        n = tokens.shape[1]
         if max(starts) + n > self.max_len:
             raise ValueError(f"draft KV cache overflow: {max(starts) + n} > max_len {self.max_len}")
         if max(starts) + n > self.keys.shape[2]:
             self.keys = grown(self.keys, max(starts) + n, self.max_len)
             self.values = grown(self.values, max(starts) + n, self.max_len)
-        device = hidden.device
-        start = torch.tensor(starts, device=device)[:, None, None]  # [B, 1, 1]
-        end = start + torch.tensor(valid, device=device)[:, None, None]
-        slots = torch.arange(max(starts) + n, device=device)  # [S]
-        offsets = torch.arange(n, device=device)[:, None]  # [n, 1]
-        here = slots == start + offsets
-        allowed = (slots < start) | ((slots <= start + offsets) & (slots < end)) | here  # [B, n, S]
-        positions = start[:, :, 0] + offsets[:, 0]  # [B, n]: a row's slot is its position
-        rows = torch.arange(B, device=device)[:, None]
+        allowed, positions = ragged_block(starts, valid, n, hidden.device)  # [B, n, S], [B, n]: slot = position
 
         def cached(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            self.keys[rows, :, positions] = k.transpose(1, 2)  # [B, n, heads, head_dim]
-            self.values[rows, :, positions] = v.transpose(1, 2)
-            S = slots.numel()
+            write_rows(self.keys, positions, k)
+            write_rows(self.values, positions, v)
+            S = allowed.shape[-1]
             return F.scaled_dot_product_attention(q, self.keys[:, :, :S], self.values[:, :, :S],
                                                   attn_mask=allowed.unsqueeze(1))
 
@@ -122,9 +114,7 @@ class Eagle3BatchDrafter:
     def update(self, emitted: list[list[int]], states: TargetOutput) -> None:
         """Row b's emitted tokens and the target's states [B, n_max, ...] of the positions that produced them."""
         counts = [len(e) for e in emitted]
-        tokens = torch.zeros(len(emitted), max(counts), dtype=torch.long, device=self.keys.device)
-        for b, e in enumerate(emitted):
-            tokens[b, : len(e)] = torch.tensor(e, device=self.keys.device)
+        tokens = torch.tensor([e + [0] * (max(counts) - len(e)) for e in emitted], device=self.keys.device)  # padded
         self._commit(states.aux_hidden_states[:, : max(counts)], tokens, counts)
 
     def select(self, rows: list[int]) -> None:

@@ -90,8 +90,32 @@ def grown(buffer: torch.Tensor, needed: int, limit: int) -> torch.Tensor:
     return out
 
 
+def ragged_block(starts: list[int], valid: list[int], n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where a batch's next n tokens per row go and what they see: row b's at slots (= positions) starts[b] + i.
+    Returns (allowed [B, n, S] bool over the S = max(starts) + n slots, positions [B, n]). Query i of row b sees the
+    row's slots before starts[b] and its own block up to itself, never past its valid[b] real tokens; a padding query
+    sees at least itself (a query with no key, past a sliding window, would be NaN, and its NaN key would reach real
+    queries through the masked product)."""
+    start = torch.tensor(starts, device=device)[:, None, None]  # [B, 1, 1]
+    end = start + torch.tensor(valid, device=device)[:, None, None]
+    slots = torch.arange(max(starts) + n, device=device)  # [S]
+    here = start + torch.arange(n, device=device)[:, None]  # [B, n, 1]: each query's own slot
+    allowed = (slots < start) | ((slots <= here) & (slots < end)) | (slots == here)
+    return allowed, here[:, :, 0]
+
+
+def write_rows(buffer: torch.Tensor, slots: torch.Tensor, states: torch.Tensor) -> None:
+    """buffer [B, heads, S, head_dim][b, :, slots[b, i]] = states [B, heads, n, head_dim][b, :, i]."""
+    rows = torch.arange(buffer.shape[0], device=slots.device)[:, None]
+    buffer[rows, :, slots] = states.transpose(1, 2)  # the indexed view is [B, n, heads, head_dim]
+
+
 class RaggedKVLayer(PositionalKVLayer):
     """One layer of a ``RaggedKVCache``: row b's n new tokens go to its own slots [starts[b], starts[b] + n)."""
+
+    def __init__(self, max_len: int) -> None:
+        super().__init__(max_len)
+        self.starts: torch.Tensor | None = None  # [B] on the cache's device (set by the cache)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         B, heads, n, _ = key_states.shape
@@ -100,12 +124,8 @@ class RaggedKVLayer(PositionalKVLayer):
         self.values = value_states.new_zeros(B, heads, slots, value_states.shape[-1])
         self.is_initialized = True
 
-    def __init__(self, max_len: int) -> None:
-        super().__init__(max_len)
-        self.starts: torch.Tensor | None = None  # [B] on the cache's device (set by the cache)
-
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        B, n = key_states.shape[0], key_states.shape[-2]
+        n = key_states.shape[-2]
         end = self.start + n  # self.start: the longest row's length, so [:end] holds every row's keys
         if end > self.max_len:
             raise ValueError(f"KV cache overflow: {end} tokens > max_len {self.max_len}")
@@ -114,10 +134,8 @@ class RaggedKVLayer(PositionalKVLayer):
         if end > self.keys.shape[2]:
             self.keys, self.values = grown(self.keys, end, self.max_len), grown(self.values, end, self.max_len)
         slots = self.starts[:, None] + torch.arange(n, device=self.starts.device)  # [B, n]
-        rows = torch.arange(B, device=slots.device)[:, None]
-        # keys[rows, :, slots] is [B, n, heads, head_dim]: the advanced indices come first.
-        self.keys[rows, :, slots] = key_states.transpose(1, 2)
-        self.values[rows, :, slots] = value_states.transpose(1, 2)
+        write_rows(self.keys, slots, key_states)
+        write_rows(self.values, slots, value_states)
         return self.keys[:, :, :end], self.values[:, :, :end]
 
 

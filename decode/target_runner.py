@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from headstart.decode.kv_cache import PositionalKVCache, RaggedKVCache, StaticKVCache
+from headstart.decode.kv_cache import PositionalKVCache, RaggedKVCache, StaticKVCache, ragged_block
 from headstart.models.target import Target, TargetOutput, additive_mask
 
 
@@ -107,7 +107,11 @@ class TargetRunner:
             out = self._compiled(input_ids, mask, position_ids)
         else:
             out = self._run(input_ids, mask, position_ids)
-        logits, aux, last = (t if t is None else t[:, :n].clone() if compiled else t for t in out)
+        if m > n:
+            out = tuple(t if t is None else t[:, :n] for t in out)
+        if compiled and device.type == "cuda":  # a CUDA graph's outputs are overwritten by its next replay
+            out = tuple(t if t is None else t.clone() for t in out)
+        logits, aux, last = out
         return logits, TargetOutput(aux_hidden_states=aux, last_hidden_state=last)
 
     def _run(self, input_ids: torch.Tensor, mask, position_ids: torch.Tensor):
@@ -163,17 +167,8 @@ class RaggedRunner(TargetRunner):
         """input_ids [B, n], ``valid[b]`` real tokens in row b (default n) -> (logits [B, n, V], states [B, n, ...])."""
         B, n = input_ids.shape
         device = input_ids.device
-        lengths = torch.tensor(self.cache.lengths, device=device)[:, None, None]  # [B, 1, 1]
-        ends = lengths + torch.tensor(valid or [n] * B, device=device)[:, None, None]
-        slots = torch.arange(self.length + n, device=device)  # [S]: a key's slot is its position
-        offsets = torch.arange(n, device=device)[:, None]  # [n, 1]
-        # Row b's query i sees its committed keys and its own block up to itself, never past its real tokens; a
-        # padding query sees at least itself (a query with no key, past a sliding window, would be NaN, and its
-        # NaN keys would reach real queries through the masked product).
-        here = slots == lengths + offsets
-        allowed = (slots < lengths) | ((slots <= lengths + offsets) & (slots < ends)) | here  # [B, n, S]
-        position_ids = lengths[:, :, 0] + offsets[:, 0]  # [B, n]
-        mask = self._mask(allowed, position_ids, slots)
+        allowed, position_ids = ragged_block(self.cache.lengths, valid or [n] * B, n, device)
+        mask = self._mask(allowed, position_ids, torch.arange(allowed.shape[-1], device=device))  # key slot = position
         self.cache.begin(device)
         out = self.target(input_ids, attention_mask=mask, position_ids=position_ids, past_key_values=self.cache,
                           with_aux=self.with_aux)
