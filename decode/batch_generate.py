@@ -6,8 +6,9 @@ target forward of [B, 1 + longest draft], and commits row b's accepted prefix an
 length. A sequence that finishes leaves the batch. Greedy output and tau per sequence are those of decoding it
 alone (decode/generate.py); sampling output follows the warped target exactly, as there.
 
-The drafter is a ``BatchDrafter``: a head's batched drafter where its registry entry has one (EAGLE-3: one draft
-forward per step for every row), else ``PerSequence`` over its one-sequence drafters, whose cost grows with B.
+The drafter is a ``BatchDrafter``: a head's batched drafter where its registry entry has one (EAGLE-3, MTP, Medusa:
+one draft forward per step for every row), else ``PerSequence`` over its one-sequence drafters (the draft model,
+n-gram lookup), whose cost grows with B.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def batch_plain_generate(runner: RaggedRunner, prompts: list[torch.Tensor], max_
 
 
 class BatchDrafter(Protocol):
-    """A drafter for a batch (its rows follow the loop's active rows): ``Eagle3BatchDrafter`` runs one draft
+    """A drafter for a batch (its rows follow the loop's active rows): a head's batched drafter runs one draft
     forward for every row; ``PerSequence`` adapts any one-sequence ``Drafter``. A drafter that samples also has
     ``propose_sampled(budgets, sampling, generator) -> (drafts, q per row [k_b, V] or None)``."""
 

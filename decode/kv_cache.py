@@ -158,10 +158,13 @@ class RaggedKVCache(Cache):
             if layer.is_initialized and layer.keys.shape[0] != batch:
                 layer.is_initialized = False  # reallocated for this batch size by the next forward
 
-    def begin(self, device: torch.device) -> None:
-        starts = torch.tensor(self.lengths, device=device)
+    def begin(self, device: torch.device, starts: list[int] | None = None) -> None:
+        """Before a forward: row b's new tokens go to slots from starts[b] (default: right after its committed ones;
+        a drafter's speculative steps write further on)."""
+        starts = self.lengths if starts is None else starts
+        on_device = torch.tensor(starts, device=device)
         for layer in self.layers:
-            layer.starts, layer.start = starts, max(self.lengths)
+            layer.starts, layer.start = on_device, max(starts)
 
     def commit(self, counts: list[int]) -> None:
         """Keep the first counts[b] tokens of row b's last block."""

@@ -20,7 +20,9 @@ from torch import nn
 from headstart.decode.batch_generate import PerSequence
 from headstart.decode.eagle3_batch_drafter import Eagle3BatchDrafter
 from headstart.decode.eagle3_drafter import Eagle3Drafter
+from headstart.decode.medusa_batch_drafter import MedusaBatchDrafter
 from headstart.decode.medusa_drafter import MedusaDrafter
+from headstart.decode.mtp_batch_drafter import MTPBatchDrafter
 from headstart.decode.mtp_drafter import MTPDrafter
 from headstart.models.eagle3 import Eagle3Draft, Eagle3Options, build_eagle3
 from headstart.models.eagle3_check import check_eagle3, detect_eagle3
@@ -71,12 +73,12 @@ HEADS: dict[str, HeadSpec] = {
                "speculators": "vLLM's speculators layout (`vllm serve` detects it; the config names the target)."}),
     "medusa": HeadSpec(
         title="Medusa heads", cls=MedusaHeads, options=MedusaOptions, build=build_medusa, drafter=MedusaDrafter,
-        detect=detect_medusa, unit="head k+1 (predicts token t+k+2)",
+        batch_drafter=MedusaBatchDrafter, detect=detect_medusa, unit="head k+1 (predicts token t+k+2)",
         cards={"vllm": "vLLM's Medusa layout (config.json with num_heads / num_hidden_layers, blocks.{i}.layers.{j} "
                        "and lm_heads.{i} in model.safetensors)."}),
     "mtp": HeadSpec(
         title="MTP layer", cls=MTPHead, options=MTPOptions, build=build_mtp_head, drafter=MTPDrafter,
-        detect=detect_mtp, unit="unrolled step k (predicts token t+k+2)",
+        batch_drafter=MTPBatchDrafter, detect=detect_mtp, unit="unrolled step k (predicts token t+k+2)",
         cards={"headstart": "headstart's own MTP layout for a dense target (config.json + model.safetensors: enorm, "
                             "hnorm, eh_proj, block.*, norm; the target's embedding and lm_head are shared).",
                "deepseek": "DeepSeek-V3's own checkpoint layout: a copy of the target with the trained layer as "
