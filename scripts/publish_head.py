@@ -27,6 +27,26 @@ def recipe_line(draft: dict) -> str:
     return f"{draft['head']}: " + ", ".join(f"{k} {draft[k]}" for k in option_names(draft["head"]))
 
 
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        out.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return out
+
+
+def overrides_of(recipe: str, run_config: dict) -> list[str]:
+    """The ``--section.key=value`` flags that turn ``recipe`` into the run's config (what the card's command needs
+    to train this head again): scalar training settings only; paths, logging and values the run resolved at start
+    (None in the recipe) are left out."""
+    from headstart.trainer.config import load_config, to_dict
+
+    planned = _flat(json.loads(json.dumps(to_dict(load_config(recipe)))))  # tuples -> lists, as run_config.json
+    ran = _flat(run_config)
+    return [f"--{key}={ran[key]}" for key in sorted(ran)
+            if key.split(".")[0] in ("target", "data", "draft", "train") and key in planned
+            and planned[key] is not None and not isinstance(ran[key], (list, dict)) and ran[key] != planned[key]]
+
+
 def run_config_steps(run: Path) -> int:
     return json.loads((run / "run_config.json").read_text())["train"]["max_steps"]
 
@@ -63,6 +83,9 @@ def main(argv: list[str] | None = None) -> None:
         if (final / name).is_file():
             shutil.copy2(final / name, out / name)
     run_config = json.loads((run / "run_config.json").read_text())
+    command = f"torchrun --nproc_per_node {world} scripts/train_eagle3.py --config {recipe}"
+    if args.recipe:
+        command = " ".join([command, *overrides_of(args.recipe, run_config)])
     (out / "eval_metrics.json").write_text(json.dumps({"evals": evals, "run_config": run_config}, indent=2))
     last = evals[-1]
     steps = sorted(int(k.split("_")[1]) for k in last if k.startswith("acc_"))
@@ -83,10 +106,11 @@ def main(argv: list[str] | None = None) -> None:
 {layout} Trained {how} against `{run_config['target']['path']}` by
 
 ```bash
-torchrun --nproc_per_node {world} scripts/train_eagle3.py --config {recipe}
+{command}
 ```
 
-{t['max_steps']} steps x {t['batch_size']} sequences x {world} ranks, lr {t['lr']}, {recipe_line(run_config['draft'])}.
+{t['max_steps']} steps x {t['batch_size']} sequences x {world} ranks, {t['optimizer']}, lr {t['lr']} ({t['schedule']}),
+{recipe_line(run_config['draft'])}.
 Held-out evaluation at step {last['step']} ({run_config['train']['eval_fraction']:.0%} of the conversations): loss
 {last['loss']:.3f}, simulated acceptance length **{last['sim_accept_len']:.3f}** (a greedy chain's tokens per target
 forward under teacher forcing, bonus token included).{chosen}
@@ -101,8 +125,7 @@ All eval records: `eval_metrics.json`.
         from headstart.decode.report import append_section
 
         body = (f"Held-out evaluation of `{out}` at step {last['step']}, trained by "
-                f"`torchrun --nproc_per_node {world} scripts/train_eagle3.py --config {recipe}` "
-                f"({t['max_steps']} steps, batch {t['batch_size']}/rank, lr {t['lr']}); "
+                f"`{command}` ({t['max_steps']} steps, batch {t['batch_size']}/rank, {t['optimizer']}, lr {t['lr']}); "
                 f"eval loss {last['loss']:.3f}, simulated acceptance length **{last['sim_accept_len']:.3f}** "
                 "(a greedy chain's tokens per target forward under teacher forcing).\n\n"
                 + header + "\n" + rows + "\n")

@@ -436,3 +436,20 @@ def test_without_periodic_evaluation_there_is_no_best_and_the_resolved_aux_ids_a
     assert not (out / "best").exists() and (out / "final" / "model.safetensors").is_file()
     assert json.loads((out / "run_config.json").read_text())["target"]["aux_layer_ids"] == [2, 4, 5]  # (2, L//2, L-3)
     assert "reads the target's hidden states [2, 4, 5]" in capsys.readouterr().out
+
+
+def test_a_published_cards_command_names_what_the_run_changed_from_its_recipe(tmp_path):
+    """publish_head's card command = the recipe plus the run's own overrides (what it takes to train the head again);
+    output paths, logging and settings the run resolved at start are not overrides."""
+    from headstart.scripts.publish_head import overrides_of
+    from headstart.trainer.config import load_config, to_dict
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("target:\n  path: configs/demo/target\ndata:\n  files: [a.jsonl]\ntrain:\n  lr: 2.0e-3\n"
+                      "  batch_size: 4\ndraft:\n  head: eagle3\n  ttt_steps: 7\n")
+    ran = json.loads(json.dumps(to_dict(load_config(str(recipe), ["--train.batch_size=8", "--train.optimizer=muon",
+                                                                  "--draft.ttt_steps=3", "--logging.progress=false",
+                                                                  "--output_dir=elsewhere"]))))
+    ran["target"]["aux_layer_ids"] = [2, 4, 5]  # resolved by the trainer at start
+    assert overrides_of(str(recipe), ran) == ["--draft.ttt_steps=3", "--train.batch_size=8", "--train.optimizer=muon"]
+    assert overrides_of(str(recipe), json.loads(json.dumps(to_dict(load_config(str(recipe)))))) == []
