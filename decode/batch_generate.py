@@ -30,6 +30,23 @@ def _row(states: TargetOutput, b: int, n: int) -> TargetOutput:
     return TargetOutput(aux_hidden_states=aux, last_hidden_state=states.last_hidden_state[b : b + 1, :n])
 
 
+def shifted_prompts(prompts: list[torch.Tensor], next_tokens: list[int]) -> tuple[torch.Tensor, list[int]]:
+    """What a drafter commits first, per row: prompt tokens 1.. and the first generated token, right-padded to
+    [B, T_max] (pair j: the target's state at j with token j+1), and each row's length T_b."""
+    counts = [p.shape[1] for p in prompts]
+    tokens = prompts[0].new_zeros(len(prompts), max(counts))
+    for b, (p, nxt) in enumerate(zip(prompts, next_tokens)):
+        tokens[b, : counts[b] - 1] = p[0, 1:]
+        tokens[b, counts[b] - 1] = nxt
+    return tokens, counts
+
+
+def padded_rows(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor, list[int]]:
+    """Token lists of different lengths -> [B, longest] right-padded with 0, and each row's length."""
+    counts = [len(r) for r in rows]
+    return torch.tensor([r + [0] * (max(counts) - len(r)) for r in rows], device=device), counts
+
+
 def _pick_rows(logits: torch.Tensor, sampling: Sampling | None, generator: torch.Generator | None) -> torch.Tensor:
     """One next token per row of logits [B, V]: argmax, or a sample of the warped distribution."""
     if sampling is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from headstart.decode.batch_generate import padded_rows, shifted_prompts
 from headstart.decode.kv_cache import RaggedKVCache, ragged_block
 from headstart.models.mtp import MTPHead
 from headstart.models.target import TargetOutput, additive_mask
@@ -47,11 +48,7 @@ class MTPBatchDrafter:
 
     def begin(self, prompts: list[torch.Tensor], states: TargetOutput, next_tokens: list[int]) -> None:
         """Prompts [1, T_b] each, the target's states over the right-padded batch [B, T_max, ...], first tokens."""
-        counts = [p.shape[1] for p in prompts]
-        tokens = prompts[0].new_zeros(len(prompts), max(counts))
-        for b, (p, nxt) in enumerate(zip(prompts, next_tokens)):
-            tokens[b, : counts[b] - 1] = p[0, 1:]
-            tokens[b, counts[b] - 1] = nxt
+        tokens, counts = shifted_prompts(prompts, next_tokens)
         self.cache.reset(len(prompts))
         self._commit(states.last_hidden_state[:, : max(counts)], tokens.to(self.device), counts)
 
@@ -71,8 +68,7 @@ class MTPBatchDrafter:
 
     def update(self, emitted: list[list[int]], states: TargetOutput) -> None:
         """Row b's emitted tokens and the target's states [B, n_max, ...] of the positions that produced them."""
-        counts = [len(e) for e in emitted]
-        tokens = torch.tensor([e + [0] * (max(counts) - len(e)) for e in emitted], device=self.device)  # padded
+        tokens, counts = padded_rows(emitted, self.device)
         self._commit(states.last_hidden_state[:, : max(counts)], tokens, counts)
 
     def select(self, rows: list[int]) -> None:
