@@ -4,7 +4,7 @@
 # greedy and T=0.7 (same seed for both heads). One benchmark at a time: nothing else may run meanwhile.
 # Numbers: BENCHMARKS.md ("Regenerated data: what it does to acceptance"). About 10 minutes on a 2-core CPU.
 set -euo pipefail
-ORIGINAL=${ORIGINAL:-configs/demo/eagle3-head}
+ORIGINAL=${ORIGINAL:-runs/demo-eagle3-full/final}  # eagle3_full.yaml: the original data (configs/demo/eagle3-head is a regenerated-data head)
 REGENERATED=${REGENERATED:-runs/demo-eagle3-regenerated/final}
 X=${1:-runs/bench-regenerated}
 NOTE=${2:-}

@@ -55,6 +55,7 @@ class Eagle3BatchDrafter:
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.head.lm_head(self.head.norm(hidden))
 
+    @torch.no_grad()
     def _commit(self, aux_hidden: torch.Tensor, tokens: torch.Tensor, counts: list[int]) -> None:
         """Row b's next counts[b] pairs: aux [B, n, k*H], tokens [B, n] (padded past counts[b])."""
         hidden = self.head.fc(aux_hidden.to(self.head.fc.weight.dtype))

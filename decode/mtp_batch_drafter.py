@@ -38,6 +38,7 @@ class MTPBatchDrafter:
         x = self.head.fuse(tokens, hidden, positions)
         return self.head.layer(x, positions, additive_mask(allowed, x.dtype), self.cache)
 
+    @torch.no_grad()
     def _commit(self, hidden: torch.Tensor, tokens: torch.Tensor, counts: list[int]) -> None:
         """Row b's next counts[b] pairs: hidden [B, n, H], tokens [B, n] (padded past counts[b])."""
         out = self._step(hidden, tokens, self.cache.lengths, counts)

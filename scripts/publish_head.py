@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import shutil
 from pathlib import Path
 
@@ -34,17 +35,26 @@ def _flat(tree: dict, prefix: str = "") -> dict:
     return out
 
 
+RESOLVED_AT_START = {"target.aux_layer_ids"}
+"""Settings a recipe may leave unset (None) that the trainer fills in at start: the run's value is not an override."""
+
+
 def overrides_of(recipe: str, run_config: dict) -> list[str]:
-    """The ``--section.key=value`` flags that turn ``recipe`` into the run's config (what the card's command needs
-    to train this head again): scalar training settings only; paths, logging and values the run resolved at start
-    (None in the recipe) are left out."""
+    """The ``--section.key=value`` flags (shell-quoted, values in YAML) that turn ``recipe`` into the run's config:
+    what the card's command needs to train this head again. The output directory and logging are left out."""
     from headstart.trainer.config import load_config, to_dict
 
     planned = _flat(json.loads(json.dumps(to_dict(load_config(recipe)))))  # tuples -> lists, as run_config.json
     ran = _flat(run_config)
-    return [f"--{key}={ran[key]}" for key in sorted(ran)
-            if key.split(".")[0] in ("target", "data", "draft", "train") and key in planned
-            and planned[key] is not None and not isinstance(ran[key], (list, dict)) and ran[key] != planned[key]]
+    flags = []
+    for key in sorted(ran):
+        if key == "output_dir" or key.startswith("logging.") or ran[key] == planned.get(key):
+            continue
+        if planned.get(key) is None and key in RESOLVED_AT_START:
+            continue
+        value = json.dumps(ran[key]) if isinstance(ran[key], (list, dict)) or ran[key] is None else str(ran[key])
+        flags.append(shlex.quote(f"--{key}={value}"))
+    return flags
 
 
 def run_config_steps(run: Path) -> int:
@@ -109,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
 {command}
 ```
 
-{t['max_steps']} steps x {t['batch_size']} sequences x {world} ranks, {t['optimizer']}, lr {t['lr']} ({t['schedule']}),
+{t['max_steps']} steps x {t['batch_size']} sequences x {world} ranks, {t.get('optimizer', 'adamw')}, lr {t['lr']} ({t.get('schedule', 'cosine')}),
 {recipe_line(run_config['draft'])}.
 Held-out evaluation at step {last['step']} ({run_config['train']['eval_fraction']:.0%} of the conversations): loss
 {last['loss']:.3f}, simulated acceptance length **{last['sim_accept_len']:.3f}** (a greedy chain's tokens per target
@@ -125,7 +135,7 @@ All eval records: `eval_metrics.json`.
         from headstart.decode.report import append_section
 
         body = (f"Held-out evaluation of `{out}` at step {last['step']}, trained by "
-                f"`{command}` ({t['max_steps']} steps, batch {t['batch_size']}/rank, {t['optimizer']}, lr {t['lr']}); "
+                f"`{command}` ({t['max_steps']} steps, batch {t['batch_size']}/rank, {t.get('optimizer', 'adamw')}, lr {t['lr']}); "
                 f"eval loss {last['loss']:.3f}, simulated acceptance length **{last['sim_accept_len']:.3f}** "
                 "(a greedy chain's tokens per target forward under teacher forcing).\n\n"
                 + header + "\n" + rows + "\n")

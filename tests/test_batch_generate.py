@@ -247,7 +247,8 @@ def test_a_demo_head_batched_accepts_exactly_as_alone(name):
     outs, _ = batch_speculative_generate(ragged, drafter, ps, 40, set(), 4)
     for got, want in zip(outs, expected):
         assert got.tokens == want.tokens and got.accepted == want.accepted and got.proposed == want.proposed
-    assert sum(sum(w.accepted) for w in expected) > 10  # the case under test: rounds accept drafts
+    # The case under test: rounds accept drafts (EAGLE-3 accepts most, Medusa's demo heads least).
+    assert sum(sum(w.accepted) for w in expected) > {"eagle3": 20, "mtp": 10, "medusa": 10}[name]
 
 
 def test_batch_caches_grow_past_their_first_allocation(world):

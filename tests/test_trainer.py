@@ -441,15 +441,23 @@ def test_without_periodic_evaluation_there_is_no_best_and_the_resolved_aux_ids_a
 def test_a_published_cards_command_names_what_the_run_changed_from_its_recipe(tmp_path):
     """publish_head's card command = the recipe plus the run's own overrides (what it takes to train the head again);
     output paths, logging and settings the run resolved at start are not overrides."""
+    import shlex
+
     from headstart.scripts.publish_head import overrides_of
     from headstart.trainer.config import load_config, to_dict
 
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("target:\n  path: configs/demo/target\ndata:\n  files: [a.jsonl]\ntrain:\n  lr: 2.0e-3\n"
                       "  batch_size: 4\ndraft:\n  head: eagle3\n  ttt_steps: 7\n")
-    ran = json.loads(json.dumps(to_dict(load_config(str(recipe), ["--train.batch_size=8", "--train.optimizer=muon",
-                                                                  "--draft.ttt_steps=3", "--logging.progress=false",
-                                                                  "--output_dir=elsewhere"]))))
+    changes = ["--train.batch_size=8", "--train.optimizer=muon", "--draft.ttt_steps=3", "--data.tokens_per_batch=1024",
+               "--data.files=[a.jsonl, my chats.jsonl]", "--logging.progress=false", "--output_dir=elsewhere"]
+    ran = json.loads(json.dumps(to_dict(load_config(str(recipe), changes))))
     ran["target"]["aux_layer_ids"] = [2, 4, 5]  # resolved by the trainer at start
-    assert overrides_of(str(recipe), ran) == ["--draft.ttt_steps=3", "--train.batch_size=8", "--train.optimizer=muon"]
+    flags = overrides_of(str(recipe), ran)
+    assert flags == ["'--data.files=[\"a.jsonl\", \"my chats.jsonl\"]'", "--data.tokens_per_batch=1024",
+                     "--draft.ttt_steps=3", "--train.batch_size=8", "--train.optimizer=muon"]
+    # The flags, as a shell passes them, load the run's config again (a None default overridden, a list, a space).
+    again = json.loads(json.dumps(to_dict(load_config(str(recipe), [shlex.split(f)[0] for f in flags]))))
+    assert {k: v for k, v in again.items() if k not in ("output_dir", "logging", "target")} == \
+        {k: v for k, v in ran.items() if k not in ("output_dir", "logging", "target")}
     assert overrides_of(str(recipe), json.loads(json.dumps(to_dict(load_config(str(recipe)))))) == []
