@@ -418,12 +418,12 @@ class Eagle3Draft(nn.Module):
             b, t = valid_k.nonzero(as_tuple=True)  # the trained positions; their target is at t+1+k
             # Only the trained positions' logits, a chunk at a time, recomputed in backward: no [B, T, V_d]
             # float32 tensor is kept per step (target restricted to the draft vocab, renormalised).
-            step_sum, correct, _, accept = chunked_vocab_loss(
+            step_sum, correct, top5, accept = chunked_vocab_loss(
                 VocabProjection(self.norm, self.lm_head.weight), hidden[b, t], lambda rows: target_rows[rows], b * T + t + 1 + k, torch.zeros_like(b),
                 soft=True, chunk_tokens=self.chunk_tokens, recompute=len(b) * V_d > RECOMPUTE_ABOVE,
-                divergence=self.divergence)
+                divergence=self.divergence, full_metrics=f.full_metrics)
             total = total + (self.step_weight**k) * step_sum / denominator
-            tally.add(valid_k, b, t, step_sum, correct, accept=accept)
+            tally.add(valid_k, b, t, step_sum, correct, top5=top5, accept=accept)
         return total, tally.metrics(valid)
 
     # -- checkpoint -----------------------------------------------------------------------------

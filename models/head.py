@@ -80,6 +80,10 @@ class Features:
     """[B, T] int64 for a packed batch (trainer/batches.py): several documents per row, each one's positions
     starting at 0 (a new document starts where the position is 0). None: one sequence per row, positions 0..T-1.
     Heads read it only through ``positions``, ``documents`` and ``within_document``."""
+    full_metrics: bool = True
+    """Whether the loss also computes the metrics that cost a pass over every trained position's [V] logits
+    besides the loss's own: the top-5 accuracy and the expected acceptance sum min(p, q). The trainer asks for them
+    only on the steps it logs; the argmax accuracy (the progress bar's, and ``sim_accept_len``'s) is always kept."""
 
     def to(self, device: torch.device | str) -> "Features":
         def move(x):

@@ -81,7 +81,8 @@ def divergence_sum(divergence: str, logp: torch.Tensor, logq: torch.Tensor) -> t
 def chunked_vocab_loss(project: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
                        teacher: Callable[[torch.Tensor], torch.Tensor], teacher_h: torch.Tensor, labels: torch.Tensor,
                        soft: bool, chunk_tokens: int, recompute: bool = True, vocab_ids: torch.Tensor | None = None,
-                       divergence: str = "kl") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                       divergence: str = "kl", full_metrics: bool = True
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Summed cross-entropy of ``project(x)`` [N, V] against the teacher's distribution
     ``softmax(teacher(teacher_h))`` (``soft``) or the ``labels`` [N]; also per position whether the
     draft's argmax equals the teacher's, whether the teacher's argmax is in the draft's top 5, and (``soft``)
@@ -96,34 +97,40 @@ def chunked_vocab_loss(project: Callable[[torch.Tensor], torch.Tensor], x: torch
     position whose right token the draft cannot name counts as wrong, as it is when decoding.
 
     ``divergence`` (``soft`` only; ``divergence_sum``): what q is trained against p with; the fused kernels compute
-    forward KL, so any other runs the chunked torch path."""
+    forward KL, so any other runs the chunked torch path.
+
+    ``full_metrics=False`` (``Features.full_metrics``): top-5 and sum min(p, q) are None, not computed -- each is
+    another pass over the [n, V] logits (the fused kernels compute them in their one pass, so they always do)."""
     if divergence != "kl" and not soft:
         raise ValueError(f"draft.loss={divergence!r} compares the draft with the target's distribution; it needs soft "
                          "labels (the target's), not the data's tokens")
     with record_function("head: vocab loss"):  # a part of the step for torch.profiler (benchmarks/profile_step.py)
         if vocab_ids is not None:
-            return _chunks(project, x, teacher, teacher_h, labels, soft, chunk_tokens, recompute, vocab_ids, divergence)
+            return _chunks(project, x, teacher, teacher_h, labels, soft, chunk_tokens, recompute, vocab_ids, divergence,
+                           full_metrics)
         if divergence == "kl" and use_fused(project, x):
             return fused_linear_loss(project.pre(x), project.weight, teacher, teacher_h, labels, soft, chunk_tokens)
-        return _chunks(project, x, teacher, teacher_h, labels, soft, chunk_tokens, recompute, None, divergence)
+        return _chunks(project, x, teacher, teacher_h, labels, soft, chunk_tokens, recompute, None, divergence,
+                       full_metrics)
 
 
-def _chunks(project, x, teacher, teacher_h, labels, soft, chunk_tokens, recompute, vocab_ids, divergence):
+def _chunks(project, x, teacher, teacher_h, labels, soft, chunk_tokens, recompute, vocab_ids, divergence, full_metrics):
     N = x.shape[0]
     loss_sum = torch.zeros((), dtype=torch.float32, device=x.device)
     correct, top5, accept = [], [], []
     for c in range(lockstep_chunks(N, chunk_tokens, x.device)):
         part = slice(c * chunk_tokens, (c + 1) * chunk_tokens)
-        args = (project, teacher, x[part], teacher_h[part], labels[part], soft, vocab_ids, divergence)
+        args = (project, teacher, x[part], teacher_h[part], labels[part], soft, vocab_ids, divergence, full_metrics)
         if recompute and torch.is_grad_enabled():  # keep only the chunk's inputs; backward recomputes its logits
             chunk_loss, draft_top, draft_top1, target_top1, chunk_accept = checkpoint(_chunk, *args, use_reentrant=False)
         else:
             chunk_loss, draft_top, draft_top1, target_top1, chunk_accept = _chunk(*args)
         loss_sum = loss_sum + chunk_loss
         correct.append(draft_top1 == target_top1)  # argmax on both sides: ties go to the first id alike
-        top5.append((draft_top == target_top1[:, None]).any(-1))
-        accept.append(chunk_accept)
-    return loss_sum, torch.cat(correct), torch.cat(top5), torch.cat(accept)
+        if full_metrics:
+            top5.append((draft_top == target_top1[:, None]).any(-1))
+            accept.append(chunk_accept)
+    return loss_sum, torch.cat(correct), torch.cat(top5) if full_metrics else None, torch.cat(accept) if full_metrics else None
 
 
 @dataclass(frozen=True)
@@ -150,9 +157,10 @@ class TeacherRows:
 
 
 def _chunk(project, teacher, x: torch.Tensor, teacher_h: torch.Tensor, labels: torch.Tensor, soft: bool,
-           vocab_ids: torch.Tensor | None = None, divergence: str = "kl"):
+           vocab_ids: torch.Tensor | None = None, divergence: str = "kl", full_metrics: bool = True):
     """Summed loss of n positions, the draft's top-5 ids [n, 5] and argmax [n], the teacher's argmax [n] and
-    sum min(p, q) [n]; ids are target ids (``vocab_ids`` maps a truncated draft's outputs to them)."""
+    sum min(p, q) [n]; ids are target ids (``vocab_ids`` maps a truncated draft's outputs to them). Without
+    ``full_metrics`` the top-5 ids and sum min(p, q) are None."""
     with torch.no_grad():
         if isinstance(teacher, TeacherRows):
             teacher_logits, target_top1 = teacher.logits[teacher_h], teacher.top1[teacher_h]  # [n, V'], [n]
@@ -169,12 +177,16 @@ def _chunk(project, teacher, x: torch.Tensor, teacher_h: torch.Tensor, labels: t
             labels = torch.where(vocab_ids[index] == labels, index, -100)
     logq = torch.log_softmax(project(x).float(), -1)  # [n, V']
     loss = divergence_sum(divergence, logp, logq) if soft else F.nll_loss(logq, labels, reduction="sum", ignore_index=-100)
-    with torch.no_grad():
-        accept = torch.minimum(p, logq.exp()).sum(-1) if soft else torch.zeros(len(x), device=x.device)
     draft = logq.detach()
-    top5, top1 = draft.topk(min(5, logq.shape[-1]), -1).indices, draft.argmax(-1)
+    top1 = draft.argmax(-1)
+    top5 = accept = None
+    if full_metrics:
+        with torch.no_grad():
+            accept = torch.minimum(p, logq.exp()).sum(-1) if soft else torch.zeros(len(x), device=x.device)
+        top5 = draft.topk(min(5, logq.shape[-1]), -1).indices
     if vocab_ids is not None:
-        top5, top1 = vocab_ids[top5], vocab_ids[top1]
+        top1 = vocab_ids[top1]
+        top5 = None if top5 is None else vocab_ids[top5]
     return loss, top5, top1, target_top1, accept
 
 
@@ -207,9 +219,10 @@ def multi_step_loss(steps: Iterable[tuple[Callable[[torch.Tensor], torch.Tensor]
         valid = f.within_document(valid, s + 2)  # a packed batch: token t+2+s in t's document
         b, t = valid.nonzero(as_tuple=True)  # the trained positions
         teacher_s, teacher_h = (teacher, target_h[b, t + 1 + s]) if rows is None else (rows, b * T + t + 1 + s)
-        step_sum, correct, top5, _ = chunked_vocab_loss(project, draft[b, t], teacher_s, teacher_h,
-                                                     f.input_ids[b, t + 2 + s], soft, chunk_tokens, vocab_ids=vocab_ids,
-                                                     divergence=divergence)
+        step_sum, correct, top5, accept = chunked_vocab_loss(project, draft[b, t], teacher_s, teacher_h,
+                                                          f.input_ids[b, t + 2 + s], soft, chunk_tokens,
+                                                          vocab_ids=vocab_ids, divergence=divergence,
+                                                          full_metrics=f.full_metrics)
         total = total + (step_weight**s) * step_sum / denominator
-        tally.add(valid, b, t, step_sum, correct, top5=top5)
+        tally.add(valid, b, t, step_sum, correct, top5=top5, accept=accept if soft else None)
     return total, tally.metrics(f.loss_mask)

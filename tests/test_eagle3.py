@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -251,3 +252,25 @@ def test_a_target_with_rope_per_layer_type_gives_the_draft_its_full_attention_ro
     config = Eagle3Config.from_target(target.config, draft_vocab_size=48)
     assert config.rope_theta == params["full_attention"]["rope_theta"] != params["sliding_attention"]["rope_theta"]
     assert config.rope_scaling is None and config.to_hf_dict()["rope_scaling"] is None
+
+
+def test_steps_that_are_not_logged_skip_top5_and_accept_and_train_the_same():
+    """``Features.full_metrics=False`` (a step the trainer does not log) leaves out top-5 and sum min(p, q) -- each a
+    pass over the logits -- and changes nothing else: the loss and gradients bit for bit, acc_k, sim_accept_len."""
+    draft = tiny_draft()
+    f = random_features(draft)
+    metrics, grads = [], []
+    for full in (True, False):
+        draft.zero_grad()
+        loss, m = draft.loss(dataclasses.replace(f, full_metrics=full))
+        loss.backward()
+        metrics.append({**m, "loss": float(loss)})
+        grads.append({n: p.grad.clone() for n, p in draft.named_parameters() if p.grad is not None})
+    full, light = metrics
+    assert light["loss"] == full["loss"] and light["sim_accept_len"] == full["sim_accept_len"]
+    for n, g in grads[0].items():
+        assert torch.equal(g, grads[1][n]), n
+    for k in range(draft.ttt_steps):
+        assert light[f"acc_{k}"] == full[f"acc_{k}"]
+        assert full[f"acc_{k}"] <= full[f"top5_{k}"] <= 1.0 and 0.0 < full[f"accept_{k}"] <= 1.0
+        assert f"top5_{k}" not in light and f"accept_{k}" not in light

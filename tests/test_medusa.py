@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 
@@ -93,6 +94,31 @@ def test_chunked_loss_and_gradients_equal_the_dense_reference(target, labels):
         assert metrics[f"acc_{k}"] == pytest.approx(acc, abs=1e-6)
         assert metrics[f"acc_{k}"] <= metrics[f"top5_{k}"] <= 1.0
     assert metrics["sim_accept_len"] == pytest.approx(sim_len, abs=1e-6)
+
+
+@pytest.mark.parametrize("labels", ["target", "data"])
+def test_steps_that_are_not_logged_skip_top5_and_accept_and_train_the_same(target, labels):
+    """The multi-step loss (Medusa's and MTP's) without ``full_metrics``: no top-5 or sum min(p, q), the same loss,
+    gradients, acc_k and sim_accept_len. sum min(p, q) exists only against the target's distribution."""
+    f = batch(target)
+    heads = heads_for(target, labels=labels, chunk_tokens=7)
+    metrics, grads = [], []
+    for full in (True, False):
+        heads.zero_grad()
+        loss, m = heads.loss(dataclasses.replace(f, full_metrics=full))
+        loss.backward()
+        metrics.append({**m, "loss": float(loss)})
+        grads.append({n: p.grad.clone() for n, p in heads.named_parameters()})
+    full, light = metrics
+    assert light["loss"] == full["loss"] and light["sim_accept_len"] == full["sim_accept_len"]
+    for n, g in grads[0].items():
+        assert torch.equal(g, grads[1][n]), n
+    for k in range(heads.config.num_heads):
+        assert light[f"acc_{k}"] == full[f"acc_{k}"] <= full[f"top5_{k}"] <= 1.0
+        assert (f"accept_{k}" in full) == (labels == "target")
+        assert f"top5_{k}" not in light and f"accept_{k}" not in light
+    if labels == "target":
+        assert all(0.0 < full[f"accept_{k}"] <= 1.0 for k in range(heads.config.num_heads))
 
 
 def test_heads_that_match_the_target_everywhere_give_a_full_chain(target):

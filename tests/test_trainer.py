@@ -162,6 +162,23 @@ def test_wandb_offline_run_can_be_read_back(tmp_path, monkeypatch):
         assert items["train/loss"] == pytest.approx(train[step]["loss"])
 
 
+def test_only_logged_steps_are_written_and_they_carry_the_full_metrics(tmp_path):
+    """``train.log_every`` 4 over 6 steps: rows for steps 4 and 6 (the last), each with top-5 and sum min(p, q), and
+    the same losses as a run that logs every step (steps that are not logged skip only metrics)."""
+    every = make_setup(tmp_path / "every")
+    build_trainer(load_config(None, every)).train()
+    sparse = make_setup(tmp_path / "sparse") + ["--train.log_every=4"]
+    build_trainer(load_config(None, sparse)).train()
+    rows = {d: [json.loads(x) for x in (tmp_path / d / "run" / "metrics.jsonl").read_text().splitlines()]
+            for d in ("every", "sparse")}
+    train = {d: {r["step"]: r for r in rs if r["split"] == "train"} for d, rs in rows.items()}
+    assert sorted(train["sparse"]) == [4, 6] and sorted(train["every"]) == [1, 2, 3, 4, 5, 6]
+    for step, row in train["sparse"].items():
+        assert {"top5_0", "accept_0", "acc_0", "sim_accept_len"} <= set(row)
+        assert row["loss"] == pytest.approx(train["every"][step]["loss"], rel=1e-6)
+        assert row["accept_0"] == pytest.approx(train["every"][step]["accept_0"], rel=1e-6)
+
+
 def test_a_draft_config_from_another_target_is_refused_before_training(tmp_path):
     overrides = make_setup(tmp_path)
     other = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 48, "num_attention_heads": 4,

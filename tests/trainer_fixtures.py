@@ -43,6 +43,7 @@ def make_setup(root: Path, rows: int = 24, layers: int = 8, head: str = "eagle3"
         "--train.max_steps=6",
         "--train.batch_size=2",
         "--train.save_every=3",
+        "--train.log_every=1",  # a train row per step: the tests compare runs step by step
         "--train.eval_fraction=0.2",
         "--train.max_eval_batches=2",
         "--logging.progress=false",

@@ -58,7 +58,9 @@ class TrainConfig:
     eval_fraction: float = 0.02
     """Share of the rows held out for evaluation (at least one row when > 0)."""
     max_eval_batches: int = 50
-    log_every: int = 1
+    log_every: int = 10
+    """Steps between the train rows of metrics.jsonl / wandb (and the last step). Only those steps compute the
+    metrics that cost a pass over the logits (top-5, sum min(p, q)); the progress bar shows every step's loss."""
     decode_eval_prompts: int = 0
     """Held-out prompts decoded speculatively (greedy chain) at every evaluation to log tau; 0 = off."""
     decode_eval_max_new_tokens: int = 64

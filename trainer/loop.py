@@ -110,11 +110,13 @@ class Trainer:
         return True
 
     # -- training -------------------------------------------------------------------------------
-    def forward_backward(self, batch: dict[str, torch.Tensor], last_micro: bool, denominator: float) -> dict[str, float]:
+    def forward_backward(self, batch: dict[str, torch.Tensor], last_micro: bool, denominator: float,
+                         full_metrics: bool = True) -> dict[str, float]:
         # The scopes name the parts of a step for torch.profiler (benchmarks/profile_step.py); free otherwise.
         with record_function("step: features"):
             features = self.features(batch)
         features.loss_denominator = denominator
+        features.full_metrics = full_metrics
         with autocast_context(self.config.train.mixed_precision, self.info.device), record_function("step: head forward"):
             loss, metrics = self.backend.forward(features)
         with record_function("step: head backward"):
@@ -136,12 +138,19 @@ class Trainer:
                                dtype=torch.float64)
         trained = float(all_reduce_sum(trained.to(self.info.device)))
         denominator = max(trained, 1.0) / (accum * self.info.world_size)
-        micro_metrics = [self.forward_backward(b, micro == accum - 1, denominator) for micro, b in enumerate(batches)]
+        # Top-5 and sum min(p, q) cost a pass over the logits each (~4% of a SmolLM2 step): only for the logged steps.
+        logged = self.logs(self.step + 1)
+        micro_metrics = [self.forward_backward(b, micro == accum - 1, denominator, logged) for micro, b in enumerate(batches)]
         with record_function("step: optimizer"):
             grad_norm = self.backend.step()
         metrics = self._reduce(micro_metrics)
         metrics.update(grad_norm=grad_norm, lr=self.backend.lr, epoch=self.plan.epoch_of(self.step + 1))
         return metrics
+
+    def logs(self, step: int) -> bool:
+        """Whether the train metrics of ``step`` (counted from 1) go to metrics.jsonl / wandb."""
+        t = self.config.train
+        return step % t.log_every == 0 or step == t.max_steps
 
     def _check_sources(self, batches: list[dict[str, torch.Tensor]]) -> None:
         """Every rank checks what this step's features are read from (stored shards) before any forward, and
@@ -205,7 +214,7 @@ class Trainer:
             tok_s = (self.tokens_seen - start_tokens) / (time.perf_counter() - start)
             metrics["tokens_per_s"] = tok_s
             metrics["peak_mem_gib"] = peak_memory_gib(self.info.device)  # rank 0's, as the bar shows it
-            if self.step % t.log_every == 0 or self.step == t.max_steps:
+            if self.logs(self.step):
                 self.logger.log(self.step, "train", metrics)
             bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc0=f"{metrics.get('acc_0', 0):.3f}", tok_s=f"{tok_s:,.0f}",
                             mem=f"{metrics['peak_mem_gib']:.1f}G", refresh=False)  # shown by update's (throttled) redraw
