@@ -27,23 +27,32 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
+def next_batches(trainer) -> list[dict[str, torch.Tensor]]:
+    """The micro-batches the trainer's next ``train_step`` will train on."""
+    return [trainer.batch(trainer.train_data, trainer.plan.rows(trainer.step, m)) for m in range(trainer.config.train.grad_accum)]
+
+
+@torch.no_grad()
+def target_forward(trainer, batches: list[dict[str, torch.Tensor]]) -> None:
+    """The target's own forward (HF, logits included) over ``batches``, as trainer/features.py runs it: a packed
+    batch by its positions."""
+    device = trainer.info.device
+    for b in batches:
+        pos = b.get("position_ids")
+        trainer.features.target(b["input_ids"].to(device), attention_mask=b["attention_mask"].to(device) if pos is None else None,
+                                position_ids=None if pos is None else pos.to(device))
+
+
 def measure(config, steps: int, warmup: int) -> dict:
     """Median step and target-forward seconds over ``steps`` steps after ``warmup``, trained tokens/s, and how
     many of the batches' slots were padding."""
     trainer = build_trainer(config)
-    target = trainer.features.target
     step_s, target_s, tokens, slots = [], [], [], []
     for i in range(warmup + steps):
-        accum = config.train.grad_accum
-        batches = [trainer.batch(trainer.train_data, trainer.plan.rows(trainer.step, m)) for m in range(accum)]
+        batches = next_batches(trainer)
         _sync()
         t0 = time.perf_counter()
-        with torch.no_grad():
-            for b in batches:  # as trainer/features.py runs it: a packed batch by its positions
-                pos = b.get("position_ids")
-                target(b["input_ids"].to(trainer.info.device),
-                       attention_mask=b["attention_mask"].to(trainer.info.device) if pos is None else None,
-                       position_ids=None if pos is None else pos.to(trainer.info.device))
+        target_forward(trainer, batches)
         _sync()
         t1 = time.perf_counter()
         metrics = trainer.train_step()
@@ -56,7 +65,7 @@ def measure(config, steps: int, warmup: int) -> dict:
             tokens.append(metrics["tokens"])
             slots.append(sum(b["input_ids"].numel() for b in batches) / sum(float(b["attention_mask"].sum()) for b in batches))
     info = trainer.info
-    del trainer, target
+    del trainer
     gc.collect()
     return {"step": statistics.median(step_s), "fwd": statistics.median(target_s), "tok_s": sum(tokens) / sum(step_s),
             "slots_per_token": statistics.mean(slots), "info": info}

@@ -6,6 +6,11 @@ steps and its vocab loss --, its backward, the optimizer) and, below, the ops th
 
 One process (the profile of one rank). The scopes nest: "head: draft step" and "head: vocab loss" are parts of
 "step: head forward" (the loss's chunks recomputed in backward are counted in "step: head backward").
+
+Then one more step and the target's own forward on that step's batch are counted in FLOPs (``FlopCounterMode``:
+matrix products; attention's own products are not counted on a CPU, where its kernel has no FLOP formula): their
+ratio is what the step would cost relative to the target's forward if every product ran at the same speed -- the
+floor under the measured "step / target forward" of benchmarks/bench_train.py.
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ import dataclasses
 
 import torch
 from torch.profiler import ProfilerActivity, profile
+from torch.utils.flop_counter import FlopCounterMode
 
+from headstart.benchmarks.bench_train import next_batches, target_forward
 from headstart.decode.report import append_section
 from headstart.trainer.config import load_config
 from headstart.trainer.run import build_trainer
@@ -40,6 +47,13 @@ def main() -> None:
         for _ in range(args.steps):
             trainer.train_step()
             trainer.step += 1
+    batches = next_batches(trainer)
+    with FlopCounterMode(display=False) as forward_flops:
+        target_forward(trainer, batches)
+    with FlopCounterMode(display=False) as step_flops:
+        trainer.train_step()
+    trainer.step += 1
+    flop_ratio = step_flops.get_total_flops() / max(1, forward_flops.get_total_flops())
     device_time = torch.cuda.is_available()
     events = prof.key_averages()
     by_name = {e.key: e for e in events}
@@ -68,7 +82,10 @@ def main() -> None:
             f"{t.batch_size} x {t.grad_accum} accum, one process, max length {d.max_length}, "
             f"{'packed' if d.packing else 'padded'} batches, target dtype {config.target.dtype}; {args.steps} steps "
             f"profiled after one warm-up, {'device' if device_time else 'host wall'} time per step.\n\n"
-            + "\n".join(lines) + "\n\n" + "\n".join(op_lines) + "\n")
+            + "\n".join(lines) + "\n\n" + "\n".join(op_lines) + "\n\n"
+            f"FLOPs of one step / FLOPs of the target's own forward on its batch (matrix products): "
+            f"{step_flops.get_total_flops() / 1e9:,.3f} / {forward_flops.get_total_flops() / 1e9:,.3f} GFLOP = "
+            f"**{flop_ratio:.2f}x**\n")
     print(body)
     if args.out:
         append_section(args.out, f"Where a training step goes: {config.draft.head}", body)

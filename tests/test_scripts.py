@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -111,6 +112,10 @@ def test_profile_step_splits_a_step_into_its_parts(tmp_path):
     assert parts["step: head forward"] > 0 and parts["step: head backward"] > 0
     assert parts["head: draft step"] + parts["head: vocab loss"] <= parts["step: head forward"] * 1.01
     assert "| `aten::" in text  # the op table
+    step, forward, ratio = re.search(r"\(matrix products\): ([\d,.]+) / ([\d,.]+) GFLOP = \*\*([\d.]+)x\*\*", text).groups()
+    step, forward = float(step.replace(",", "")), float(forward.replace(",", ""))
+    # the step holds the target's forward (less its lm_head off the trained positions) and the head's forward + backward
+    assert 1.0 < float(ratio) < 50 and float(ratio) == pytest.approx(step / forward, rel=0.02)
 
 
 def test_heldout_tau_runs_any_head_and_counts_like_the_decoder(tmp_path):
