@@ -64,9 +64,8 @@ def _prefill(runner: RaggedRunner, prompts: list[torch.Tensor], max_new_tokens: 
     for b, p in enumerate(prompts):
         ids[b, : lengths[b]] = p[0]
     runner.reset(len(prompts))
-    logits, states = runner.forward(ids, valid=lengths)
+    last, states = runner.forward(ids, valid=lengths, last_only=True)
     runner.commit(lengths)
-    last = logits[torch.arange(len(prompts), device=ids.device), torch.tensor(lengths, device=ids.device) - 1]
     first = _pick_rows(last, sampling, generator).tolist()
     outs, done = [], []
     for token in first:

@@ -18,6 +18,17 @@ from headstart.models.target import additive_mask
 from headstart.decode.tree import ExpandedNodes
 
 
+def fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The draft model's logits [..., V_draft] as wide as the target's (q must match p): a padded draft vocab loses
+    the ids the target cannot emit (never drafted), a narrower one gets -inf for the ids it lacks."""
+    width = logits.shape[-1]
+    if width > vocab_size:
+        return logits[..., :vocab_size]
+    if width < vocab_size:
+        return torch.nn.functional.pad(logits, (0, vocab_size - width), value=float("-inf"))
+    return logits
+
+
 class DraftModelDrafter:
     def __init__(self, model: PreTrainedModel, max_len: int, target_vocab_size: int) -> None:
         self.model = model.eval()
@@ -38,13 +49,7 @@ class DraftModelDrafter:
         out = self.model(input_ids=ids.view(1, -1), attention_mask=additive_mask(allowed, self._dtype),
                          position_ids=positions.view(1, -1), past_key_values=self.cache, use_cache=True,
                          logits_to_keep=1 if last_only else 0)
-        logits = out.logits[0].float()
-        width = logits.shape[-1]
-        if width > self.vocab_size:  # a padded draft vocab: ids the target cannot emit are never drafted
-            return logits[:, : self.vocab_size]
-        if width < self.vocab_size:
-            return torch.nn.functional.pad(logits, (0, self.vocab_size - width), value=float("-inf"))
-        return logits
+        return fit_vocab(out.logits[0].float(), self.vocab_size)
 
     @torch.no_grad()
     def _advance(self, ids: torch.Tensor) -> None:

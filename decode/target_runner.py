@@ -163,13 +163,22 @@ class RaggedRunner(TargetRunner):
         raise NotImplementedError("a ragged batch decodes chains; trees run one sequence at a time (TargetRunner)")
 
     @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor, valid: list[int] | None = None) -> tuple[torch.Tensor, TargetOutput]:
-        """input_ids [B, n], ``valid[b]`` real tokens in row b (default n) -> (logits [B, n, V], states [B, n, ...])."""
+    def forward(self, input_ids: torch.Tensor, valid: list[int] | None = None, starts: list[int] | None = None,
+                last_only: bool = False) -> tuple[torch.Tensor, TargetOutput]:
+        """input_ids [B, n], ``valid[b]`` real tokens in row b (default n) -> (logits [B, n, V], states [B, n, ...]).
+        ``starts[b]``: row b's first slot (default its committed length; a drafter's later chain steps go after its
+        earlier uncommitted ones, which they attend to). ``last_only``: logits [B, V] at each row's last real token
+        only (a prompt needs no more, and [B, T, V] for a long prompt and a large vocab is gigabytes)."""
         B, n = input_ids.shape
         device = input_ids.device
-        allowed, position_ids = ragged_block(self.cache.lengths, valid or [n] * B, n, device)
+        starts = self.cache.lengths if starts is None else starts
+        valid = valid or [n] * B
+        allowed, position_ids = ragged_block(starts, valid, n, device)
         mask = self._mask(allowed, position_ids, torch.arange(allowed.shape[-1], device=device))  # key slot = position
-        self.cache.begin(device)
+        self.cache.begin(device, starts)
         out = self.target(input_ids, attention_mask=mask, position_ids=position_ids, past_key_values=self.cache,
                           with_aux=self.with_aux)
-        return self.target.logits(out.last_hidden_state), out
+        hidden = out.last_hidden_state
+        if last_only:
+            hidden = hidden[torch.arange(B, device=device), torch.tensor(valid, device=device) - 1]  # [B, H]
+        return self.target.logits(hidden), out

@@ -34,6 +34,7 @@ from headstart.decode.benchmark import (
     split_table,
 )
 from headstart.decode.draft_model import DraftModelDrafter
+from headstart.decode.draft_model_batch_drafter import DraftModelBatchDrafter, as_draft_target
 from headstart.decode.generate import Sampling
 from headstart.decode.hf_peers import HFSpeculation
 from headstart.decode.ngram import NgramDrafter
@@ -126,10 +127,11 @@ def main() -> int:
                     "a draft model must share its target's vocabulary")
         draft_model = load_causal_lm(TargetConfig(path=args.draft, dtype=dtype, device=device))
         make = lambda: DraftModelDrafter(draft_model, max_len, vocab_size)  # noqa: E731
+        draft_target = as_draft_target(draft_model)
+        make_batch = lambda b: DraftModelBatchDrafter(draft_target, max_len, vocab_size, b)  # noqa: E731
     else:
         make = NgramDrafter
-    if args.method not in HEADS:
-        make_batch = None  # one drafter per sequence
+        make_batch = None  # one n-gram lookup per sequence
     own_loop = None
     if args.method in HF_METHODS:
         own_loop = HFSpeculation(target.model, args.num_speculative_tokens, pad_token_id=tokenizer.pad_token_id or 0,

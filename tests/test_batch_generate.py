@@ -9,6 +9,7 @@ from tiny_models import random_eagle3_head, tiny_causal_lm
 
 from headstart.decode.batch_generate import PerSequence, batch_plain_generate, batch_speculative_generate
 from headstart.decode.draft_model import DraftModelDrafter
+from headstart.decode.draft_model_batch_drafter import DraftModelBatchDrafter, as_draft_target
 from headstart.decode.eagle3_batch_drafter import Eagle3BatchDrafter
 from headstart.decode.eagle3_drafter import Eagle3Drafter
 from headstart.decode.generate import plain_generate, speculative_generate
@@ -98,11 +99,13 @@ def drafter_makers(world):
     makers["eagle3-batched"] = (single["eagle3"], lambda b: Eagle3BatchDrafter(eagle3, MAX_LEN, b))
     makers["mtp-batched"] = (single["mtp"], lambda b: MTPBatchDrafter(mtp, MAX_LEN, b))
     makers["medusa-batched"] = (single["medusa"], lambda b: MedusaBatchDrafter(heads, MAX_LEN, b))
+    draft = as_draft_target(small)
+    makers["draft-model-batched"] = (single["draft-model"], lambda b: DraftModelBatchDrafter(draft, MAX_LEN, vocab, b))
     return makers
 
 
 @pytest.mark.parametrize("method", ["eagle3", "eagle3-batched", "mtp", "mtp-batched", "medusa", "medusa-batched",
-                                    "ngram", "draft-model"])
+                                    "ngram", "draft-model", "draft-model-batched"])
 @pytest.mark.parametrize("k,max_new", [(3, 30), (5, 7)])
 def test_greedy_batch_equals_each_prompt_alone_tau_included(world, method, k, max_new):
     """Tokens, target forwards and accepted drafts of every round, per sequence, equal decoding it alone."""
@@ -140,7 +143,7 @@ def small_vocab():
     return model, RaggedRunner(Target(model), 32)
 
 
-@pytest.mark.parametrize("drafter", ["eagle3-sampled", "eagle3-batched", "medusa", "mtp-batched"])
+@pytest.mark.parametrize("drafter", ["eagle3-sampled", "eagle3-batched", "medusa", "mtp-batched", "draft-model-batched"])
 def test_batched_speculative_samples_follow_the_target(small_vocab, drafter):
     """Lossless in a batch: 2,000 sequences decoded 250 at a time; the joint of the 2nd and 3rd tokens matches the
     warped target's exact joint (chi-square at p = 0.001)."""
@@ -154,10 +157,15 @@ def test_batched_speculative_samples_follow_the_target(small_vocab, drafter):
     mtp = build_mtp(target)
     for p in mtp.parameters():
         torch.nn.init.normal_(p, std=0.3)
+    small_model = tiny_causal_lm("llama", num_hidden_layers=1, vocab_size=V)
+    with torch.no_grad():
+        small_model.lm_head.weight.mul_(30.0)  # its own peaky q, far from the target's p
+    small = as_draft_target(small_model)
     make = {"eagle3-sampled": lambda: PerSequence([Eagle3Drafter(head, 32) for _ in range(250)]),
             "eagle3-batched": lambda: Eagle3BatchDrafter(head, 32, 250),
             "medusa": lambda: PerSequence([MedusaDrafter(heads) for _ in range(250)]),
-            "mtp-batched": lambda: MTPBatchDrafter(mtp, 32, 250)}[drafter]
+            "mtp-batched": lambda: MTPBatchDrafter(mtp, 32, 250),
+            "draft-model-batched": lambda: DraftModelBatchDrafter(small, 32, V, 250)}[drafter]
     g = torch.Generator().manual_seed(0)
     pairs = []
     for _ in range(8):
@@ -167,16 +175,31 @@ def test_batched_speculative_samples_follow_the_target(small_vocab, drafter):
     assert stat < critical
 
 
-@pytest.mark.parametrize("name", ["eagle3", "mtp"])
-def test_batched_draft_steps_compute_each_rows_logits_as_alone(world, name):
+@pytest.mark.parametrize("name", ["eagle3", "mtp", "draft-model"])
+def test_batched_draft_steps_compute_each_rows_logits_as_alone(world, name, monkeypatch):
     """Every draft-step distribution of the batched drafter -- after the prompt, through speculative steps, after a
     ragged commit -- equals the one-sequence drafter's for that row (a position or a cache slot off by one moves
     these even where the argmax, and so the accepted drafts, happen not to move)."""
     model, target, alone, ragged = world
     torch.manual_seed(0)
-    head = (random_eagle3_head(target) if name == "eagle3" else build_mtp(target)).double()
-    single_drafter, batch_drafter = (Eagle3Drafter, Eagle3BatchDrafter) if name == "eagle3" else (MTPDrafter, MTPBatchDrafter)
+    vocab = model.config.vocab_size
     calls: list[torch.Tensor] = []
+    if name == "draft-model":  # every logits row the small model produces passes through fit_vocab
+        import headstart.decode.draft_model as single_module
+        import headstart.decode.draft_model_batch_drafter as batch_module
+
+        small = tiny_causal_lm("llama", num_hidden_layers=2).double()
+        for module in (single_module, batch_module):
+            inner = module.fit_vocab
+            monkeypatch.setattr(module, "fit_vocab", lambda x, v, inner=inner: calls.append(inner(x, v)) or calls[-1])
+        single_drafter = lambda: DraftModelDrafter(small, MAX_LEN, vocab)  # noqa: E731
+        draft = as_draft_target(small)
+        batch_drafter = lambda b: DraftModelBatchDrafter(draft, MAX_LEN, vocab, b)  # noqa: E731
+    else:
+        head = (random_eagle3_head(target) if name == "eagle3" else build_mtp(target)).double()
+        single_cls, batch_cls = (Eagle3Drafter, Eagle3BatchDrafter) if name == "eagle3" else (MTPDrafter, MTPBatchDrafter)
+        single_drafter = lambda: single_cls(head, MAX_LEN)  # noqa: E731
+        batch_drafter = lambda b: batch_cls(head, MAX_LEN, b)  # noqa: E731
 
     def record(drafter):  # every draft distribution the drafter computes, in order
         if name == "eagle3":
@@ -192,7 +215,7 @@ def test_batched_draft_steps_compute_each_rows_logits_as_alone(world, name):
     expected = []
     for b, p in enumerate(ps):
         calls.clear()
-        d = record(single_drafter(head, MAX_LEN))
+        d = record(single_drafter())
         alone.reset()
         logits, states = alone.forward(p)
         alone.commit(p.shape[1])
@@ -203,7 +226,7 @@ def test_batched_draft_steps_compute_each_rows_logits_as_alone(world, name):
         d.propose(3)
         expected.append([c.reshape(-1, c.shape[-1])[-1] for c in calls])
     calls.clear()
-    d = record(batch_drafter(head, MAX_LEN, len(ps)))
+    d = record(batch_drafter(len(ps)))
     lengths = [p.shape[1] for p in ps]
     ids = torch.zeros(len(ps), max(lengths), dtype=torch.long)
     for b, p in enumerate(ps):
@@ -249,6 +272,32 @@ def test_a_demo_head_batched_accepts_exactly_as_alone(name):
         assert got.tokens == want.tokens and got.accepted == want.accepted and got.proposed == want.proposed
     # The case under test: rounds accept drafts (EAGLE-3 accepts most, Medusa's demo heads least).
     assert sum(sum(w.accepted) for w in expected) > {"eagle3": 20, "mtp": 10, "medusa": 10}[name]
+
+
+def test_the_demo_draft_model_batched_accepts_exactly_as_alone():
+    """The demo draft model (2 layers, trained on the demo target's data) accepts drafts on the demo target, so its
+    batched drafter's proposals are checked against the one-sequence drafter round by round."""
+    from pathlib import Path
+
+    from headstart.models.target import TargetConfig, load_causal_lm, load_tokenizer
+
+    repo = Path(__file__).resolve().parents[1]
+    config = lambda name: TargetConfig(path=str(repo / "configs/demo" / name), dtype="float32", device="cpu")  # noqa: E731
+    target = Target.from_pretrained(config("target"))
+    target.model.double()
+    small = load_causal_lm(config("draft-model")).double()
+    tokenizer = load_tokenizer(str(repo / "configs/demo/target"))
+    texts = ["Write a haiku about the sea.", "What is 12 times 7? Explain step by step.", "Name three colours."]
+    ps = [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                        return_tensors="pt", return_dict=True)["input_ids"] for t in texts]
+    vocab = target.lm_head.weight.shape[0]
+    alone, ragged = TargetRunner(target, 256), RaggedRunner(target, 256)
+    expected = [speculative_generate(alone, DraftModelDrafter(small, 256, vocab), p, 40, set(), 4) for p in ps]
+    outs, _ = batch_speculative_generate(ragged, DraftModelBatchDrafter(as_draft_target(small), 256, vocab, len(ps)),
+                                         ps, 40, set(), 4)
+    for got, want in zip(outs, expected):
+        assert got.tokens == want.tokens and got.accepted == want.accepted and got.proposed == want.proposed
+    assert sum(sum(w.accepted) for w in expected) > 20  # the case under test: the draft model's drafts are accepted
 
 
 def test_batch_caches_grow_past_their_first_allocation(world):

@@ -183,13 +183,13 @@ def test_bench_regenerate_runs_every_backend_on_the_demo_target(tmp_path):
 
 
 def test_compare_methods_tabulates_two_benchmark_runs(tmp_path):
-    """Two tiny scripts/benchmark.py runs (n-gram on the demo target, chains of 2 and 3; the second decodes its two
-    questions as one batch), then one table of both."""
+    """Two tiny scripts/benchmark.py runs on the demo target (n-gram, chain of 2; the demo draft model, chain of 3,
+    its two questions decoded as one batch by its batch drafter), then one table of both."""
     runs = []
-    for k, batch in ((2, 1), (3, 2)):
-        out = tmp_path / f"ngram-k{k}"
+    for k, batch, method in ((2, 1, ["ngram"]), (3, 2, ["draft-model", "--draft", str(REPO / "configs/demo/draft-model")])):
+        out = tmp_path / f"{method[0]}-k{k}"
         bench = subprocess.run([sys.executable, str(REPO / "scripts" / "benchmark.py"), "--target", str(DEMO_TARGET),
-                                "--method", "ngram", "--questions", str(REPO / "configs/demo/eval/mt_bench.jsonl"),
+                                "--method", *method, "--questions", str(REPO / "configs/demo/eval/mt_bench.jsonl"),
                                 "--limit", "2", "--max-new-tokens", "8", "--no-hf-reference", "--verify-greedy",
                                 "--batch-size", str(batch), "--num-speculative-tokens", str(k), "--out", str(out)],
                                cwd=tmp_path, env=OFFLINE, capture_output=True, text=True, timeout=600)
@@ -206,7 +206,7 @@ def test_compare_methods_tabulates_two_benchmark_runs(tmp_path):
               "speed-up | round ms: draft / update / verify / other | predicted speed-up | measured / predicted |")
     rows = table_rows(body, header)
     assert [r[:5] for r in rows] == [["ngram", "`-`", "chain k=2", "greedy", "1"],
-                                     ["ngram", "`-`", "chain k=3", "greedy", "2"]]
+                                     ["draft-model", f"`{REPO / 'configs/demo/draft-model'}`", "chain k=3", "greedy", "2"]]
     for row, k, out in zip(rows, (2, 3), runs):
         overall = json.loads((out / "results.json").read_text())["results"]["overall"]
         assert overall["generated_tokens"] == 4 * 8  # two questions of two turns, 8 tokens each, batched or not
