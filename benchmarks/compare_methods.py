@@ -20,7 +20,8 @@ def shape(args: dict) -> str:
         return f"static tree `{Path(args['tree_paths']).name}` ({len(json.loads(Path(args['tree_paths']).read_text()))} nodes)"
     if args.get("tree"):
         return f"dynamic tree (depth {args['tree_depth']}, top-{args['tree_topk']}, {args['tree_total_tokens']} tokens)"
-    return f"chain k={args['num_speculative_tokens']}"
+    ngram = f" (n-grams up to {args['ngram_max']})" if args.get("method") == "ngram" and args.get("ngram_max", 3) != 3 else ""
+    return f"chain k={args['num_speculative_tokens']}{ngram}"
 
 
 def mode(args: dict) -> str:

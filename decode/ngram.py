@@ -8,6 +8,8 @@ import torch
 
 class NgramDrafter:
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"n-gram sizes: need 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.context: list[int] = []
 

@@ -79,6 +79,8 @@ def main() -> int:
     p.add_argument("--predict", action="store_true", help="predict the chain speed-up for k = 1..8 from measured step times")
     p.add_argument("--allow-other-target", action="store_true",
                    help="run a head whose headstart.json names another target (warns instead of refusing)")
+    p.add_argument("--ngram-max", type=int, default=3,
+                   help="--method ngram: the longest context suffix looked up (vLLM's prompt_lookup_max)")
     p.add_argument("--compile", action="store_true",
                    help="the target's decode forward through torch.compile over a static KV cache (CUDA graphs on a "
                         "GPU); --max-len then defaults to 1024, as every forward attends over all of it")
@@ -130,7 +132,7 @@ def main() -> int:
         draft_target = as_draft_target(draft_model)
         make_batch = lambda b: DraftModelBatchDrafter(draft_target, max_len, vocab_size, b)  # noqa: E731
     else:
-        make = NgramDrafter
+        make = lambda: NgramDrafter(args.ngram_max)  # noqa: E731
         make_batch = None  # one n-gram lookup per sequence
     own_loop = None
     if args.method in HF_METHODS:

@@ -218,3 +218,49 @@ def test_compare_methods_tabulates_two_benchmark_runs(tmp_path):
         assert len(parts) == 4 and all(x >= 0 for x in parts) and parts[2] > 0  # the target's verify forward costs time
         assert float(predicted.rstrip("x")) > 0 and float(ratio) > 0
     assert header in proc.stdout
+
+
+def test_ngram_policy_replay_gives_the_tau_decoding_gives_and_the_script_runs(tmp_path):
+    """benchmarks/ngram_policies.py: replaying headstart's n-gram rule over the greedy output gives exactly the tau
+    (and rounds) of decoding with that drafter; the oracle accepts as much with no more drafted tokens; the
+    match-length rule drafts at most n tokens after an n-token match; the script runs on the demo target and writes
+    its table."""
+    import torch
+    from tiny_models import tiny_causal_lm
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from ngram_policies import headstart_rule, match_length_rule, replay
+
+    from headstart.decode.generate import plain_generate, speculative_generate
+    from headstart.decode.ngram import NgramDrafter
+    from headstart.decode.target_runner import TargetRunner
+    from headstart.models.target import Target
+
+    runner = TargetRunner(Target(tiny_causal_lm("llama", num_hidden_layers=8)), max_len=200)
+    phrase = torch.randint(3, 128, (9,), generator=torch.Generator().manual_seed(3))
+    prompt = torch.cat([phrase, phrase, phrase[:4]]).unsqueeze(0)
+    out = plain_generate(runner, prompt, 60, set()).tokens
+    cost = [1.0 + n for n in range(13)]
+    for max_ngram, k in ((3, 4), (8, 8)):
+        decoded = speculative_generate(runner, NgramDrafter(max_ngram), prompt, 60, set(), k=k)
+        assert decoded.tokens == out
+        replayed = replay([(prompt[0].tolist(), out)], headstart_rule(max_ngram), k, cost)
+        assert replayed["tau"] == pytest.approx(decoded.tau) and decoded.tau > 1.2
+        oracle = replay([(prompt[0].tolist(), out)], headstart_rule(max_ngram), k, cost, oracle=True)
+        assert oracle["tau"] == replayed["tau"] and oracle["drafted"] < replayed["drafted"]
+    ctx = [0, 6, 7, 8, 9, 1, 2, 7, 8, 3, 4, 5, 6, 7, 8]  # longest earlier match: [6, 7, 8]; [7, 8] also at 7
+    assert match_length_rule(4)(ctx, 8) == [9, 1, 2] and headstart_rule(4)(ctx, 8) == [9, 1, 2, 7, 8, 3, 4, 5]
+    assert match_length_rule(4)([1, 2, 3, 9, 4, 3], 8) == [9]  # a 1-token match: one token
+
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"question_id": 1, "category": "writing", "turns": ["Say hi.", "Again."]}) + "\n")
+    bench = tmp_path / "BENCHMARKS.md"
+    run("ngram_policies.py", "--target", DEMO_TARGET, "--questions", questions, "--max-new-tokens", 24, "--out", bench,
+        cwd=tmp_path)
+    rows = table_rows(section(bench, "n-gram draft lengths: rules replayed on the target's greedy outputs"),
+                      "| rule | k | tau | drafted per round | modelled tokens/s | vs transformers' k=4 |")
+    assert len(rows) == 15 and rows[0][:2] == ["transformers' prompt lookup", "4"] and rows[0][-1] == "1.000x"
+    assert [r[0] for r in rows[::3]] == ["transformers' prompt lookup", "headstart, n-grams up to 3, draft k",
+                                         "headstart, n-grams up to 8, draft k", "headstart, n-grams up to 8, draft min(k, n)",
+                                         "oracle length of headstart's n-grams up to 8"]
+    assert all(float(r[2]) >= 1.0 and float(r[4]) > 0 for r in rows)

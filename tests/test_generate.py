@@ -44,6 +44,13 @@ def test_ngram_speculation_equals_greedy(setup, k, max_new):
     assert len(out.tokens) == max_new
 
 
+def test_ngram_sizes_are_checked():
+    with pytest.raises(ValueError, match="1 <= min_ngram <= max_ngram, got 3 and 2"):
+        NgramDrafter(max_ngram=2, min_ngram=3)
+    with pytest.raises(ValueError, match="got 0 and 0"):
+        NgramDrafter(max_ngram=0, min_ngram=0)
+
+
 class OracleDrafter:
     """Proposes the true continuation (a test double): every draft is accepted."""
 
