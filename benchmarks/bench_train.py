@@ -43,10 +43,13 @@ def target_forward(trainer, batches: list[dict[str, torch.Tensor]]) -> None:
                                 position_ids=None if pos is None else pos.to(device))
 
 
-def measure(config, steps: int, warmup: int) -> dict:
+def measure(config, steps: int, warmup: int, deal: str = "cost") -> dict:
     """Median step and target-forward seconds over ``steps`` steps after ``warmup``, trained tokens/s, and how
-    many of the batches' slots were padding."""
+    many of the batches' slots were padding. ``deal="stream"``: each rank's micro-batch is B consecutive rows of
+    the step's stream, as before rows were dealt by cost (the same rows per step, split otherwise)."""
     trainer = build_trainer(config)
+    if deal == "stream":
+        trainer.plan.costs = None
     step_s, target_s, tokens, slots = [], [], [], []
     for i in range(warmup + steps):
         batches = next_batches(trainer)
@@ -78,14 +81,18 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--layouts", nargs="+", choices=["recipe", "padded", "packed"], default=["recipe"],
                    help="batch layouts to measure in turn (recipe: whatever data.packing says)")
+    p.add_argument("--deal", nargs="+", choices=["cost", "stream"], default=["cost"],
+                   help="how a step's rows go to ranks and micro-batches, measured in turn: by cost (the trainer's "
+                        "way) or B consecutive rows each (before)")
     p.add_argument("--out", default=None, help="append the result to this markdown file")
     args, overrides = p.parse_known_args()
     config = load_config(args.config, overrides + ["--output_dir=runs/bench-train", "--logging.progress=false"])
     rows = {}
     for layout in args.layouts:
         data = config.data if layout == "recipe" else dataclasses.replace(config.data, packing=layout == "packed")
-        name = "packed" if data.packing else "padded"
-        rows[name] = measure(dataclasses.replace(config, data=data), args.steps, args.warmup)
+        for deal in args.deal:
+            rows["packed" if data.packing else "padded", deal] = measure(dataclasses.replace(config, data=data),
+                                                                         args.steps, args.warmup, deal)
     info = next(iter(rows.values()))["info"]
     t, d = config.train, config.data
     options = ", ".join(f"{f.name} {getattr(config.draft.options, f.name)}" for f in dataclasses.fields(config.draft.options))
@@ -94,14 +101,22 @@ def main() -> None:
         f"{info.world_size} ranks, max length {d.max_length}, packed rows of at most {d.tokens_per_batch or t.batch_size * d.max_length} tokens, "
         f"target dtype {config.target.dtype}, backend {config.parallel.backend}; median of {args.steps} steps after "
         f"{args.warmup} warm-up, each layout on the same steps' sequences. tokens = the sequences' real tokens; "
-        "slots / token = batch positions (padding included) per real token.\n\n"
-        "| tokens/s (all ranks) | layout | step time | target forward alone | step / target forward | slots / token |\n"
-        "|---|---|---|---|---|---|\n"
-        + "".join(f"| {r['tok_s']:,.0f} | {name} | {r['step'] * 1e3:.0f} ms | {r['fwd'] * 1e3:.0f} ms | "
-                  f"{r['step'] / r['fwd']:.1f}x | {r['slots_per_token']:.2f} |\n" for name, r in rows.items())
+        "slots / token = batch positions (padding included) per real token; rows dealt = how a step's rows go to "
+        "ranks and micro-batches (by cost: level work, trainer/batches.py; stream: B consecutive rows each).\n\n"
+        "| tokens/s (all ranks) | layout | rows dealt | step time | target forward alone | step / target forward | slots / token |\n"
+        "|---|---|---|---|---|---|---|\n"
+        + "".join(f"| {r['tok_s']:,.0f} | {layout} | {'by cost' if deal == 'cost' else 'stream'} | {r['step'] * 1e3:.0f} ms | "
+                  f"{r['fwd'] * 1e3:.0f} ms | {r['step'] / r['fwd']:.1f}x | {r['slots_per_token']:.2f} |\n"
+                  for (layout, deal), r in rows.items())
     )
-    if {"padded", "packed"} <= set(rows):
-        body += f"\npacked / padded tokens/s: **{rows['packed']['tok_s'] / rows['padded']['tok_s']:.2f}x**\n"
+    for deal in args.deal:
+        if ("padded", deal) in rows and ("packed", deal) in rows:
+            body += (f"\npacked / padded tokens/s ({deal}): "
+                     f"**{rows['packed', deal]['tok_s'] / rows['padded', deal]['tok_s']:.2f}x**\n")
+    for layout in ("padded", "packed"):
+        if (layout, "cost") in rows and (layout, "stream") in rows:
+            body += (f"\n{layout}, by cost / stream tokens/s: "
+                     f"**{rows[layout, 'cost']['tok_s'] / rows[layout, 'stream']['tok_s']:.2f}x**\n")
     print(body)
     if args.out and info.is_main:
         append_section(args.out, "Online training throughput", body)

@@ -4,6 +4,8 @@ on the world size that wrote a checkpoint or another."""
 from __future__ import annotations
 
 import datasets
+import pytest
+import torch
 
 from headstart.trainer.batches import BatchPlan, collate, split_eval
 
@@ -62,3 +64,54 @@ def test_collate_right_pads_and_split_eval_is_disjoint():
     train, held = split_eval(big, 0.05, seed=0)
     assert len(held) == 5 and len(train) == 95
     assert not {r[0] for r in train["input_ids"]} & {r[0] for r in held["input_ids"]}
+
+
+def costed_plans(world_size: int, batch_size: int, grad_accum: int, costs: list[float], seed: int = 3) -> list[BatchPlan]:
+    return [BatchPlan(len(costs), batch_size, world_size, r, grad_accum, seed, costs=costs) for r in range(world_size)]
+
+
+def test_dealing_by_cost_keeps_each_steps_rows_and_levels_the_micro_batches():
+    """With row costs a step trains on exactly the rows it trains on without them, however G is split; every rank
+    computes the same dealing (their micro-batches partition the step's rows, none empty); and the costliest
+    micro-batch carries less than with consecutive rows, within one row of the mean (LPT's guarantee)."""
+    g = torch.Generator().manual_seed(0)
+    costs = (torch.rand(40, generator=g) ** 4 * 500 + 20).tolist()  # a long tail, like chat data's lengths
+    for world, batch, accum in [(2, 4, 1), (4, 2, 1), (2, 2, 2), (1, 4, 2)]:
+        plain, dealt = plans(world, batch, accum, num_rows=40), costed_plans(world, batch, accum, costs)
+        worst_plain, worst_dealt = [], []
+        for step in range(12):  # 12 steps x 8 rows: two epochs and a bit, one step straddling an epoch's end
+            bins = [p.rows(step, m) for p in dealt for m in range(accum)]
+            assert sorted(i for b in bins for i in b) == sorted(step_rows(plain, step, accum))
+            assert all(bins)
+            work = [sum(costs[i] for i in b) for b in bins]
+            mean = sum(work) / len(work)
+            assert max(work) <= mean + max(costs[i] for b in bins for i in b)
+            worst_dealt.append(max(work) / mean)
+            worst_plain.append(max(sum(costs[i] for i in p.rows(step, m)) for p in plain for m in range(accum)) / mean)
+        if world * accum > 1:
+            assert sum(worst_dealt) < 0.9 * sum(worst_plain)
+        again = costed_plans(world, batch, accum, costs)
+        assert [p.rows(5, 0) for p in again] == [p.rows(5, 0) for p in dealt]
+
+
+def test_dealing_by_cost_resumes_and_reshards_like_the_stream():
+    """Dealt plans still address a step by (seed, step, G): a run resumed at step 3 on another world size with the
+    same G trains on the rows of an uninterrupted run."""
+    costs = [float(10 + (7 * i) % 23) for i in range(30)]
+    one_run = costed_plans(2, 3, 1, costs)
+    resumed = costed_plans(3, 2, 1, costs)
+    for p in resumed:
+        p.resume_at(step=3, rows_seen=one_run[0].rows_seen(3))
+    for step in range(3, 9):
+        assert sorted(step_rows(resumed, step, 1)) == sorted(step_rows(one_run, step, 1))
+
+
+def test_row_costs_are_tokens_plus_trained_tokens_of_the_selected_rows():
+    from headstart.trainer.batches import row_costs
+
+    ds = datasets.Dataset.from_dict({"input_ids": [[5, 6, 7], [8], [1, 2, 3, 4, 5]],
+                                     "loss_mask": [[0, 1, 1], [1], [0, 0, 0, 1, 1]]})
+    assert row_costs(ds).tolist() == [5, 2, 7]
+    assert row_costs(ds.select([2, 0])).tolist() == [7, 5]  # an indices mapping (split_eval) is followed
+    with pytest.raises(ValueError, match="2 row costs for 3 rows"):
+        BatchPlan(3, 1, 1, 0, 1, 0, costs=[1.0, 2.0])

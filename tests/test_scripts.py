@@ -79,18 +79,20 @@ def test_bench_train_runs_and_reports_the_step_cost(tmp_path):
 
     overrides = make_setup(tmp_path)
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_train.py"), "--config", str(REPO / "configs/demo/eagle3.yaml"),
-                           "--steps", "2", "--warmup", "1", "--layouts", "padded", "packed", "--out", str(tmp_path / "B.md"),
-                           *overrides], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+                           "--steps", "2", "--warmup", "1", "--layouts", "padded", "packed", "--deal", "cost", "stream",
+                           "--out", str(tmp_path / "B.md"), *overrides], capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     table = (tmp_path / "B.md").read_text()
-    assert "| tokens/s (all ranks) | layout | step time | target forward alone | step / target forward | slots / token |" in table
-    rows = {r.split("|")[2].strip(): r.split("|") for r in table.splitlines() if r.startswith("| ") and "ms |" in r}
-    assert set(rows) == {"padded", "packed"}
+    assert ("| tokens/s (all ranks) | layout | rows dealt | step time | target forward alone | step / target forward | "
+            "slots / token |") in table
+    rows = {(r.split("|")[2].strip(), r.split("|")[3].strip()): r.split("|") for r in table.splitlines()
+            if r.startswith("| ") and "ms |" in r}
+    assert set(rows) == {(layout, deal) for layout in ("padded", "packed") for deal in ("by cost", "stream")}
     for row in rows.values():
-        assert float(row[1].replace(",", "")) > 0 and row[5].strip().endswith("x") and float(row[6]) >= 1.0
+        assert float(row[1].replace(",", "")) > 0 and row[6].strip().endswith("x") and float(row[7]) >= 1.0
     # Packing never adds padding: at most the padded layout's slots per token.
-    assert float(rows["packed"][6]) <= float(rows["padded"][6])
-    assert "packed / padded tokens/s:" in table
+    assert float(rows["packed", "by cost"][7]) <= float(rows["padded", "by cost"][7])
+    assert "packed / padded tokens/s (cost):" in table and "packed, by cost / stream tokens/s:" in table
 
 
 def test_profile_step_splits_a_step_into_its_parts(tmp_path):

@@ -29,8 +29,10 @@ class TrainConfig:
     max_steps: int = 1000
     """Optimizer steps."""
     batch_size: int = 1
-    """Sequences per rank per micro-batch. The global batch is batch_size x ranks x grad_accum; a run resumed
-    on another world size trains on the same rows step for step when it keeps the global batch."""
+    """Sequences per rank per micro-batch, on average. The global batch is batch_size x ranks x grad_accum,
+    dealt to ranks and micro-batches by each sequence's work (tokens + trained tokens) so that no rank waits for
+    another (trainer/batches.py); a run resumed on another world size trains on the same rows step for step when it
+    keeps the global batch."""
     grad_accum: int = 1
     """Micro-batches per optimizer step."""
     warmup_ratio: float = 0.015

@@ -56,8 +56,8 @@ class DataConfig:
     tokens_per_batch: int | None = None
     """Token budget of one packed row; None: ``train.batch_size`` x ``max_length``, so a micro-batch is one row with
     no padding at all. A smaller budget splits it into several rows (bounding the attention's cross-sequence work).
-    A step still trains ``train.batch_size`` sequences per rank and micro-batch, so resume, resharding and the
-    loss's denominator are unchanged."""
+    A step still trains the same sequences (``train.batch_size`` per rank and micro-batch on average, dealt by their
+    work), so resume, resharding and the loss's denominator are unchanged."""
 
     def pack_tokens(self, batch_size: int) -> int | None:
         """What ``collate`` packs a micro-batch of ``batch_size`` sequences to: None when not packing."""

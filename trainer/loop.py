@@ -22,7 +22,7 @@ from torch.profiler import record_function
 from tqdm import tqdm
 
 from headstart.models.head import SUMS, Features, step_metrics, trained_positions
-from headstart.trainer.batches import BatchPlan, collate
+from headstart.trainer.batches import BatchPlan, collate, row_costs
 from headstart.trainer.config import RunConfig
 from headstart.trainer.distributed import DistInfo, all_reduce_sum
 from headstart.trainer.feature_store import REBUILD, CorruptShardError
@@ -64,7 +64,9 @@ class Trainer:
         self.train_data, self.eval_data, self.export_draft_fn, self.logger = train_data, eval_data, export_draft, logger
         self.run_dir = RunDirectory(config.output_dir, info, logger)
         t = config.train
-        self.plan = BatchPlan(len(train_data), t.batch_size, info.world_size, info.rank, t.grad_accum, t.seed)
+        # Ranks wait for each other at every collective: deal each step's rows so that each rank's work is level.
+        self.plan = BatchPlan(len(train_data), t.batch_size, info.world_size, info.rank, t.grad_accum, t.seed,
+                              costs=row_costs(train_data))
         self.step = 0
         self.tokens_seen = 0
         self.target_fingerprint: dict | None = None  # set by build_trainer: checkpoints record it
