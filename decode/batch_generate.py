@@ -227,8 +227,8 @@ def batch_speculative_generate(
             emitted = row[2 : 2 + n] + [row[1]]
             out.tokens, done[b] = _finish(out.tokens + emitted, eos_ids, max_new_tokens)
             emitted_by_row.append(emitted)
+        active, kept = _drop_finished(runner, drafter, active, done)  # bookkeeping: the caches lose finished rows
         clock.lap("other")
-        active, kept = _drop_finished(runner, drafter, active, done)
         if active:  # the drafter reads what its surviving rows emitted
             drafter.update([emitted_by_row[i] for i in kept], states if len(kept) == len(packed) else _rows(states, kept))
         clock.lap("update")
