@@ -90,19 +90,21 @@ def main() -> int:
     (Path(args.out) / "ablation.json").write_text(json.dumps(results, indent=1))
     rows = [f"| {r['name']} | {r['tau']:.2f} | {r['sim_accept_len']:.3f} | {r['train_s']:.0f} s | `{r['command']}` |"
             for r in results]
-    table = ("| variant | tau (chain k={k}) | held-out sim. accept len | train time | command |\n|---|---|---|---|---|\n"
-             .format(k=args.k) + "\n".join(rows))
-    print(table)
-    if args.benchmarks:
+    header = f"| variant | tau (chain k={args.k}) | held-out sim. accept len | train time | command |\n|---|---|---|---|---|\n"
+    print(header + "\n".join(rows))
+    # A variant that did not train or measure is a failed ablation, not a row of NaNs: say which, after the table,
+    # and keep it out of BENCHMARKS.md (a section of NaNs records nothing).
+    failed = [r["name"] for r in results if r.get("rc", 0) != 0 or r["tau"] != r["tau"]]
+    measured = [row for r, row in zip(results, rows) if r["name"] not in failed]
+    if args.benchmarks and measured:
         from headstart.decode.report import append_section
 
+        note = f"\n\nNot measured (training or benchmark failed): {', '.join(failed)}." if failed else ""
         append_section(args.benchmarks, args.title,
                        f"Each variant trained from `{args.config}` with the overrides shown, then measured with "
                        f"`scripts/benchmark.py` (first question per category of `{args.questions}`, greedy chain "
                        f"k={args.k}, {args.max_new_tokens} new tokens). Command: "
-                       f"`python {shlex.join(sys.argv)}`.\n\n{table}")
-    # A variant that did not train or measure is a failed ablation, not a row of NaNs: say which, after the table.
-    failed = [r["name"] for r in results if r.get("rc", 0) != 0 or r["tau"] != r["tau"]]
+                       f"`python {shlex.join(sys.argv)}`.\n\n{header}" + "\n".join(measured) + note)
     if failed:
         print(f"failed: {', '.join(failed)} (their logs: {args.out}/NAME.train.log and NAME.bench.log)", file=sys.stderr)
         return 1

@@ -97,6 +97,17 @@ def test_ablate_recipe_trains_each_variant_and_measures_its_head(tmp_path):
         assert {"math", "chat"} <= set(report["results"]) and report["results"]["overall"]["tau"] == r["tau"]
 
 
+def test_ablate_recipe_keeps_a_failed_variant_out_of_the_benchmarks_file(tmp_path):
+    """A variant whose training fails (an unknown override) exits 1 naming it, and writes no row of NaNs to
+    BENCHMARKS.md: with no variant measured, no section at all."""
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "ablate_recipe.py"), "--config", str(DEMO_CONFIG),
+                           "--out", str(tmp_path / "ablation"), "--variant", "bad=--train.no_such_key=1",
+                           "--benchmarks", str(tmp_path / "B.md")], cwd=tmp_path, env=OFFLINE, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 1 and "failed: bad" in proc.stderr
+    assert "| bad | nan |" in proc.stdout and not (tmp_path / "B.md").exists()
+
+
 def test_bench_features_times_the_first_step_from_each_store(tmp_path):
     """Two feature stores of the same tiny data (5 shards and 1), written by generate_features; the script builds
     an offline trainer from each and times its first step."""
