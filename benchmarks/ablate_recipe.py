@@ -82,20 +82,23 @@ def main() -> int:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(max(1, args.parallel)) as pool:
         runs = list(pool.map(lambda v: train(*v, args), variants))
-        runs += [{"name": n, "command": f"(existing head {d})", "head": d, "sim_accept_len": float("nan"), "train_s": 0}
+        runs += [{"name": n, "command": f"(existing head {d})", "head": d, "reference": True}
                  for n, d in (r.split("=", 1) for r in args.reference)]
         results = list(pool.map(lambda r: bench(r, args), runs))
     for r in results:
         print(json.dumps(r), flush=True)
     (Path(args.out) / "ablation.json").write_text(json.dumps(results, indent=1))
-    rows = [f"| {r['name']} | {r['tau']:.2f} | {r['sim_accept_len']:.3f} | {r['train_s']:.0f} s | `{r['command']}` |"
-            for r in results]
+    # An existing head (--reference) was not trained here: no held-out figure, no train time.
+    rows = [f"| {r['name']} | {r['tau']:.2f} | "
+            + ("-" if r.get("reference") else f"{r['sim_accept_len']:.3f}") + " | "
+            + ("-" if r.get("reference") else f"{r['train_s']:.0f} s") + f" | `{r['command']}` |" for r in results]
     header = f"| variant | tau (chain k={args.k}) | held-out sim. accept len | train time | command |\n|---|---|---|---|---|\n"
     print(header + "\n".join(rows))
     # A variant that did not train or measure is a failed ablation, not a row of NaNs: say which, after the table,
     # and keep it out of BENCHMARKS.md (a section of NaNs records nothing).
-    failed = [r["name"] for r in results if r.get("rc", 0) != 0 or r["tau"] != r["tau"]]
-    measured = [row for r, row in zip(results, rows) if r["name"] not in failed]
+    ok = [r.get("rc", 0) == 0 and r["tau"] == r["tau"] for r in results]
+    failed = [r["name"] for r, good in zip(results, ok) if not good]
+    measured = [row for row, good in zip(rows, ok) if good]
     if args.benchmarks and measured:
         from headstart.decode.report import append_section
 

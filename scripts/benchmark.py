@@ -129,8 +129,11 @@ def main() -> int:
                     "a draft model must share its target's vocabulary")
         draft_model = load_causal_lm(TargetConfig(path=args.draft, dtype=dtype, device=device))
         make = lambda: DraftModelDrafter(draft_model, max_len, vocab_size)  # noqa: E731
-        draft_target = as_draft_target(draft_model)
-        make_batch = lambda b: DraftModelBatchDrafter(draft_target, max_len, vocab_size, b)  # noqa: E731
+        if args.batch_size > 1:  # a Target wrapper hooks the model: only where the batch drafter runs it
+            draft_target = as_draft_target(draft_model)
+            make_batch = lambda b: DraftModelBatchDrafter(draft_target, max_len, vocab_size, b)  # noqa: E731
+        else:
+            make_batch = None
     else:
         make = lambda: NgramDrafter(args.ngram_max)  # noqa: E731
         make_batch = None  # one n-gram lookup per sequence

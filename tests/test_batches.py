@@ -4,10 +4,11 @@ on the world size that wrote a checkpoint or another."""
 from __future__ import annotations
 
 import datasets
+import numpy as np
 import pytest
 import torch
 
-from headstart.trainer.batches import BatchPlan, collate, split_eval
+from headstart.trainer.batches import BatchPlan, RowWork, collate, row_work, split_eval
 
 
 def plans(world_size: int, batch_size: int, grad_accum: int, seed: int = 3, num_rows: int = 10) -> list[BatchPlan]:
@@ -66,52 +67,77 @@ def test_collate_right_pads_and_split_eval_is_disjoint():
     assert not {r[0] for r in train["input_ids"]} & {r[0] for r in held["input_ids"]}
 
 
-def costed_plans(world_size: int, batch_size: int, grad_accum: int, costs: list[float], seed: int = 3) -> list[BatchPlan]:
-    return [BatchPlan(len(costs), batch_size, world_size, r, grad_accum, seed, costs=costs) for r in range(world_size)]
+def costed_plans(world_size: int, batch_size: int, grad_accum: int, tokens: list[int], trained: list[int] | None = None,
+                 seed: int = 3, max_tokens: int | None = None) -> list[BatchPlan]:
+    work = RowWork(np.array(tokens), np.array(trained if trained is not None else [t // 2 + 1 for t in tokens]))
+    return [BatchPlan(len(tokens), batch_size, world_size, r, grad_accum, seed, work=work, max_tokens=max_tokens)
+            for r in range(world_size)]
 
 
-def test_dealing_by_cost_keeps_each_steps_rows_and_levels_the_micro_batches():
-    """With row costs a step trains on exactly the rows it trains on without them, however G is split; every rank
-    computes the same dealing (their micro-batches partition the step's rows, none empty); and the costliest
+def test_dealing_by_work_keeps_each_steps_rows_and_levels_the_micro_batches():
+    """With row work a step trains on exactly the rows it trains on without it, however G is split; every rank
+    computes the same dealing (their micro-batches partition the step's rows, none empty); and the busiest
     micro-batch carries less than with consecutive rows, within one row of the mean (LPT's guarantee)."""
     g = torch.Generator().manual_seed(0)
-    costs = (torch.rand(40, generator=g) ** 4 * 500 + 20).tolist()  # a long tail, like chat data's lengths
+    tokens = (torch.rand(40, generator=g) ** 4 * 500 + 20).long().tolist()  # a long tail, like chat data's lengths
+    trained = [t // 2 + 1 for t in tokens]
+    cost = [t + n for t, n in zip(tokens, trained)]
     for world, batch, accum in [(2, 4, 1), (4, 2, 1), (2, 2, 2), (1, 4, 2)]:
-        plain, dealt = plans(world, batch, accum, num_rows=40), costed_plans(world, batch, accum, costs)
+        plain, dealt = plans(world, batch, accum, num_rows=40), costed_plans(world, batch, accum, tokens, trained)
         worst_plain, worst_dealt = [], []
         for step in range(12):  # 12 steps x 8 rows: two epochs and a bit, one step straddling an epoch's end
             bins = [p.rows(step, m) for p in dealt for m in range(accum)]
             assert sorted(i for b in bins for i in b) == sorted(step_rows(plain, step, accum))
             assert all(bins)
-            work = [sum(costs[i] for i in b) for b in bins]
+            work = [sum(cost[i] for i in b) for b in bins]
             mean = sum(work) / len(work)
-            assert max(work) <= mean + max(costs[i] for b in bins for i in b)
+            assert max(work) <= mean + max(cost[i] for b in bins for i in b)
             worst_dealt.append(max(work) / mean)
-            worst_plain.append(max(sum(costs[i] for i in p.rows(step, m)) for p in plain for m in range(accum)) / mean)
+            worst_plain.append(max(sum(cost[i] for i in p.rows(step, m)) for p in plain for m in range(accum)) / mean)
         if world * accum > 1:
             assert sum(worst_dealt) < 0.9 * sum(worst_plain)
-        again = costed_plans(world, batch, accum, costs)
+        again = costed_plans(world, batch, accum, tokens, trained)
         assert [p.rows(5, 0) for p in again] == [p.rows(5, 0) for p in dealt]
 
 
-def test_dealing_by_cost_resumes_and_reshards_like_the_stream():
+def test_dealing_never_puts_more_tokens_in_a_micro_batch_than_b_rows_can_hold():
+    """Two micro-batches of B=2 rows of at most 10 tokens: 20 tokens each at most. By work alone the 6-token rows
+    would join the 10-token row of little work (22 tokens); capped, one goes to the other micro-batch. And where
+    no dealing fits (one row too long for what is left anywhere), the step keeps consecutive rows."""
+    tokens, trained = [10, 10, 6, 6], [10, 1, 1, 1]  # costs 20, 11, 7, 7; every step holds all four rows
+    uncapped, capped = costed_plans(2, 2, 1, tokens, trained), costed_plans(2, 2, 1, tokens, trained, max_tokens=20)
+    assert max(sum(tokens[i] for i in p.rows(0, 0)) for p in uncapped) == 22  # the case under test
+    for step in range(4):
+        assert all(sum(tokens[i] for i in p.rows(step, 0)) <= 20 for p in capped)
+        assert sorted(i for p in capped for i in p.rows(step, 0)) == [0, 1, 2, 3]
+    stuck = costed_plans(2, 2, 1, [10, 10, 10, 1], [1, 9, 5, 1], max_tokens=15)  # 3 rows of 10 in 2 bins of 15
+    assert [p.rows(1, 0) for p in stuck] == [p.rows(1, 0) for p in plans(2, 2, 1, num_rows=4)]
+
+
+def test_dealing_by_work_resumes_and_reshards_like_the_stream():
     """Dealt plans still address a step by (seed, step, G): a run resumed at step 3 on another world size with the
     same G trains on the rows of an uninterrupted run."""
-    costs = [float(10 + (7 * i) % 23) for i in range(30)]
-    one_run = costed_plans(2, 3, 1, costs)
-    resumed = costed_plans(3, 2, 1, costs)
+    tokens = [10 + (7 * i) % 23 for i in range(30)]
+    one_run = costed_plans(2, 3, 1, tokens)
+    resumed = costed_plans(3, 2, 1, tokens)
     for p in resumed:
+        p.resume_at(step=3, rows_seen=0)
+        p.rows(3, 0)  # step 3 dealt from other rows and cached: a later resume must not be served it
         p.resume_at(step=3, rows_seen=one_run[0].rows_seen(3))
     for step in range(3, 9):
         assert sorted(step_rows(resumed, step, 1)) == sorted(step_rows(one_run, step, 1))
 
 
-def test_row_costs_are_tokens_plus_trained_tokens_of_the_selected_rows():
-    from headstart.trainer.batches import row_costs
+def test_row_work_reads_tokens_and_trained_tokens_of_the_selected_rows():
+    import pyarrow as pa
 
     ds = datasets.Dataset.from_dict({"input_ids": [[5, 6, 7], [8], [1, 2, 3, 4, 5]],
-                                     "loss_mask": [[0, 1, 1], [1], [0, 0, 0, 1, 1]]})
-    assert row_costs(ds).tolist() == [5, 2, 7]
-    assert row_costs(ds.select([2, 0])).tolist() == [7, 5]  # an indices mapping (split_eval) is followed
-    with pytest.raises(ValueError, match="2 row costs for 3 rows"):
-        BatchPlan(3, 1, 1, 0, 1, 0, costs=[1.0, 2.0])
+                                     "loss_mask": [[0, 1, 1], [1], [0, 0, 0, 1, 1]], "other": ["a", "b", "c"]})
+    work = row_work(ds)
+    assert work.tokens.tolist() == [3, 1, 5] and work.trained.tolist() == [2, 1, 2]
+    picked = row_work(ds.select([2, 0]))  # an indices mapping (split_eval) is followed
+    assert picked.tokens.tolist() == [5, 3] and picked.trained.tolist() == [2, 2]
+    chunked = datasets.Dataset(pa.concat_tables([ds.data.table.slice(0, 2), ds.data.table.slice(2, 1)]))
+    assert row_work(chunked).trained.tolist() == [2, 1, 2]  # a table of several chunks
+    with pytest.raises(ValueError, match="row work for 2 rows, the data has 3"):
+        BatchPlan(3, 1, 1, 0, 1, 0, work=RowWork(np.array([1, 2]), np.array([1, 1])))

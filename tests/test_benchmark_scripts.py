@@ -99,13 +99,27 @@ def test_ablate_recipe_trains_each_variant_and_measures_its_head(tmp_path):
 
 def test_ablate_recipe_keeps_a_failed_variant_out_of_the_benchmarks_file(tmp_path):
     """A variant whose training fails (an unknown override) exits 1 naming it, and writes no row of NaNs to
-    BENCHMARKS.md: with no variant measured, no section at all."""
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "ablate_recipe.py"), "--config", str(DEMO_CONFIG),
-                           "--out", str(tmp_path / "ablation"), "--variant", "bad=--train.no_such_key=1",
-                           "--benchmarks", str(tmp_path / "B.md")], cwd=tmp_path, env=OFFLINE, capture_output=True,
-                          text=True, timeout=600)
+    BENCHMARKS.md: with no variant measured, no section at all; next to a measured head (an existing one,
+    --reference, which has no held-out figure or train time: dashes), only that head's row."""
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text(json.dumps({"question_id": 1, "category": "chat", "turns": ["Say hello."]}) + "\n")
+
+    def ablate(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(REPO / "benchmarks" / "ablate_recipe.py"), "--config", str(DEMO_CONFIG),
+                               "--out", str(tmp_path / "ablation"), "--variant", "bad=--train.no_such_key=1",
+                               "--questions", str(questions), "--max-new-tokens", "4", "--benchmarks",
+                               str(tmp_path / "B.md"), *extra], cwd=tmp_path, env=OFFLINE, capture_output=True, text=True,
+                              timeout=600)
+
+    proc = ablate()
     assert proc.returncode == 1 and "failed: bad" in proc.stderr
     assert "| bad | nan |" in proc.stdout and not (tmp_path / "B.md").exists()
+    proc = ablate("--reference", f"committed={REPO / 'configs/demo/eagle3-head'}")
+    assert proc.returncode == 1 and "failed: bad" in proc.stderr
+    rows = table_rows(section(tmp_path / "B.md", "Recipe ablation"),
+                      "| variant | tau (chain k=4) | held-out sim. accept len | train time | command |")
+    assert [r[0] for r in rows] == ["committed"] and rows[0][2:4] == ["-", "-"] and float(rows[0][1]) >= 1.0
+    assert "Not measured (training or benchmark failed): bad." in section(tmp_path / "B.md", "Recipe ablation")
 
 
 def test_bench_features_times_the_first_step_from_each_store(tmp_path):

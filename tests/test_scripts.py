@@ -87,12 +87,12 @@ def test_bench_train_runs_and_reports_the_step_cost(tmp_path):
             "slots / token |") in table
     rows = {(r.split("|")[2].strip(), r.split("|")[3].strip()): r.split("|") for r in table.splitlines()
             if r.startswith("| ") and "ms |" in r}
-    assert set(rows) == {(layout, deal) for layout in ("padded", "packed") for deal in ("by cost", "stream")}
+    assert set(rows) == {("padded", "stream"), ("packed", "by cost"), ("packed", "stream")}  # padded is never dealt
     for row in rows.values():
         assert float(row[1].replace(",", "")) > 0 and row[6].strip().endswith("x") and float(row[7]) >= 1.0
     # Packing never adds padding: at most the padded layout's slots per token.
-    assert float(rows["packed", "by cost"][7]) <= float(rows["padded", "by cost"][7])
-    assert "packed / padded tokens/s (cost):" in table and "packed, by cost / stream tokens/s:" in table
+    assert float(rows["packed", "by cost"][7]) <= float(rows["padded", "stream"][7])
+    assert "packed (by cost) / padded tokens/s:" in table and "packed, by cost / stream tokens/s:" in table
 
 
 def test_profile_step_splits_a_step_into_its_parts(tmp_path):

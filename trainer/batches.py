@@ -2,9 +2,9 @@
 
 Row order is a fixed function of (seed, epoch): an endless stream. Global step s takes the next
 G = batch_size x world_size x grad_accum rows of it, and deals them to the W x grad_accum micro-batches
-(micro-batch m of rank r is number m x W + r): by each row's cost when the plan has costs (longest first, each to
-the micro-batch with the least work so far, so ranks finish a micro-batch together instead of waiting at each
-collective for the one that drew the long conversations), else B consecutive rows each. The loss is the global
+(micro-batch m of rank r is number m x W + r): by each row's work when the plan has it (packed batches: longest
+first, each to the micro-batch with the least work so far and room for it, so ranks finish a micro-batch together
+instead of waiting at each collective for the one that drew the long conversations), else B consecutive rows each. The loss is the global
 batch's token mean either way (``models.head.loss_denominator``), so the dealing changes no step's mathematics.
 Which rows a step trains on depends only on the step and the global batch G, not on how G is split over ranks
 and micro-batches: a run resumed on another world size with the same G sees exactly the samples of an
@@ -14,37 +14,49 @@ uninterrupted run, and with another G it continues from the first row not yet se
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
 
 import datasets
 import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
 
-def row_costs(dataset: datasets.Dataset) -> np.ndarray:
-    """Each row's share of a training step's work [num_rows]: its tokens (the target's forward, a draft's first
-    step) plus its trained tokens (EAGLE-3's later TTT steps, every head's vocab loss and the teacher run only
-    there). Read from the Arrow columns, not as Python lists (0.3 s for 21k rows)."""
-    columns = dataset.with_format("arrow")[:]
-    ids, mask = (columns[name] for name in ("input_ids", "loss_mask"))
-    ids, mask = (c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in (ids, mask))
-    trained = np.bincount(pc.list_parent_indices(mask).to_numpy(), weights=pc.list_flatten(mask).to_numpy(),
-                          minlength=len(mask))
-    return pc.list_value_length(ids).to_numpy() + trained
+@dataclass(frozen=True)
+class RowWork:
+    """What a step's rows are dealt by: each row's tokens (the target's forward, a draft's first step) and trained
+    tokens (EAGLE-3's later TTT steps, every head's vocab loss and the teacher run only there), [num_rows] each."""
+
+    tokens: np.ndarray
+    trained: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+def row_work(dataset: datasets.Dataset) -> RowWork:
+    """``RowWork`` of every row, from the Arrow columns chunk by chunk (not as Python lists: 0.3 s for 21k rows)."""
+    columns = dataset.select_columns(["input_ids", "loss_mask"]).with_format("arrow")[:]
+    tokens, trained = [], []
+    for ids, mask in zip(columns["input_ids"].chunks, columns["loss_mask"].chunks):
+        tokens.append(pc.list_value_length(ids).to_numpy(zero_copy_only=False))
+        trained.append(np.bincount(pc.list_parent_indices(mask).to_numpy(), minlength=len(mask),
+                                   weights=pc.list_flatten(mask).to_numpy(zero_copy_only=False)))
+    return RowWork(np.concatenate(tokens).astype(np.int64), np.concatenate(trained).astype(np.int64))
 
 
 class BatchPlan:
     def __init__(self, num_rows: int, batch_size: int, world_size: int, rank: int, grad_accum: int, seed: int,
-                 costs: Sequence[float] | None = None) -> None:
-        """``costs``: each row's work (``row_costs``); given, a step's rows are dealt to micro-batches by it."""
+                 work: RowWork | None = None, max_tokens: int | None = None) -> None:
+        """``work``: each row's size (``row_work``); given, a step's rows are dealt to micro-batches by it, none
+        holding more than ``max_tokens`` tokens (what ``batch_size`` consecutive rows can hold: batch_size x
+        max_length), so dealing never makes a micro-batch larger than the recipe allows for."""
         if num_rows < 1:
             raise ValueError("no training rows")
-        if costs is not None and len(costs) != num_rows:
-            raise ValueError(f"{len(costs)} row costs for {num_rows} rows")
+        if work is not None and len(work) != num_rows:
+            raise ValueError(f"row work for {len(work)} rows, the data has {num_rows}")
         self.num_rows, self.batch_size, self.world_size, self.rank, self.seed = num_rows, batch_size, world_size, rank, seed
-        self.grad_accum, self.costs = grad_accum, costs
+        self.grad_accum, self.work, self.max_tokens = grad_accum, work, max_tokens
         self.global_batch = batch_size * world_size * grad_accum
         self._first_step, self._first_row = 0, 0  # where this plan joins the stream (moved by resume_at)
         self._orders: dict[int, list[int]] = {}  # the current and the next epoch's order
@@ -53,6 +65,7 @@ class BatchPlan:
     def resume_at(self, step: int, rows_seen: int) -> None:
         """Continue at ``step`` with the stream's first ``rows_seen`` rows already trained on."""
         self._first_step, self._first_row = step, rows_seen
+        self._dealt = None
 
     def rows_seen(self, step: int) -> int:
         """Rows of the stream trained on before global step ``step``."""
@@ -72,21 +85,30 @@ class BatchPlan:
     def rows(self, step: int, micro: int) -> list[int]:
         """Row indices of this rank's micro-batch ``micro`` of global step ``step``."""
         index = micro * self.world_size + self.rank
-        if self.costs is None:
-            return self._stream(self.rows_seen(step) + index * self.batch_size, self.batch_size)
-        if self._dealt is None or self._dealt[0] != step:
-            self._dealt = step, self._deal(self._stream(self.rows_seen(step), self.global_batch))
-        return self._dealt[1][index]
+        if self.work is not None:
+            if self._dealt is None or self._dealt[0] != step:
+                self._dealt = step, self._deal(self._stream(self.rows_seen(step), self.global_batch))
+            if self._dealt[1] is not None:
+                return self._dealt[1][index]
+        return self._stream(self.rows_seen(step) + index * self.batch_size, self.batch_size)
 
-    def _deal(self, rows: list[int]) -> list[list[int]]:
-        """Longest-processing-time-first: the costliest row first, each to the micro-batch with the least work so far
-        (ties: the lower number); each micro-batch then keeps its rows in stream order. Every micro-batch gets at
-        least one row (G >= their number, and every row costs > 0)."""
+    def _deal(self, rows: list[int]) -> list[list[int]] | None:
+        """Longest-processing-time-first: the costliest row (tokens + trained tokens) first, each to the micro-batch
+        with the least work so far (ties: the lower number) among those it fits in (``max_tokens``); each
+        micro-batch then keeps its rows in stream order. None when some row fits nowhere (rows near max_length
+        throughout): the step keeps B consecutive rows per micro-batch. Every micro-batch gets at least one row
+        (G >= their number, and every row costs > 0)."""
         n = self.world_size * self.grad_accum
-        work, dealt = [0.0] * n, [[] for _ in range(n)]
-        for position in sorted(range(len(rows)), key=lambda i: (-float(self.costs[rows[i]]), i)):
-            target = min(range(n), key=lambda b: (work[b], b))
-            work[target] += float(self.costs[rows[position]])
+        tokens, cost = self.work.tokens, self.work.tokens + self.work.trained
+        work, used, dealt = [0] * n, [0] * n, [[] for _ in range(n)]
+        for position in sorted(range(len(rows)), key=lambda i: (-int(cost[rows[i]]), i)):
+            row = rows[position]
+            fits = [b for b in range(n) if self.max_tokens is None or used[b] + tokens[row] <= self.max_tokens]
+            if not fits:
+                return None
+            target = min(fits, key=lambda b: (work[b], b))
+            work[target] += int(cost[row])
+            used[target] += int(tokens[row])
             dealt[target].append(position)
         return [[rows[i] for i in sorted(positions)] for positions in dealt]
 

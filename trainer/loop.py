@@ -22,7 +22,7 @@ from torch.profiler import record_function
 from tqdm import tqdm
 
 from headstart.models.head import SUMS, Features, step_metrics, trained_positions
-from headstart.trainer.batches import BatchPlan, collate, row_costs
+from headstart.trainer.batches import BatchPlan, collate, row_work
 from headstart.trainer.config import RunConfig
 from headstart.trainer.distributed import DistInfo, all_reduce_sum
 from headstart.trainer.feature_store import REBUILD, CorruptShardError
@@ -65,8 +65,11 @@ class Trainer:
         self.run_dir = RunDirectory(config.output_dir, info, logger)
         t = config.train
         # Ranks wait for each other at every collective: deal each step's rows so that each rank's work is level.
+        # Packed only: a packed micro-batch costs its tokens; a padded one its rows x its longest, which dealing the
+        # long rows apart would raise.
         self.plan = BatchPlan(len(train_data), t.batch_size, info.world_size, info.rank, t.grad_accum, t.seed,
-                              costs=row_costs(train_data))
+                              work=row_work(train_data) if config.data.packing else None,
+                              max_tokens=t.batch_size * config.data.max_length)
         self.step = 0
         self.tokens_seen = 0
         self.target_fingerprint: dict | None = None  # set by build_trainer: checkpoints record it
