@@ -4,8 +4,9 @@ Row order is a fixed function of (seed, epoch): an endless stream. Global step s
 G = batch_size x world_size x grad_accum rows of it, and deals them to the W x grad_accum micro-batches
 (micro-batch m of rank r is number m x W + r): by each row's work when the plan has it (packed batches: longest
 first, each to the micro-batch with the least work so far and room for it, so ranks finish a micro-batch together
-instead of waiting at each collective for the one that drew the long conversations), else B consecutive rows each. The loss is the global
-batch's token mean either way (``models.head.loss_denominator``), so the dealing changes no step's mathematics.
+instead of waiting at each collective for the one that drew the long conversations), else B consecutive rows each.
+The loss is the global batch's token mean either way (``models.head.loss_denominator``), so the dealing changes no
+step's mathematics.
 Which rows a step trains on depends only on the step and the global batch G, not on how G is split over ranks
 and micro-batches: a run resumed on another world size with the same G sees exactly the samples of an
 uninterrupted run, and with another G it continues from the first row not yet seen. No loader state to save but
