@@ -1,10 +1,11 @@
 """Classic speculative decoding's drafter: an independent small causal LM with the target's tokenizer.
 
-It keeps its own ``PositionalKVCache`` over every emitted token. Drafting runs it one level at a time
-(a chain is a tree with one child per node); nodes are written after the committed slots and simply
-overwritten later. After a chain round, the accepted drafts the model already ran sit in their own slots with
-exactly the context a re-run would give them, so they are kept and only the rest of the emitted tokens (the
-bonus token, and the last draft when every draft was accepted) are run; after a tree round the emitted tokens
+The small model runs on a ``TargetRunner`` of its own (the target's runner: the same masks, sliding windows and,
+with ``compile``, the same static cache and compiled blocks), its KV cache holding every emitted token. Drafting
+runs it one level at a time (a chain is a tree with one child per node); nodes are written after the committed
+slots and simply overwritten later. After a chain round, the accepted drafts the model already ran sit in their own
+slots with exactly the context a re-run would give them, so they are kept and only the rest of the emitted tokens
+(the bonus token, and the last draft when every draft was accepted) are run; after a tree round the emitted tokens
 are re-run as one block, which is cheaper than tracking which tree slots survived.
 """
 
@@ -13,9 +14,22 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from headstart.decode.kv_cache import PositionalKVCache
-from headstart.models.target import additive_mask
+from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import ExpandedNodes
+from headstart.models.target import Target
+
+
+def as_draft_target(model: PreTrainedModel) -> Target:
+    """The small model under the runner's ``Target`` interface (no aux capture: a runner over it has
+    ``with_aux=False``)."""
+    return Target(model.eval(), capture_aux=False)
+
+
+def draft_model_runner(model: PreTrainedModel, max_len: int, compile: bool = False,
+                       backend: str = "inductor") -> TargetRunner:
+    """The small model's runner. Build it once and hand it to every ``DraftModelDrafter``: a compiled runner's
+    graphs and static cache are then compiled and allocated once, not per prompt."""
+    return TargetRunner(as_draft_target(model), max_len, with_aux=False, compile=compile, backend=backend)
 
 
 def fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -30,43 +44,39 @@ def fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 
 class DraftModelDrafter:
-    def __init__(self, model: PreTrainedModel, max_len: int, target_vocab_size: int) -> None:
-        self.model = model.eval()
-        self.max_len = max_len
+    def __init__(self, draft: PreTrainedModel | TargetRunner, max_len: int, target_vocab_size: int) -> None:
+        """``draft``: the small model (run eagerly on a runner of its own), or ``draft_model_runner``'s runner over
+        it, shared by the drafters of every prompt (each ``begin`` starts it afresh)."""
+        self.runner = draft if isinstance(draft, TargetRunner) else draft_model_runner(draft, max_len)
+        if self.runner.with_aux:
+            raise ValueError("a draft model's runner reads no aux states: build it with draft_model_runner")
+        self.max_len = self.runner.max_len
         self.vocab_size = target_vocab_size  # the width of the target's logits (q must match it)
-        config = model.config.get_text_config()
-        self.cache = PositionalKVCache(config.num_hidden_layers, max_len)
-        self._dtype = next(model.parameters()).dtype
-        self._device = next(model.parameters()).device
+        self._device = self.runner.device
         self.last_logits: torch.Tensor | None = None  # [V]: the next token after the committed ones
         self.chain_fed = 0  # drafts of the last chain run through the model, in slots committed.. (0 after a tree)
 
-    def _run(self, ids: torch.Tensor, start: int, allowed: torch.Tensor, positions: torch.Tensor, last_only: bool = False):
-        """Score ids [m] written at slots [start, start+m) under ``allowed`` [m, start+m]; logits [m or 1, V]."""
-        if start + ids.numel() > self.max_len:
-            raise ValueError(f"draft model KV cache overflow: {start + ids.numel()} > max_len {self.max_len}")
-        self.cache.begin(start)
-        out = self.model(input_ids=ids.view(1, -1), attention_mask=additive_mask(allowed, self._dtype),
-                         position_ids=positions.view(1, -1), past_key_values=self.cache, use_cache=True,
-                         logits_to_keep=1 if last_only else 0)
-        return fit_vocab(out.logits[0].float(), self.vocab_size)
+    def precompile(self, max_block: int) -> None:
+        """With a compiled runner: compile its forward for every block of up to ``max_block`` tokens now."""
+        self.runner.precompile(max_block)
+
+    def _logits(self, logits: torch.Tensor) -> torch.Tensor:
+        return fit_vocab(logits[0].float(), self.vocab_size)
 
     @torch.no_grad()
     def _advance(self, ids: torch.Tensor) -> None:
-        start, m = self.cache.length, ids.numel()
-        allowed = torch.ones(m, start + m, dtype=torch.bool, device=self._device)
-        allowed[:, start:] = torch.ones(m, m, dtype=torch.bool, device=self._device).tril()
-        self.last_logits = self._run(ids.to(self._device), start, allowed,
-                                     torch.arange(start, start + m, device=self._device), last_only=True)[-1]
-        self.cache.rollback(start + m)
+        """Run and commit ids [m] after the committed tokens; keep the logits after the last of them."""
+        logits, _ = self.runner.forward(ids.to(self._device).view(1, -1), last_only=True)
+        self.runner.commit(ids.numel())
+        self.last_logits = self._logits(logits)[-1]
 
     def begin(self, prompt_ids: torch.Tensor, states, next_token: int) -> None:
-        self.cache.rollback(0)
+        self.runner.reset()
         self._advance(torch.cat([prompt_ids[0].to(self._device), torch.tensor([next_token], device=self._device)]))
 
     def update(self, emitted: list[int], states) -> None:
         keep = min(len(emitted) - 1, self.chain_fed)  # accepted drafts whose KV the chain already wrote in place
-        self.cache.rollback(self.cache.length + keep)
+        self.runner.commit(keep)
         self.chain_fed = 0
         self._advance(torch.tensor(emitted[keep:], device=self._device))
 
@@ -83,19 +93,28 @@ class DraftModelDrafter:
     def tree_expand(self, parents: torch.Tensor, tokens: torch.Tensor, depth: int) -> torch.Tensor:
         """Feed m nodes at ``depth`` (position length-1+depth), each seeing the committed tokens, its
         expanded ancestors and itself; returns their children's logits [m, V]."""
-        m, done, committed = tokens.numel(), self._expanded.count, self.cache.length
+        m, done, committed = tokens.numel(), self._expanded.count, self.runner.length
         new_anc = self._expanded.add(parents)  # [m, done+m]
-        allowed = torch.cat([torch.ones(m, committed, dtype=torch.bool, device=self._device), new_anc], dim=1)
-        positions = torch.full((m,), committed - 1 + depth, device=self._device)
-        return self._run(tokens, committed + done, allowed, positions)
+        visible = torch.cat([torch.ones(m, committed, dtype=torch.bool, device=self._device), new_anc[:, :done]], dim=1)
+        # the runner places a block's token i at its start + depths[i]: here every node sits at length-1+depth
+        offsets = torch.full((m,), depth - 1 - done, device=self._device)
+        logits, _ = self.runner.forward(tokens.view(1, m), tree_mask=new_anc[:, done:], depths=offsets,
+                                        start=committed + done, visible=visible)
+        return self._logits(logits)
 
     # -- chains ----------------------------------------------------------------------------------
+    def _chain_step(self, token: torch.Tensor, i: int) -> torch.Tensor:
+        """Chain step i (>= 1): d_i at slot committed + i - 1, after the committed tokens and d_1..d_{i-1} (a plain
+        causal block, which a compiled runner runs as its one-token graph); the logits for d_{i+1} [V]."""
+        logits, _ = self.runner.forward(token.view(1, 1), start=self.runner.length + i - 1)
+        return self._logits(logits)[-1]
+
     def _chain(self, k: int, pick) -> torch.Tensor:
         logits, tokens = self.tree_root(), []
         for i in range(k):
             tokens.append(pick(logits).view(1))
             if i + 1 < k:
-                logits = self.tree_expand(torch.tensor([i - 1], device=self._device), tokens[-1], i + 1)[0]
+                logits = self._chain_step(tokens[-1], i + 1)
         self.chain_fed = max(0, k - 1)  # d_1..d_{k-1} ran, at slots committed.. in order
         return torch.cat(tokens) if tokens else torch.empty(0, dtype=torch.long, device=self._device)
 

@@ -13,16 +13,10 @@ import torch
 from transformers import PreTrainedModel
 
 from headstart.decode.batch_generate import padded_rows
-from headstart.decode.draft_model import fit_vocab
+from headstart.decode.draft_model import as_draft_target, fit_vocab  # noqa: F401 (as_draft_target: re-exported)
 from headstart.decode.generate import Sampling
 from headstart.decode.target_runner import RaggedRunner
 from headstart.models.target import Target, TargetOutput
-
-
-def as_draft_target(model: PreTrainedModel) -> Target:
-    """The small model under the runner's ``Target`` interface. Built once per model: a ``Target`` hooks the model's
-    layers, and its one capture (layer 0, unread: ``with_aux=False``) is there because every ``Target`` has one."""
-    return Target(model.eval(), aux_layer_ids=(0,))
 
 
 class DraftModelBatchDrafter:

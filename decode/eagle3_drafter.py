@@ -12,22 +12,38 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from headstart.decode.static_blocks import StaticBlocks, static_address
 from headstart.decode.tree import ExpandedNodes
 from headstart.models.eagle3 import Eagle3Draft
 from headstart.models.target import TargetOutput
 
 
 class Eagle3Drafter:
-    def __init__(self, head: Eagle3Draft, max_len: int) -> None:
+    def __init__(self, head: Eagle3Draft, max_len: int, compile: bool = False, backend: str = "inductor") -> None:
+        """``compile``: the draft step through ``torch.compile`` at static shapes (decode/static_blocks.py), CUDA
+        graphs on a GPU; build one drafter and reuse it for every prompt (``begin`` starts afresh), so it compiles
+        once."""
         self.head = head.eval()
         c = head.config
         self.max_len = max_len
         device, dtype = head.fc.weight.device, head.fc.weight.dtype
         self.keys = torch.zeros(1, c.num_attention_heads, max_len, c.head_dim, device=device, dtype=dtype)
         self.values = torch.zeros_like(self.keys)
+        self.write_at = torch.zeros((), dtype=torch.long, device=device)  # a compiled step's first slot
+        self._blocks = None
+        if compile:
+            static_address(self.keys, self.values, self.write_at)
+            self._blocks = StaticBlocks(self._static_step, max_len, device, backend)
         self.length = 0  # committed draft positions
         self.last_hidden: torch.Tensor | None = None  # [1, 1, H] output at the last committed position
         self.last_logits: torch.Tensor | None = None  # [1, V_d]
+
+    @torch.no_grad()
+    def precompile(self, max_block: int) -> None:
+        """With ``compile``: compile the step for every block of up to ``max_block`` tokens now (before a prompt)."""
+        if self._blocks is not None:
+            self.write_at.fill_(0)
+            self._blocks.precompile(max_block, self.head.config.hidden_size, self.head.fc.weight.dtype)
 
     @torch.no_grad()
     def _step(self, hidden: torch.Tensor, tokens: torch.Tensor, start: int, positions: torch.Tensor | None = None,
@@ -46,12 +62,29 @@ class Eagle3Drafter:
             allowed = torch.ones(n, end, dtype=torch.bool, device=hidden.device)
             allowed[:, start:] = torch.ones(n, n, dtype=torch.bool, device=hidden.device).tril()
 
+        if self._blocks is not None:
+            self.write_at.fill_(start)
+            return self._blocks(hidden, tokens, positions, allowed, start)
+
         def cached(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             self.keys[:, :, start:end] = k
             self.values[:, :, start:end] = v
             return F.scaled_dot_product_attention(q, self.keys[:, :, :end], self.values[:, :, :end], attn_mask=allowed)
 
         return self.head.step(hidden, tokens, positions.unsqueeze(0), cached)  # training's step, a cache for attention
+
+    def _static_step(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+                     allowed: torch.Tensor) -> torch.Tensor:
+        """``_step`` with static shapes: m pairs written from slot ``write_at``, attending over all ``max_len`` slots
+        under ``allowed`` [m, max_len]."""
+
+        def cached(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            slots = self.write_at + torch.arange(k.shape[2], device=k.device)
+            self.keys.index_copy_(2, slots, k)
+            self.values.index_copy_(2, slots, v)
+            return F.scaled_dot_product_attention(q, self.keys, self.values, attn_mask=allowed)
+
+        return self.head.step(hidden, tokens, positions, cached)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.head.lm_head(self.head.norm(hidden))

@@ -15,21 +15,36 @@ from __future__ import annotations
 import torch
 
 from headstart.decode.generate import plain_generate
+from headstart.decode.static_blocks import compile_step
 from headstart.decode.target_runner import TargetRunner
 from headstart.models.medusa import MedusaHeads
 from headstart.models.target import TargetOutput
 
 
 class MedusaDrafter:
-    def __init__(self, heads: MedusaHeads, max_len: int = 0) -> None:  # max_len: no cache to size
+    def __init__(self, heads: MedusaHeads, max_len: int = 0, compile: bool = False, backend: str = "inductor") -> None:
+        """``max_len``: no cache to size. ``compile``: the heads through ``torch.compile`` (one static shape: a
+        hidden state in, K rows of logits out), CUDA graphs on a GPU; reuse one drafter so it compiles once."""
         self.heads = heads.eval()
+        device = next(heads.parameters()).device
+        self._head_logits = compile_step(heads.head_logits, device, backend) if compile else heads.head_logits
+        self._copy = compile and device.type == "cuda"  # a CUDA graph's output is overwritten by its next replay
         self.num_heads = heads.config.num_heads
         self.token_map = heads.token_map  # [V'] target ids of a truncated vocab, or None
         self.logits: torch.Tensor | None = None  # [K, V']: head i's logits for the token after the next one
 
     @torch.no_grad()
+    def precompile(self, max_block: int = 1) -> None:
+        """With ``compile``: compile the heads now (one shape, whatever the block)."""
+        weight = next(self.heads.parameters())
+        self._head_logits(torch.zeros(self.heads.config.hidden_size, dtype=weight.dtype, device=weight.device))
+
+    @torch.no_grad()
     def _read(self, states: TargetOutput) -> None:
-        self.logits = self.heads.head_logits(states.last_hidden_state[0, -1]).float()  # [K, V']
+        if self._copy:
+            torch.compiler.cudagraph_mark_step_begin()
+        logits = self._head_logits(states.last_hidden_state[0, -1])
+        self.logits = logits.clone().float() if self._copy else logits.float()  # [K, V']
 
     def begin(self, prompt_ids: torch.Tensor, states: TargetOutput, next_token: int) -> None:
         self._read(states)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from headstart.decode.kv_cache import PositionalKVCache
+from headstart.decode.kv_cache import PositionalKVCache, StaticKVCache
+from headstart.decode.static_blocks import StaticBlocks
 from headstart.models.target import additive_mask
 from headstart.decode.tree import ExpandedNodes
 from headstart.models.mtp import MTPHead
@@ -20,13 +21,23 @@ from headstart.models.target import TargetOutput
 
 
 class MTPDrafter:
-    def __init__(self, head: MTPHead, max_len: int) -> None:
+    def __init__(self, head: MTPHead, max_len: int, compile: bool = False, backend: str = "inductor") -> None:
+        """``compile``: the layer's step through ``torch.compile`` over a static cache (decode/static_blocks.py),
+        CUDA graphs on a GPU; reuse one drafter for every prompt (``begin`` starts afresh), so it compiles once."""
         self.head = head.eval()
         self.max_len = max_len
-        self.cache = PositionalKVCache(1, max_len)
         self.device = head.eh_proj.weight.device
+        self.cache = StaticKVCache(1, max_len, self.device) if compile else PositionalKVCache(1, max_len)
+        self._blocks = StaticBlocks(self._static_step, max_len, self.device, backend) if compile else None
         self.last_hidden: torch.Tensor | None = None  # [1, 1, H] the layer's output at the last committed pair
         self.last_logits: torch.Tensor | None = None  # [V]
+
+    @torch.no_grad()
+    def precompile(self, max_block: int) -> None:
+        """With ``compile``: compile the step for every block of up to ``max_block`` tokens now (before a prompt)."""
+        if self._blocks is not None:
+            self.cache.begin(0)
+            self._blocks.precompile(max_block, self.head.eh_proj.weight.shape[0], self.head.eh_proj.weight.dtype)
 
     @torch.no_grad()
     def _step(self, hidden: torch.Tensor, tokens: torch.Tensor, start: int, positions: torch.Tensor | None = None,
@@ -43,8 +54,15 @@ class MTPDrafter:
         if allowed is None:
             allowed = torch.ones(n, end, dtype=torch.bool, device=self.device)
             allowed[:, start:] = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
-        positions = positions.view(1, n)
         self.cache.begin(start)
+        if self._blocks is not None:
+            return self._blocks(hidden, tokens, positions, allowed, start)
+        return self._static_step(hidden, tokens, positions.view(1, n), allowed)
+
+    def _static_step(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+                     allowed: torch.Tensor) -> torch.Tensor:
+        """The layer on pairs at rotary ``positions`` [1, m] under ``allowed`` [m, keys] (keys: every static slot when
+        compiled), written to the cache from its ``begin`` slot."""
         x = self.head.fuse(tokens, hidden, positions)
         return self.head.layer(x, positions, additive_mask(allowed, x.dtype), self.cache)
 

@@ -72,10 +72,18 @@ class TargetRunner:
         input_ids: torch.Tensor,  # [1, n]
         tree_mask: torch.Tensor | None = None,  # [n, n] bool, True = may attend
         depths: torch.Tensor | None = None,  # [n] position offset of each token (tree depth)
+        start: int | None = None,
+        visible: torch.Tensor | None = None,  # [n, start] bool: the earlier slots each new token sees
+        last_only: bool = False,
     ) -> tuple[torch.Tensor, TargetOutput]:
-        """-> (logits [1, n, V], the target's states [1, n, ...]) for the n new tokens."""
+        """-> (logits [1, n, V], the target's states [1, n, ...]) for the n new tokens.
+
+        ``start``: the block's first slot (default: right after the committed tokens). A drafter running this
+        runner over its own small model writes its speculative steps further on, and its tree nodes see only their
+        ancestors among the earlier ones (``visible``; default: every slot before ``start``). ``last_only``: logits
+        [1, 1, V] at the last token only (a prompt needs no more)."""
         n = input_ids.shape[1]
-        start = self.cache.length
+        start = self.cache.length if start is None else start
         device = input_ids.device
         compiled = self._compiled is not None and start > 0 and n <= COMPILED_BLOCK
         # A compiled block is padded to the smallest size already compiled that holds it (a chain's last, shorter
@@ -89,6 +97,8 @@ class TargetRunner:
         within[:n, :n] = torch.ones(n, n, dtype=torch.bool, device=device).tril() if tree_mask is None else tree_mask
         allowed = torch.zeros(m, keys, dtype=torch.bool, device=device)
         allowed[:, :start] = True
+        if visible is not None:
+            allowed[:n, :start] = visible
         allowed[:, start : start + m] = within  # [m, keys]
         offsets = torch.arange(m, device=device)
         if depths is not None:
@@ -99,26 +109,49 @@ class TargetRunner:
         mask = self._mask(allowed, position_ids[0], key_pos)
         if m > n:
             input_ids = torch.cat([input_ids, input_ids.new_zeros(1, m - n)], dim=1)
-        self.cache.begin()
+        self.cache.begin(start)
         if compiled:
             self._sizes.add(m)
             if device.type == "cuda":
                 torch.compiler.cudagraph_mark_step_begin()
             out = self._compiled(input_ids, mask, position_ids)
         else:
-            out = self._run(input_ids, mask, position_ids)
+            out = self._run(input_ids, mask, position_ids, last_only)
         if m > n:
             out = tuple(t if t is None else t[:, :n] for t in out)
         if compiled and device.type == "cuda":  # a CUDA graph's outputs are overwritten by its next replay
             out = tuple(t if t is None else t.clone() for t in out)
         logits, aux, last = out
+        if last_only:
+            logits = logits[:, -1:]
         return logits, TargetOutput(aux_hidden_states=aux, last_hidden_state=last)
 
-    def _run(self, input_ids: torch.Tensor, mask, position_ids: torch.Tensor):
+    @torch.no_grad()
+    def precompile(self, max_block: int) -> None:
+        """With ``compile``: compile the forward for every block of 1..``max_block`` tokens now, on dummy tokens at
+        slot 0 (call it before a prompt, whose forward overwrites them), so no later block compiles mid-generation."""
+        if self._compiled is None:
+            return
+        for m in range(1, min(max_block, COMPILED_BLOCK, self.max_len) + 1):
+            if m in self._sizes:
+                continue
+            slots = torch.arange(m, device=self.device)
+            allowed = torch.zeros(m, self.max_len, dtype=torch.bool, device=self.device)
+            allowed[slots, slots] = True
+            self.cache.begin(0)
+            if self.device.type == "cuda":
+                torch.compiler.cudagraph_mark_step_begin()
+            mask = self._mask(allowed, slots, torch.arange(self.max_len, device=self.device))
+            self._compiled(torch.zeros(1, m, dtype=torch.long, device=self.device), mask, slots.view(1, m))
+            self._sizes.add(m)
+        self.cache.rollback(0)
+
+    def _run(self, input_ids: torch.Tensor, mask, position_ids: torch.Tensor, last_only: bool = False):
         """The target over a block, written to the cache: (logits, aux states or None, final hidden state)."""
         out = self.target(input_ids, attention_mask=mask, position_ids=position_ids, past_key_values=self.cache,
                           with_aux=self.with_aux)
-        return self.target.logits(out.last_hidden_state), out.aux_hidden_states, out.last_hidden_state
+        last = out.last_hidden_state
+        return self.target.logits(last[:, -1:] if last_only else last), out.aux_hidden_states, last
 
     def _mask(self, allowed: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.Tensor):
         """The additive mask for every layer, or a {layer type: mask} dict (what HF models with

@@ -46,8 +46,9 @@ class HeadSpec:
     """Dataclass of the recipe fields only this head reads (a recipe's ``draft:`` section, besides the shared ones)."""
     build: Callable[[DraftConfig, Any, torch.Tensor], DraftHead]
     """(draft config, target, loss-masked token counts [V]) -> a fresh head for that target."""
-    drafter: Callable[[nn.Module, int], Any]
-    """(finished head, cache length) -> the decoder's ``Drafter`` for it (decode/generate.py)."""
+    drafter: Callable[..., Any]
+    """(finished head, cache length, compile=False) -> the decoder's ``Drafter`` for it (decode/generate.py);
+    ``compile``: its draft step through ``torch.compile`` at static shapes (decode/static_blocks.py)."""
     detect: Callable[[Path, dict], str | None]
     """(export directory, its config.json) -> the layout it holds, or None if it is not this head's."""
     cards: dict[str, str]
@@ -137,9 +138,10 @@ def build_head(config: DraftConfig, target, token_counts: torch.Tensor) -> Draft
     return head_spec(config.head).build(config, target, token_counts)
 
 
-def drafter_for(head: nn.Module, max_len: int):
-    """The decoder's drafter for a finished ``head``, its caches holding ``max_len`` positions."""
-    return spec_of(head).drafter(head, max_len)
+def drafter_for(head: nn.Module, max_len: int, compile: bool = False):
+    """The decoder's drafter for a finished ``head``, its caches holding ``max_len`` positions; ``compile``: its step
+    compiled (build it once and reuse it for every prompt)."""
+    return spec_of(head).drafter(head, max_len, compile=compile)
 
 
 def batch_drafter_for(head: nn.Module, max_len: int, batch: int):

@@ -106,14 +106,18 @@ def _decoder_layers(model: PreTrainedModel) -> nn.ModuleList:
 class Target(nn.Module):
     """A frozen causal LM that returns aux hidden states and its final hidden state."""
 
-    def __init__(self, model: PreTrainedModel, aux_layer_ids: tuple[int, ...] | None = None) -> None:
+    def __init__(self, model: PreTrainedModel, aux_layer_ids: tuple[int, ...] | None = None,
+                 capture_aux: bool = True) -> None:
+        """``capture_aux=False``: no aux states at all (a draft model decoded as a ``Target``): its layers get no
+        capture hooks, so wrapping one model many times costs nothing, and ``with_aux`` must stay False."""
         super().__init__()
         self.model = model
         self.model.eval().requires_grad_(False)
         self.layers = _decoder_layers(model)
         self.base = getattr(model, model.base_model_prefix)
         n = len(self.layers)
-        self.aux_layer_ids = check_aux_layer_ids(default_aux_layer_ids(n) if aux_layer_ids is None else aux_layer_ids, n)
+        self.aux_layer_ids = () if not capture_aux else \
+            check_aux_layer_ids(default_aux_layer_ids(n) if aux_layer_ids is None else aux_layer_ids, n)
         self._captured: dict[int, torch.Tensor] = {}
         for k in self.aux_layer_ids:
             self.layers[k].register_forward_pre_hook(self._capture_hook(k), with_kwargs=True)
@@ -186,6 +190,8 @@ class Target(nn.Module):
         out = self.base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                         past_key_values=past_key_values, use_cache=past_key_values is not None)
         with record_function("target: aux states"):  # a part of the step for torch.profiler
+            if with_aux and not self.aux_layer_ids:
+                raise ValueError("this Target captures no aux states (capture_aux=False); call it with with_aux=False")
             aux = torch.cat([self._captured[k] for k in self.aux_layer_ids], dim=-1) if with_aux else None  # [B, T, n*H]
         self._captured.clear()
         return TargetOutput(aux_hidden_states=aux, last_hidden_state=out.last_hidden_state)

@@ -33,7 +33,7 @@ from headstart.decode.benchmark import (
     run_benchmark,
     split_table,
 )
-from headstart.decode.draft_model import DraftModelDrafter
+from headstart.decode.draft_model import DraftModelDrafter, draft_model_runner
 from headstart.decode.draft_model_batch_drafter import DraftModelBatchDrafter, as_draft_target
 from headstart.decode.generate import Sampling
 from headstart.decode.hf_peers import HFSpeculation
@@ -82,8 +82,9 @@ def main() -> int:
     p.add_argument("--ngram-max", type=int, default=3,
                    help="--method ngram: the longest context suffix looked up (vLLM's prompt_lookup_max)")
     p.add_argument("--compile", action="store_true",
-                   help="the target's decode forward through torch.compile over a static KV cache (CUDA graphs on a "
-                        "GPU); --max-len then defaults to 1024, as every forward attends over all of it")
+                   help="the target's decode forward and the drafter's step through torch.compile over static KV "
+                        "caches (CUDA graphs on a GPU); --max-len then defaults to 1024, as every forward attends over "
+                        "all of it")
     p.add_argument("--batch-size", type=int, default=1,
                    help="decode this many questions' turns together (chains; tokens/s and speed-up over the batch)")
     p.add_argument("--out", required=True)
@@ -115,11 +116,21 @@ def main() -> int:
     vocab_size = target.lm_head.weight.shape[0]
     reads_aux = args.method in HEADS and HEADS[args.method].cls.needs.aux_hidden_states
     runner = TargetRunner(target, max_len=max_len, with_aux=reads_aux, compile=args.compile)
+    # The largest block a compiled drafter runs after a prompt: a commit of k + 1 tokens (a tree's of depth + 1), a
+    # dynamic tree's level of top-k nodes; a static tree's levels are compiled when first met.
+    compiled_block = max(args.num_speculative_tokens, args.tree_depth if args.tree else 0) + 1
+    if args.tree:
+        compiled_block = max(compiled_block, args.tree_topk)
     if args.method in HEADS:
         if not args.draft:
             p.error(f"--method {args.method} needs --draft (the head's directory)")
         head = load_head(args.method, args.draft, target, args.allow_other_target).to(device=device, dtype=target.lm_head_weight.dtype)
-        make = lambda: drafter_for(head, max_len)  # noqa: E731
+        if args.compile:  # one drafter for every prompt (begin starts it afresh): its step compiles once, up front
+            compiled_drafter = drafter_for(head, max_len, compile=True)
+            compiled_drafter.precompile(compiled_block)
+            make = lambda: compiled_drafter  # noqa: E731
+        else:
+            make = lambda: drafter_for(head, max_len)  # noqa: E731
         make_batch = lambda b: batch_drafter_for(head, max_len, b)  # noqa: E731
     elif args.method in ("draft-model", "hf-assisted"):
         if not args.draft:
@@ -128,7 +139,9 @@ def main() -> int:
             p.error(f"the draft model {args.draft} has another tokenizer than the target {args.target}; "
                     "a draft model must share its target's vocabulary")
         draft_model = load_causal_lm(TargetConfig(path=args.draft, dtype=dtype, device=device))
-        make = lambda: DraftModelDrafter(draft_model, max_len, vocab_size)  # noqa: E731
+        draft_runner = draft_model_runner(draft_model, max_len, compile=args.compile)  # built once: compiled once
+        draft_runner.precompile(compiled_block)
+        make = lambda: DraftModelDrafter(draft_runner, max_len, vocab_size)  # noqa: E731
         if args.batch_size > 1:  # a Target wrapper hooks the model: only where the batch drafter runs it
             draft_target = as_draft_target(draft_model)
             make_batch = lambda b: DraftModelBatchDrafter(draft_target, max_len, vocab_size, b)  # noqa: E731
@@ -161,7 +174,7 @@ def main() -> int:
     if args.batch_size > 1:
         mode += f", batch {args.batch_size}"
     if args.compile:
-        mode += ", compiled target"
+        mode += ", compiled target" if args.method == "ngram" else ", compiled target and drafter"
     table = markdown_table(report["results"], report["by_prompt_length"])
     split = split_table(report["results"])
     if split:

@@ -1,19 +1,24 @@
-"""The compiled decode path (``TargetRunner(compile=True)``: static KV cache, torch.compile) decodes exactly as the
-eager one. The default suite traces it with dynamo's ``eager`` backend (the graph capture and the static cache,
+"""The compiled decode path (``TargetRunner(compile=True)``: static KV cache, torch.compile; the drafters' steps
+compiled at static shapes, decode/static_blocks.py) decodes exactly as the eager one. The default suite traces it with dynamo's ``eager`` backend (the graph capture and the static cache,
 in seconds); the slow tests compile it with inductor."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from test_sampling_loop import SAMPLING, V, chi2_vs, exact_joint, PROMPT
+from test_sampling_loop import SAMPLING, V, chi2_vs, exact_joint, medusa_heads, PROMPT
 from tiny_models import random_eagle3_head, tiny_causal_lm
 
+from headstart.decode.draft_model import DraftModelDrafter, draft_model_runner
 from headstart.decode.eagle3_drafter import Eagle3Drafter
 from headstart.decode.generate import plain_generate, speculative_generate
+from headstart.decode.medusa_drafter import MedusaDrafter
+from headstart.decode.mtp_drafter import MTPDrafter
 from headstart.decode.ngram import NgramDrafter
+from headstart.decode.static_blocks import StaticBlocks
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import DynamicTree
+from headstart.models.mtp import build_mtp
 from headstart.models.target import Target
 
 BACKENDS = ["eager", pytest.param("inductor", marks=pytest.mark.slow)]
@@ -78,6 +83,112 @@ def test_compiled_speculative_sampling_follows_the_target():
     pairs = []
     for _ in range(2500):
         out = speculative_generate(runner, Eagle3Drafter(head, 32), PROMPT, 4, set(), k=3, sampling=SAMPLING, generator=g)
+        pairs.append((out.tokens[1], out.tokens[2]))
+    stat, critical = chi2_vs(pairs, exact_joint(model))
+    assert stat < critical
+
+
+def drafters(target, max_len: int, backend: str) -> dict:
+    """Each drafter kind, eager and compiled: (make an eager drafter, the one compiled drafter every prompt reuses)."""
+    torch.manual_seed(0)
+    head, mtp, medusa = random_eagle3_head(target), build_mtp(target), medusa_heads(target.model)
+    small = tiny_causal_lm("llama", num_hidden_layers=2, vocab_size=target.vocab_size)
+    return {
+        "eagle3": (lambda: Eagle3Drafter(head, max_len), Eagle3Drafter(head, max_len, compile=True, backend=backend)),
+        "mtp": (lambda: MTPDrafter(mtp, max_len), MTPDrafter(mtp, max_len, compile=True, backend=backend)),
+        "medusa": (lambda: MedusaDrafter(medusa), MedusaDrafter(medusa, compile=True, backend=backend)),
+        "draft-model": (lambda: DraftModelDrafter(small, max_len, target.vocab_size),
+                        DraftModelDrafter(draft_model_runner(small, max_len, compile=True, backend=backend), max_len,
+                                          target.vocab_size)),
+    }
+
+
+def lockstep(runner: TargetRunner, eager, compiled, p: torch.Tensor, k: int, rounds: int) -> list[list[int]]:
+    """Drive both drafters through the same rounds: proposals compared every round, then a accepted of them (a = 0..k
+    in turn: commits of every size) and a bonus token, with the target's states at those positions; a tree's first
+    two levels compared at the end. Returns the proposals."""
+    runner.reset()
+    logits, states = runner.forward(p)
+    runner.commit(p.shape[1])
+    token = int(logits[0, -1].argmax())
+    for drafter in (eager, compiled):
+        drafter.begin(p, states, token)
+    proposals = []
+    for r in range(rounds):
+        drafts = eager.propose(k)
+        assert compiled.propose(k).tolist() == drafts.tolist(), r
+        proposals.append(drafts.tolist())
+        a = r % (k + 1)
+        _, states = runner.forward(torch.tensor([[token] + drafts.tolist()]))
+        emitted = drafts[:a].tolist() + [(token * 7 + r) % 100 + 3]
+        runner.commit(a + 1)
+        kept = type(states)(**{f: None if v is None else v[:, : a + 1] for f, v in vars(states).items()})
+        for drafter in (eager, compiled):
+            drafter.update(emitted, kept)
+        token = emitted[-1]
+    want, got = eager.tree_root(), compiled.tree_root()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    top = want.topk(2).indices
+    for drafter in (compiled, eager):
+        drafter._level = drafter.tree_expand(torch.tensor([-1, -1]), top, 1)
+    torch.testing.assert_close(compiled._level, eager._level, rtol=1e-4, atol=1e-4)
+    return proposals
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_compiled_drafters_draft_exactly_as_eager(target, backend):
+    """One compiled drafter per kind, reused over two prompts: every round's proposals (after commits of 1..k+1
+    tokens), and a tree's root and first level, as a fresh eager drafter's; then whole generations, chains and a
+    tree, on the compiled target give the eager tokens."""
+    torch._dynamo.reset()
+    runner, eager_runner = TargetRunner(target, 128, compile=True, backend=backend), TargetRunner(target, 128)
+    prompts = [prompt(), torch.randint(3, 128, (1, 7), generator=torch.Generator().manual_seed(5))]
+    tree = DynamicTree(depth=3, topk=2, total_tokens=6)
+    for name, (make, compiled) in drafters(target, 128, backend).items():
+        compiled.precompile(3)  # dummy blocks written at slot 0 first: the prompt's begin must overwrite them
+        for p in prompts:
+            proposals = lockstep(eager_runner, make(), compiled, p, 4, 10)
+            assert len({tuple(x) for x in proposals}) > 1, name  # the drafts follow the sequence
+            reference = plain_generate(eager_runner, p, 30, set()).tokens
+            for k, shape in ((4, None), (3, tree)):
+                assert speculative_generate(runner, compiled, p, 30, set(), k=k, tree=shape).tokens == reference
+
+
+def test_a_compiled_draft_step_past_its_cache_is_refused_by_name(target):
+    drafter = Eagle3Drafter(random_eagle3_head(target), 20, compile=True, backend="eager")
+    runner = TargetRunner(target, 96)
+    with pytest.raises(ValueError, match=r"draft KV cache overflow: 2\d > max_len 20"):
+        speculative_generate(runner, drafter, prompt(), 40, set(), k=4)
+
+
+def test_a_block_is_padded_only_to_a_size_that_fits_the_cache():
+    calls = []
+    blocks = StaticBlocks(lambda h, t, pos, allowed: calls.append((t.shape[1], allowed.shape)) or h, 20,
+                          torch.device("cpu"), backend="eager")
+    blocks.compiled = blocks.step  # record the shapes the compiled step would get
+    hidden, tokens = torch.zeros(1, 2, 4), torch.ones(1, 2, dtype=torch.long)
+    blocks(torch.zeros(1, 5, 4), torch.ones(1, 5, dtype=torch.long), torch.arange(3, 8), torch.ones(5, 8, dtype=torch.bool), 3)
+    assert blocks(hidden, tokens, torch.arange(10, 12), torch.ones(2, 12, dtype=torch.bool), 10).shape == (1, 2, 4)
+    assert calls[-1] == (5, (5, 20))  # padded to the compiled 5: slots 10..14 fit
+    blocks(hidden, tokens, torch.arange(17, 19), torch.ones(2, 19, dtype=torch.bool), 17)
+    assert calls[-1] == (2, (2, 20)) and blocks.sizes == {5, 2}  # 17 + 5 > 20: a graph of its own
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drafter", ["eagle3", "mtp", "draft-model"])
+def test_compiled_drafters_sample_the_target(drafter):
+    """Lossless with a compiled drafter (inductor) on the compiled target: chi-square against the exact joint."""
+    torch._dynamo.reset()
+    model = tiny_causal_lm("llama", num_hidden_layers=8, vocab_size=V)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(60.0)
+    target = Target(model)
+    runner = TargetRunner(target, 32, compile=True)
+    compiled = drafters(target, 32, "inductor")[drafter][1]
+    g = torch.Generator().manual_seed(0)
+    pairs = []
+    for _ in range(2500):
+        out = speculative_generate(runner, compiled, PROMPT, 4, set(), k=3, sampling=SAMPLING, generator=g)
         pairs.append((out.tokens[1], out.tokens[2]))
     stat, critical = chi2_vs(pairs, exact_joint(model))
     assert stat < critical

@@ -141,7 +141,7 @@ def test_draft_model_keeps_the_accepted_drafts_it_already_ran_and_equals_a_full_
         drafts = drafter.propose(4).tolist()
         emitted = drafts[:accepted] + [int(torch.randint(0, V, ()))]
         drafter.update(emitted, None)
-        assert drafter.cache.length == prompt.shape[1] + 1 + len(emitted)
+        assert drafter.runner.length == prompt.shape[1] + 1 + len(emitted)
         fresh = DraftModelDrafter(small, 64, V)
         fresh.begin(torch.cat([prompt, torch.tensor([[7] + emitted[:-1]])], dim=1), None, emitted[-1])
         torch.testing.assert_close(drafter.last_logits, fresh.last_logits, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,89 @@
+"""A drafter's step compiled at static shapes (``--compile``): what the target's ``TargetRunner(compile=True)`` does
+for the verify forward, for the one-layer drafts (EAGLE-3, MTP) that keep their own KV cache.
+
+A step runs n new tokens written at cache slots [start, start + n) under a mask ``allowed`` [n, start + n]. Compiled,
+it must have the same shapes every call: the block is padded to the smallest size already compiled that holds it
+(chain steps are 1 token, commits 1..k+1, tree levels up to top-k), the mask widened to every one of the cache's
+``max_len`` slots (the slots past the block hidden), and the write slot is a device tensor the caller fills (changing
+it recompiles nothing). Near the end of the cache a block too short for a padded size that still fits gets its own
+graph. A padding token attends only to its own slot, past the block, and nothing attends to it.
+Prompts (start 0) run eagerly on the same cache: a graph per prompt length would recompile at every prompt.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+COMPILED_BLOCK = 64
+"""Blocks of up to this many tokens after a prompt run compiled, one graph per padded size."""
+
+
+def compile_step(fn: Callable, device: torch.device, backend: str = "inductor") -> Callable:
+    """``torch.compile`` for a decode step: static shapes, and CUDA graphs on a GPU (inductor's reduce-overhead)."""
+    cuda_graphs = device.type == "cuda" and backend == "inductor"
+    return torch.compile(fn, dynamic=False, backend=backend, mode="reduce-overhead" if cuda_graphs else None)
+
+
+def static_address(*buffers: torch.Tensor) -> None:
+    """Buffers a compiled step writes in place keep fixed addresses: what CUDA graphs replay against."""
+    if not torch.compiler.is_compiling():
+        for buffer in buffers:
+            torch._dynamo.mark_static_address(buffer)
+
+
+class StaticBlocks:
+    """Runs ``step(hidden [1, m, H], tokens [1, m], positions [1, m], allowed [m, max_len]) -> out [1, m, H]`` compiled
+    at padded block sizes (prompts eagerly, at their own length)."""
+
+    def __init__(self, step: Callable, max_len: int, device: torch.device, backend: str = "inductor") -> None:
+        self.step = step
+        self.max_len = max_len
+        self.device = device
+        self.compiled = compile_step(step, device, backend)
+        self.sizes: set[int] = set()  # block sizes compiled so far
+
+    def __call__(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor,
+                 start: int) -> torch.Tensor:
+        """n tokens at slots [start, start + n): hidden [1, n, H], tokens [1, n], positions [n], allowed [n, start + n].
+        The caller has pointed its cache's write slot at ``start``. Returns the outputs [1, n, H]."""
+        n = tokens.shape[1]
+        eager = start == 0 or n > COMPILED_BLOCK
+        fits = [size for size in self.sizes if n <= size <= self.max_len - start]  # padding past the cache: a new size
+        m = n if eager else min(fits, default=n)
+        if start + m > self.max_len:
+            raise ValueError(f"draft KV cache overflow: {start + m} > max_len {self.max_len} (raise --max-len)")
+        full = torch.zeros(m, self.max_len, dtype=torch.bool, device=self.device)  # the step attends to every slot
+        full[:n, : start + n] = allowed
+        if eager:
+            return self.step(hidden, tokens, positions.view(1, n), full)
+        pad = torch.arange(n, m, device=self.device)
+        full[pad, start + pad] = True  # a padding token sees only its own slot
+        if m > n:
+            hidden = torch.cat([hidden, hidden.new_zeros(1, m - n, hidden.shape[-1])], dim=1)
+            tokens = torch.cat([tokens, tokens.new_zeros(1, m - n)], dim=1)
+            positions = torch.cat([positions, positions[-1:].expand(m - n)])
+        # Fresh strides: a slice of a longer block (the last output of a commit) would recompile the graph.
+        hidden, tokens, positions = (t.clone(memory_format=torch.contiguous_format) for t in (hidden, tokens, positions))
+        self.sizes.add(m)
+        if self.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()
+        out = self.compiled(hidden, tokens, positions.view(1, m), full)[:, :n]
+        return out.clone() if self.device.type == "cuda" else out  # a CUDA graph's output is overwritten by its replay
+
+    def precompile(self, max_block: int, hidden_size: int, dtype: torch.dtype) -> None:
+        """Compile every block size 1..``max_block`` now (a benchmark's timed rounds then never compile), on dummy
+        pairs written from the caller's write slot: point it at 0 before any prompt, whose ``begin`` overwrites them."""
+        for m in range(1, min(max_block, COMPILED_BLOCK, self.max_len) + 1):
+            if m in self.sizes:
+                continue
+            slots = torch.arange(m, device=self.device)
+            allowed = torch.zeros(m, self.max_len, dtype=torch.bool, device=self.device)
+            allowed[slots, slots] = True
+            if self.device.type == "cuda":
+                torch.compiler.cudagraph_mark_step_begin()
+            self.compiled(torch.zeros(1, m, hidden_size, dtype=dtype, device=self.device),
+                          torch.zeros(1, m, dtype=torch.long, device=self.device), slots.view(1, m), allowed)
+            self.sizes.add(m)
+
