@@ -25,7 +25,9 @@ def shape(args: dict) -> str:
 
 
 def mode(args: dict) -> str:
-    compiled = ", compiled target" if args.get("compile") else ""
+    # Runs from before the drafters compiled (results.json without "compiled_drafter") compiled the target only.
+    compiled = "" if not args.get("compile") else \
+        ", compiled target and drafter" if args.get("compiled_drafter") else ", compiled target"
     if not args.get("temperature"):
         return "greedy" + compiled
     return f"T={args['temperature']}" + (f" top-p {args['top_p']}" if args.get("top_p", 1.0) < 1.0 else "") + compiled

@@ -126,9 +126,9 @@ def main() -> int:
             p.error(f"--method {args.method} needs --draft (the head's directory)")
         head = load_head(args.method, args.draft, target, args.allow_other_target).to(device=device, dtype=target.lm_head_weight.dtype)
         if args.compile:  # one drafter for every prompt (begin starts it afresh): its step compiles once, up front
-            compiled_drafter = drafter_for(head, max_len, compile=True)
-            compiled_drafter.precompile(compiled_block)
-            make = lambda: compiled_drafter  # noqa: E731
+            shared_drafter = drafter_for(head, max_len, compile=True)
+            shared_drafter.precompile(compiled_block)
+            make = lambda: shared_drafter  # noqa: E731
         else:
             make = lambda: drafter_for(head, max_len)  # noqa: E731
         make_batch = lambda b: batch_drafter_for(head, max_len, b)  # noqa: E731
@@ -173,8 +173,9 @@ def main() -> int:
     mode = "greedy" if sampling is None else f"sampling T={args.temperature} top-p {args.top_p} top-k {args.top_k}"
     if args.batch_size > 1:
         mode += f", batch {args.batch_size}"
+    compiled_drafter = args.compile and args.method not in ("ngram", *HF_METHODS)  # n-gram lookup runs no model
     if args.compile:
-        mode += ", compiled target" if args.method == "ngram" else ", compiled target and drafter"
+        mode += ", compiled target and drafter" if compiled_drafter else ", compiled target"
     table = markdown_table(report["results"], report["by_prompt_length"])
     split = split_table(report["results"])
     if split:
@@ -205,7 +206,8 @@ def main() -> int:
                            f"{times['verify_seconds'][r['k']] * 1e3:.2f} | {b['speedup']:.2f}x | {r['speedup']:.2f}x |"
                            for r, b in zip(rows, bare))
         table += f"\n\nRecommended k: **{report['prediction']['recommended_k']}**."
-    (out / "results.json").write_text(json.dumps({"args": vars(args), **report}, indent=2))
+    (out / "results.json").write_text(json.dumps({"args": {**vars(args), "compiled_drafter": compiled_drafter},
+                                                  **report}, indent=2))
     (out / "results.md").write_text(table + "\n")
     plot_acceptance(report["results"], out / "acceptance.png", f"{args.method}, {shape}, {mode}")
     print(table)

@@ -53,6 +53,8 @@ def test_each_head_builds_exports_is_detected_loads_and_decodes_through_its_entr
     assert type(loaded) is spec.cls
     drafter = drafter_for(loaded, 64)
     assert all(callable(getattr(drafter, m, None)) for m in ("begin", "propose", "update"))
+    compiled = drafter_for(loaded, 64, compile=True)  # the contract's compiled drafter (compiles when first run:
+    assert callable(getattr(compiled, "precompile", None))  # tests/test_compiled_decode.py runs each kind)
 
 
 def test_converting_a_head_with_one_layout_is_refused_by_name(target_dir, tmp_path):
