@@ -28,6 +28,8 @@ def mode(args: dict) -> str:
     # Runs from before the drafters compiled (results.json without "compiled_drafter") compiled the target only.
     compiled = "" if not args.get("compile") else \
         ", compiled target and drafter" if args.get("compiled_drafter") else ", compiled target"
+    if args.get("dtype"):  # a dtype other than the device's default (float32 on a CPU, bfloat16 on a GPU)
+        compiled += f", {args['dtype']}"
     if not args.get("temperature"):
         return "greedy" + compiled
     return f"T={args['temperature']}" + (f" top-p {args['top_p']}" if args.get("top_p", 1.0) < 1.0 else "") + compiled

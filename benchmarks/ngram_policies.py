@@ -75,16 +75,19 @@ def prompt_lookup_rule(eos_ids: set[int]) -> Rule:
 
 
 def replay(turns: list[tuple[list[int], list[int]]], rule: Rule, k: int, verify_s: list[float],
-           oracle: bool = False) -> dict[str, float]:
+           oracle: bool = False, max_new_tokens: int | None = None) -> dict[str, float]:
     """Decode every (prompt, greedy output) turn again with ``rule``'s drafts: rounds, tokens, drafted tokens and
     the verify seconds they cost (``verify_s[n]``: a forward over n + 1 tokens). ``oracle``: draft only the part
-    of the rule's proposal that will be accepted."""
+    of the rule's proposal that will be accepted. ``max_new_tokens``: the outputs' token budget; a round drafts at
+    most what it leaves after the round's own token, as the decoder does (None: no cut)."""
     rounds = tokens = drafted = 0
     seconds = 0.0
     for prompt, out in turns:
         context, i = prompt + out[:1], 1  # the prefill's token comes with the prompt's forward
         while i < len(out):
             draft = rule(list(context), k)
+            if max_new_tokens is not None:
+                draft = draft[: max(0, max_new_tokens - i - 1)]
             accepted = 0
             while accepted < len(draft) and i + accepted < len(out) and draft[accepted] == out[i + accepted]:
                 accepted += 1
@@ -123,7 +126,8 @@ def main() -> None:
     rules += [(f"headstart, n-grams up to {n}, draft k", headstart_rule(n), False) for n in (3, 8)]
     rules += [("headstart, n-grams up to 8, draft min(k, n)", match_length_rule(8), False)]
     rules += [("oracle length of headstart's n-grams up to 8", headstart_rule(8), True)]
-    rows = [(name, k, replay(turns, rule, k, verify_s, oracle)) for name, rule, oracle in rules for k in (4, 8, 12)]
+    rows = [(name, k, replay(turns, rule, k, verify_s, oracle, args.max_new_tokens))
+            for name, rule, oracle in rules for k in (4, 8, 12)]
     reference = rows[0][2]["tok_s"]  # transformers at k = 4, as benchmarks/bench_decode_peers.sh runs it
     body = (f"`{args.questions}`, first {args.per_category} per category (all turns), {len(turns)} greedy outputs of "
             f"`{args.target}` (float32, CPU), max {args.max_new_tokens} new tokens, replayed under each rule. Verify "

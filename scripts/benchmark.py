@@ -173,6 +173,8 @@ def main() -> int:
     mode = "greedy" if sampling is None else f"sampling T={args.temperature} top-p {args.top_p} top-k {args.top_k}"
     if args.batch_size > 1:
         mode += f", batch {args.batch_size}"
+    if args.dtype:
+        mode += f", {args.dtype}"
     compiled_drafter = args.compile and args.method not in ("ngram", *HF_METHODS)  # n-gram lookup runs no model
     if args.compile:
         mode += ", compiled target and drafter" if compiled_drafter else ", compiled target"

@@ -269,9 +269,11 @@ def test_ngram_policy_replay_gives_the_tau_decoding_gives_and_the_script_runs(tm
     for max_ngram, k in ((3, 4), (8, 8)):
         decoded = speculative_generate(runner, NgramDrafter(max_ngram), prompt, 60, set(), k=k)
         assert decoded.tokens == out
-        replayed = replay([(prompt[0].tolist(), out)], headstart_rule(max_ngram), k, cost)
+        replayed = replay([(prompt[0].tolist(), out)], headstart_rule(max_ngram), k, cost, max_new_tokens=60)
         assert replayed["tau"] == pytest.approx(decoded.tau) and decoded.tau > 1.2
-        oracle = replay([(prompt[0].tolist(), out)], headstart_rule(max_ngram), k, cost, oracle=True)
+        # the last rounds' drafts cut to the budget left, as the decoder cuts them
+        assert replayed["drafted"] == pytest.approx(sum(decoded.proposed) / len(decoded.proposed))
+        oracle = replay([(prompt[0].tolist(), out)], headstart_rule(max_ngram), k, cost, oracle=True, max_new_tokens=60)
         assert oracle["tau"] == replayed["tau"] and oracle["drafted"] < replayed["drafted"]
     ctx = [0, 6, 7, 8, 9, 1, 2, 7, 8, 3, 4, 5, 6, 7, 8]  # longest earlier match: [6, 7, 8]; [7, 8] also at 7
     assert match_length_rule(4)(ctx, 8) == [9, 1, 2] and headstart_rule(4)(ctx, 8) == [9, 1, 2, 7, 8, 3, 4, 5]
