@@ -28,7 +28,7 @@ def mode(args: dict) -> str:
     # Runs from before the drafters compiled (results.json without "compiled_drafter") compiled the target only.
     compiled = "" if not args.get("compile") else \
         ", compiled target and drafter" if args.get("compiled_drafter") else ", compiled target"
-    if args.get("dtype"):  # a dtype other than the device's default (float32 on a CPU, bfloat16 on a GPU)
+    if args.get("dtype"):  # an explicit --dtype (runs without one used their device's default)
         compiled += f", {args['dtype']}"
     if not args.get("temperature"):
         return "greedy" + compiled

@@ -50,6 +50,8 @@ class DraftModelDrafter:
         self.runner = draft if isinstance(draft, TargetRunner) else draft_model_runner(draft, max_len)
         if self.runner.with_aux:
             raise ValueError("a draft model's runner reads no aux states: build it with draft_model_runner")
+        if self.runner.max_len != max_len:
+            raise ValueError(f"the draft model's runner holds {self.runner.max_len} positions, not max_len {max_len}")
         self.max_len = self.runner.max_len
         self.vocab_size = target_vocab_size  # the width of the target's logits (q must match it)
         self._device = self.runner.device

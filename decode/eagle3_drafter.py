@@ -42,6 +42,8 @@ class Eagle3Drafter:
     def precompile(self, max_block: int) -> None:
         """With ``compile``: compile the step for every block of up to ``max_block`` tokens now (before a prompt)."""
         if self._blocks is not None:
+            if self.length:
+                raise RuntimeError("precompile writes dummy pairs from slot 0: call it before a prompt")
             self.write_at.fill_(0)
             self._blocks.precompile(max_block, self.head.config.hidden_size, self.head.fc.weight.dtype)
 

@@ -36,8 +36,17 @@ class MTPDrafter:
     def precompile(self, max_block: int) -> None:
         """With ``compile``: compile the step for every block of up to ``max_block`` tokens now (before a prompt)."""
         if self._blocks is not None:
+            if self.cache.length:
+                raise RuntimeError("precompile writes dummy pairs from slot 0: call it before a prompt")
+            hidden_size, dtype = self.head.eh_proj.weight.shape[0], self.head.eh_proj.weight.dtype
             self.cache.begin(0)
-            self._blocks.precompile(max_block, self.head.eh_proj.weight.shape[0], self.head.eh_proj.weight.dtype)
+            # the static cache allocated eagerly: outside a compiled graph its buffers get fixed addresses
+            allowed = torch.zeros(1, self.max_len, dtype=torch.bool, device=self.device)
+            allowed[0, 0] = True
+            self._static_step(torch.zeros(1, 1, hidden_size, dtype=dtype, device=self.device),
+                              torch.zeros(1, 1, dtype=torch.long, device=self.device),
+                              torch.zeros(1, 1, dtype=torch.long, device=self.device), allowed)
+            self._blocks.precompile(max_block, hidden_size, dtype)
 
     @torch.no_grad()
     def _step(self, hidden: torch.Tensor, tokens: torch.Tensor, start: int, positions: torch.Tensor | None = None,

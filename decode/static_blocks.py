@@ -20,8 +20,15 @@ COMPILED_BLOCK = 64
 """Blocks of up to this many tokens after a prompt run compiled, one graph per padded size."""
 
 
+RECOMPILE_LIMIT = 64
+"""Graphs kept per compiled function. dynamo guards a bound method's ``self`` by type, so the target's runner and a
+draft model's runner share ``TargetRunner._run``'s graphs (a size each per block size), and torch's default of 8 would
+quietly run the rest eagerly."""
+
+
 def compile_step(fn: Callable, device: torch.device, backend: str = "inductor") -> Callable:
     """``torch.compile`` for a decode step: static shapes, and CUDA graphs on a GPU (inductor's reduce-overhead)."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     cuda_graphs = device.type == "cuda" and backend == "inductor"
     return torch.compile(fn, dynamic=False, backend=backend, mode="reduce-overhead" if cuda_graphs else None)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from headstart.decode.kv_cache import PositionalKVCache, RaggedKVCache, StaticKVCache, ragged_block
+from headstart.decode.static_blocks import compile_step
 from headstart.models.target import Target, TargetOutput, additive_mask
 
 
@@ -36,10 +37,7 @@ class TargetRunner:
         self.device = next(target.model.parameters()).device
         self.cache = StaticKVCache(target.num_layers, max_len, self.device) if compile else \
             PositionalKVCache(target.num_layers, max_len)
-        cuda_graphs = self.device.type == "cuda"
-        self._compiled = torch.compile(self._run, dynamic=False, backend=backend,
-                                       mode="reduce-overhead" if cuda_graphs and backend == "inductor" else None) \
-            if compile else None
+        self._compiled = compile_step(self._run, self.device, backend) if compile else None
         self._sizes: set[int] = set()  # block sizes compiled so far
         self._dtype = next(target.model.parameters()).dtype
         # Sliding-window attention (Gemma 2/3, Mistral, Qwen with use_sliding_window): those layers see only
@@ -89,7 +87,8 @@ class TargetRunner:
         # A compiled block is padded to the smallest size already compiled that holds it (a chain's last, shorter
         # rounds reuse the full round's graph instead of compiling their own); padding attends only to itself and
         # is never attended to, and its cache slots lie past the committed length.
-        m = min((size for size in self._sizes if size >= n), default=n) if compiled else n
+        # (near the end of the cache, a size that would run past it is not used: the block gets a graph of its own)
+        m = min((size for size in self._sizes if n <= size <= self.max_len - start), default=n) if compiled else n
         if start + m > self.max_len:
             raise ValueError(f"KV cache overflow: {start + m} tokens > max_len {self.max_len} (raise --max-len)")
         keys = self.max_len if self._compiled is not None else start + m  # a static cache: every slot, the rest masked
@@ -132,6 +131,9 @@ class TargetRunner:
         slot 0 (call it before a prompt, whose forward overwrites them), so no later block compiles mid-generation."""
         if self._compiled is None:
             return
+        if self.cache.length:
+            raise RuntimeError("precompile writes dummy tokens from slot 0: call it before a prompt, not mid-generation")
+        self._allocate()
         for m in range(1, min(max_block, COMPILED_BLOCK, self.max_len) + 1):
             if m in self._sizes:
                 continue
@@ -145,6 +147,15 @@ class TargetRunner:
             self._compiled(torch.zeros(1, m, dtype=torch.long, device=self.device), mask, slots.view(1, m))
             self._sizes.add(m)
         self.cache.rollback(0)
+
+    def _allocate(self) -> None:
+        """Allocate the static cache with one eager token at slot 0: its buffers are then created outside a compiled
+        graph, with the fixed addresses CUDA graphs need (inside one, ``mark_static_address`` cannot run)."""
+        allowed = torch.zeros(1, self.max_len, dtype=torch.bool, device=self.device)
+        allowed[0, 0] = True
+        slot = torch.zeros(1, dtype=torch.long, device=self.device)
+        self.cache.begin(0)
+        self._run(slot.view(1, 1), self._mask(allowed, slot, torch.arange(self.max_len, device=self.device)), slot.view(1, 1))
 
     def _run(self, input_ids: torch.Tensor, mask, position_ids: torch.Tensor, last_only: bool = False):
         """The target over a block, written to the cache: (logits, aux states or None, final hidden state)."""

@@ -116,11 +116,19 @@ def main() -> int:
     vocab_size = target.lm_head.weight.shape[0]
     reads_aux = args.method in HEADS and HEADS[args.method].cls.needs.aux_hidden_states
     runner = TargetRunner(target, max_len=max_len, with_aux=reads_aux, compile=args.compile)
-    # The largest block a compiled drafter runs after a prompt: a commit of k + 1 tokens (a tree's of depth + 1), a
-    # dynamic tree's level of top-k nodes; a static tree's levels are compiled when first met.
-    compiled_block = max(args.num_speculative_tokens, args.tree_depth if args.tree else 0) + 1
-    if args.tree:
-        compiled_block = max(compiled_block, args.tree_topk)
+    tree = None
+    if args.tree_paths:
+        tree = StaticTree(tuple(tuple(path) for path in json.loads(Path(args.tree_paths).read_text())))
+    elif args.tree:
+        tree = DynamicTree(args.tree_depth, args.tree_topk, args.tree_total_tokens)
+    # The largest block a compiled drafter runs after a prompt: a commit of k + 1 tokens (a tree's: depth + 1), a
+    # tree's widest level (a dynamic tree's top-k nodes, a static tree's paths of one length).
+    compiled_block = args.num_speculative_tokens + 1
+    if isinstance(tree, DynamicTree):
+        compiled_block = max(compiled_block, tree.depth + 1, tree.topk)
+    elif tree is not None:
+        lengths = [len(path) for path in tree.paths]
+        compiled_block = max(compiled_block, max(lengths) + 1, max(lengths.count(n) for n in set(lengths)))
     if args.method in HEADS:
         if not args.draft:
             p.error(f"--method {args.method} needs --draft (the head's directory)")
@@ -154,11 +162,6 @@ def main() -> int:
     if args.method in HF_METHODS:
         own_loop = HFSpeculation(target.model, args.num_speculative_tokens, pad_token_id=tokenizer.pad_token_id or 0,
                                  **({"assistant": draft_model} if args.method == "hf-assisted" else {"prompt_lookup": True}))
-    tree = None
-    if args.tree_paths:
-        tree = StaticTree(tuple(tuple(path) for path in json.loads(Path(args.tree_paths).read_text())))
-    elif args.tree:
-        tree = DynamicTree(args.tree_depth, args.tree_topk, args.tree_total_tokens)
     sampling = Sampling(args.temperature, args.top_k, args.top_p) if args.temperature > 0 else None
     report = run_benchmark(runner, make, tokenizer, questions, args.num_speculative_tokens, args.max_new_tokens, eos,
                            verify_greedy=args.verify_greedy, hf_reference=not args.no_hf_reference, tree=tree,
@@ -173,8 +176,8 @@ def main() -> int:
     mode = "greedy" if sampling is None else f"sampling T={args.temperature} top-p {args.top_p} top-k {args.top_k}"
     if args.batch_size > 1:
         mode += f", batch {args.batch_size}"
-    if args.dtype:
-        mode += f", {args.dtype}"
+    if dtype != ("bfloat16" if device == "cuda" else "float32"):  # the device's default dtype goes unsaid
+        mode += f", {dtype}"
     compiled_drafter = args.compile and args.method not in ("ngram", *HF_METHODS)  # n-gram lookup runs no model
     if args.compile:
         mode += ", compiled target and drafter" if compiled_drafter else ", compiled target"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from conftest import CHATML_TEMPLATE, make_tokenizer
 from tiny_models import tiny_causal_lm
 
@@ -60,6 +61,29 @@ def test_run_benchmark_multi_turn_and_verification(tmp_path):
     assert overall["predicted_speedup"] == pytest.approx(overall["tau"] * overall["plain_forward_ms"] / forwards)
     assert report["speedup"] == overall["speedup"] and report["predicted_speedup"] == overall["predicted_speedup"]
     assert "| overall |" in split_table(results)
+
+
+def test_a_batch_is_predicted_from_its_forward_seconds_not_from_tau():
+    """Batched, the rounds last as long as the slowest row: two rows of 9 tokens after their prefills, one accepting
+    everything (3 rounds), one nothing (9 rounds), are 9 batch rounds either way. The prediction is the tokens per
+    second of forwards against plain decoding's, (18 / 0.9 s) / (18 / 1.8 s) = 2.0, where tau x plain forward /
+    forwards per round (tau 1.5) would say 1.5."""
+    from headstart.decode.benchmark import Tally
+    from headstart.decode.clock import RoundClock
+    from headstart.decode.generate import Generation
+
+    tally = Tally()
+    tally.add(Generation(list(range(10)), target_forwards=3, accepted=[2, 2, 2], proposed=[2, 2, 2]), 2)
+    tally.add(Generation(list(range(10)), target_forwards=9, accepted=[0] * 9, proposed=[2] * 9), 2)
+    spec, plain = RoundClock(torch.device("cpu")), RoundClock(torch.device("cpu"))
+    spec.seconds.update(draft=0.2, update=0.1, verify=0.6, other=0.1)
+    plain.seconds.update(verify=1.8)
+    tally.add_seconds(spec, plain, spec_rounds=9, plain_forwards=9)  # batch forwards: 9 of each
+    tally.plain_tokens, tally.spec_seconds, tally.plain_seconds = 20, 1.0, 1.8
+    s = tally.summary()
+    assert s["tau"] == pytest.approx(18 / 12)
+    assert s["predicted_speedup"] == pytest.approx(2.0)
+    assert s["speedup"] == pytest.approx(1.8)  # 0.1 s of each round's "other": measured / predicted 0.9
 
 
 def test_prompts_fall_into_length_buckets():

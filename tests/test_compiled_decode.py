@@ -104,10 +104,12 @@ def drafters(target, max_len: int, backend: str) -> dict:
     }
 
 
-def lockstep(runner: TargetRunner, eager, compiled, p: torch.Tensor, k: int, rounds: int) -> list[list[int]]:
+def lockstep(runner: TargetRunner, eager, compiled, p: torch.Tensor, k: int, rounds: int,
+             descending: bool = False) -> list[list[int]]:
     """Drive both drafters through the same rounds: proposals compared every round, then a accepted of them (a = 0..k
-    in turn: commits of every size) and a bonus token, with the target's states at those positions; a tree's first
-    two levels compared at the end. Returns the proposals."""
+    in turn, or k..0 with ``descending``, so that a block is padded to a larger size compiled before it: commits of
+    every size) and a bonus token, with the target's states at those positions; a tree's root and two levels below it
+    compared at the end. Returns the proposals."""
     runner.reset()
     logits, states = runner.forward(p)
     runner.commit(p.shape[1])
@@ -119,7 +121,7 @@ def lockstep(runner: TargetRunner, eager, compiled, p: torch.Tensor, k: int, rou
         drafts = eager.propose(k)
         assert compiled.propose(k).tolist() == drafts.tolist(), r
         proposals.append(drafts.tolist())
-        a = r % (k + 1)
+        a = (k - r) % (k + 1) if descending else r % (k + 1)
         _, states = runner.forward(torch.tensor([[token] + drafts.tolist()]))
         emitted = drafts[:a].tolist() + [(token * 7 + r) % 100 + 3]
         runner.commit(a + 1)
@@ -130,9 +132,15 @@ def lockstep(runner: TargetRunner, eager, compiled, p: torch.Tensor, k: int, rou
     want, got = eager.tree_root(), compiled.tree_root()
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     top = want.topk(2).indices
-    for drafter in (compiled, eager):
-        drafter._level = drafter.tree_expand(torch.tensor([-1, -1]), top, 1)
-    torch.testing.assert_close(compiled._level, eager._level, rtol=1e-4, atol=1e-4)
+    levels = {}
+    for name, drafter in (("compiled", compiled), ("eager", eager)):
+        first = drafter.tree_expand(torch.tensor([-1, -1]), top, 1)  # two children of the root
+        # the top child of each: nodes that see the committed context, their own parent (an earlier block) and
+        # themselves, one position further
+        second = drafter.tree_expand(torch.tensor([0, 1]), first.argmax(-1), 2)
+        levels[name] = (first, second)
+    for got, want in zip(levels["compiled"], levels["eager"]):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     return proposals
 
 
@@ -147,8 +155,11 @@ def test_compiled_drafters_draft_exactly_as_eager(target, backend):
     tree = DynamicTree(depth=3, topk=2, total_tokens=6)
     for name, (make, compiled) in drafters(target, 128, backend).items():
         compiled.precompile(3)  # dummy blocks written at slot 0 first: the prompt's begin must overwrite them
-        for p in prompts:
-            proposals = lockstep(eager_runner, make(), compiled, p, 4, 10)
+        for i, p in enumerate(prompts):
+            proposals = lockstep(eager_runner, make(), compiled, p, 4, 10, descending=i == 0)
+            blocks = getattr(compiled, "_blocks", None)
+            if blocks is not None:  # precompiled 1..3, then a commit of 5 compiled 5, and one of 4 was padded to it
+                assert 5 in blocks.sizes and 4 not in blocks.sizes, name
             assert len({tuple(x) for x in proposals}) > 1, name  # the drafts follow the sequence
             reference = plain_generate(eager_runner, p, 30, set()).tokens
             for k, shape in ((4, None), (3, tree)):
