@@ -74,7 +74,6 @@ class Tally:
     spec_parts: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))  # seconds by part
     plain_parts: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))
     plain_forwards: int = 0  # plain decoding's one-token target forwards
-    sequences: int = 0  # generations added (each one's first token comes from its prefill)
 
     def add_seconds(self, spec: RoundClock, plain: RoundClock, spec_rounds: int, plain_forwards: int) -> None:
         """One timed run: its clocks, its speculative rounds and plain forwards (after the prefill; batched, a round
@@ -87,26 +86,25 @@ class Tally:
 
     def split(self) -> dict:
         """Milliseconds per speculative round by part (decode/clock.py), the plain target forward per token, and the
-        speed-up those forward costs predict: the tokens after the prefills per second of forwards (draft, update,
-        verify) against plain decoding's per second of its forwards. One sequence at a time that is tau x plain
-        forward / (draft + update + verify per round); a batch's forwards shrink as its rows finish, and its rounds
-        last as long as its slowest row, which the batch's own forward seconds carry and tau does not. What the
-        measured speed-up falls short of it is the loop's own overhead (``other``)."""
+        speed-up the measured forwards alone predict: tokens per second of the forwards (prefill, draft, update,
+        verify) against plain decoding's per second of its own (prefill, one-token forwards). One sequence at a time
+        that is close to tau x plain forward / (draft + update + verify per round); a batch's prompts are a forward
+        speculation cannot shorten (a quarter of a 16-row run's time here), and its rounds last as long as its
+        slowest row, which the forward seconds carry and tau does not. What the measured speed-up falls short of it is
+        the loops' own overhead (their ``other``)."""
         if not self.rounds or not self.plain_forwards or not self.spec_parts["verify"]:
             return {"round_ms": None, "plain_forward_ms": None, "predicted_speedup": None}
         per_round = {p: self.spec_parts[p] / self.rounds * 1e3 for p in ("draft", "update", "verify", "other")}
         plain_forward = self.plain_parts["verify"] / self.plain_forwards * 1e3
-        spec_forwards = self.spec_parts["draft"] + self.spec_parts["update"] + self.spec_parts["verify"]
-        plain_after_prefill = self.plain_tokens - self.sequences
-        predicted = (self.tokens / spec_forwards) / (plain_after_prefill / self.plain_parts["verify"]) \
-            if plain_after_prefill > 0 else None
+        spec_forwards = sum(self.spec_parts[p] for p in ("prefill", "draft", "update", "verify"))
+        plain_forwards = self.plain_parts["prefill"] + self.plain_parts["verify"]
+        predicted = (self.new_tokens / spec_forwards) / (self.plain_tokens / plain_forwards)
         return {"round_ms": per_round, "plain_forward_ms": plain_forward, "predicted_speedup": predicted}
 
     def add(self, spec: Generation, k: int) -> None:
         """k: the deepest draft position a round can reach (chain length or tree depth)."""
         self.tokens += spec.counted_tokens
         self.forwards += spec.target_forwards
-        self.sequences += 1
         self.new_tokens += len(spec.tokens)
         if not self.accepted_at:
             self.accepted_at, self.proposed_at = [0] * k, [0] * k

@@ -185,8 +185,9 @@ def main() -> int:
     split = split_table(report["results"])
     if split:
         table += ("\n\nWhere a speculative round's time goes (decode/clock.py; the drafter update is its forward on the "
-                  "accepted tokens), and the speed-up predicted from tau and the measured forward costs alone, tau x plain "
-                  "forward / (draft + update + verify):\n\n" + split)
+                  "accepted tokens), and the speed-up the measured forwards alone predict: tokens per second of the "
+                  "speculative run's forwards (prompt, draft, update, verify) against plain decoding's (prompt, one-token "
+                  "forwards), about tau x plain forward / (draft + update + verify) one sequence at a time:\n\n" + split)
     if args.predict:
         prompt = prompt_ids(tokenizer, [{"role": "user", "content": questions[0]["turns"][0]}])
         if tree is not None:
