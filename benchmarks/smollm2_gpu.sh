@@ -5,7 +5,8 @@
 #   benchmarks/smollm2_gpu.sh [OUT_DIR]          STAGES="regenerate train publish bench" (the default) picks stages
 # Knobs: REGEN_S (seconds each regeneration process may run; unfinished shards are left out, 0 = no limit),
 # REGEN_BATCH (conversations per generate call), ROWS (rows per source file; default all), MAX_NEW (tokens per regenerated
-# reply, default 256), TRAIN_ARGS (overrides for every head, e.g. --train.max_steps=500), KS (chain lengths), EXTRA (extra benchmark.py arguments).
+# reply, default 256), TRAIN_ARGS (overrides for every head, e.g. --train.max_steps=500), KS (chain lengths), EXTRA (extra benchmark.py arguments),
+# COMPILED=0 (skip the compiled EAGLE-3 and n-gram runs).
 # The CPU path and its numbers: README "A real target"; this path's: BENCHMARKS.md.
 set -euo pipefail
 X=${1:-runs/smollm2-gpu}
@@ -58,6 +59,11 @@ if has bench; then
   run medusa-k4 --method medusa --draft "$X/medusa-head" --num-speculative-tokens 4
   run ngram-k4 --method ngram --num-speculative-tokens 4
   run hf-prompt-lookup --method hf-prompt-lookup --num-speculative-tokens 4
+  # --compile: the target's forward and the drafter's step compiled (CUDA graphs); COMPILED=0 skips these runs
+  if [ "${COMPILED:-1}" != 0 ]; then
+    run eagle3-k4-compiled --method eagle3 --draft "$X/eagle3-head" --num-speculative-tokens 4 --compile --max-len 1024
+    run ngram-k4-compiled --method ngram --num-speculative-tokens 4 --compile --max-len 1024
+  fi
   python benchmarks/compare_methods.py "${runs[@]}" --benchmarks "$X/BENCHMARKS.md" \
     --title "Real target on a GPU: SmolLM2-135M-Instruct" --script '`benchmarks/smollm2_gpu.sh`' --note "${NOTE:-}"
 fi
