@@ -60,7 +60,7 @@ class DraftModelDrafter:
 
     def precompile(self, max_block: int) -> None:
         """With a compiled runner: compile its forward for every block of up to ``max_block`` tokens now."""
-        self.runner.precompile(max_block)
+        self.runner.precompile(range(1, max_block + 1))
 
     def _logits(self, logits: torch.Tensor) -> torch.Tensor:
         return fit_vocab(logits[0].float(), self.vocab_size)

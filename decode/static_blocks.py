@@ -27,15 +27,10 @@ quietly run the rest eagerly."""
 
 
 def compile_step(fn: Callable, device: torch.device, backend: str = "inductor") -> Callable:
-    """``torch.compile`` for a decode step: static shapes; CUDA graphs on a GPU (inductor's reduce-overhead); on a CPU
-    inductor's freezing, which folds the frozen weights into the graph as constants and prepacks them for oneDNN (a
-    SmolLM2 verify forward of 5 tokens, bf16: 28 ms frozen, 39 compiled without it, 45 eager; BENCHMARKS.md)."""
+    """``torch.compile`` for a decode step: static shapes, and CUDA graphs on a GPU (inductor's reduce-overhead)."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-    if backend != "inductor":
-        return torch.compile(fn, dynamic=False, backend=backend)
-    if device.type == "cuda":
-        return torch.compile(fn, dynamic=False, mode="reduce-overhead")
-    return torch.compile(fn, dynamic=False, options={"freezing": True})
+    cuda_graphs = device.type == "cuda" and backend == "inductor"
+    return torch.compile(fn, dynamic=False, backend=backend, mode="reduce-overhead" if cuda_graphs else None)
 
 
 def static_address(*buffers: torch.Tensor) -> None:

@@ -11,6 +11,8 @@ a chain prefix, ``cache.keep`` for a tree path) and the rest is simply overwritt
 
 from __future__ import annotations
 
+from typing import Iterable
+
 import torch
 
 from headstart.decode.kv_cache import PositionalKVCache, RaggedKVCache, StaticKVCache, ragged_block
@@ -126,16 +128,17 @@ class TargetRunner:
         return logits, TargetOutput(aux_hidden_states=aux, last_hidden_state=last)
 
     @torch.no_grad()
-    def precompile(self, max_block: int) -> None:
-        """With ``compile``: compile the forward for every block of 1..``max_block`` tokens now, on dummy tokens at
-        slot 0 (call it before a prompt, whose forward overwrites them), so no later block compiles mid-generation."""
+    def precompile(self, sizes: Iterable[int]) -> None:
+        """With ``compile``: compile the forward for blocks of these sizes now, on dummy tokens at slot 0 (call it
+        before a prompt, whose forward overwrites them), so no block compiles mid-generation: a block then runs the
+        smallest compiled size that holds it (a 30-layer target's graph takes ~30 s to compile on a CPU)."""
         if self._compiled is None:
             return
         if self.cache.length:
             raise RuntimeError("precompile writes dummy tokens from slot 0: call it before a prompt, not mid-generation")
         self._allocate()
-        for m in range(1, min(max_block, COMPILED_BLOCK, self.max_len) + 1):
-            if m in self._sizes:
+        for m in sorted(set(sizes)):
+            if m in self._sizes or not 0 < m <= min(COMPILED_BLOCK, self.max_len):
                 continue
             slots = torch.arange(m, device=self.device)
             allowed = torch.zeros(m, self.max_len, dtype=torch.bool, device=self.device)

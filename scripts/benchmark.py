@@ -129,6 +129,11 @@ def main() -> int:
     elif tree is not None:
         lengths = [len(path) for path in tree.paths]
         compiled_block = max(compiled_block, max(lengths) + 1, max(lengths.count(n) for n in set(lengths)))
+    # The target's blocks: plain decoding's one token and a round's verify block (a chain's k + 1 tokens, a tree's
+    # root and nodes); shorter blocks (a short n-gram match, the last rounds) run padded to the verify block's graph.
+    verify_block = args.num_speculative_tokens + 1 if tree is None else \
+        1 + (tree.total_tokens if isinstance(tree, DynamicTree) else len(tree.paths))
+    runner.precompile([1, verify_block])
     if args.method in HEADS:
         if not args.draft:
             p.error(f"--method {args.method} needs --draft (the head's directory)")
@@ -148,7 +153,7 @@ def main() -> int:
                     "a draft model must share its target's vocabulary")
         draft_model = load_causal_lm(TargetConfig(path=args.draft, dtype=dtype, device=device))
         draft_runner = draft_model_runner(draft_model, max_len, compile=args.compile)  # built once: compiled once
-        draft_runner.precompile(compiled_block)
+        draft_runner.precompile(range(1, compiled_block + 1))
         make = lambda: DraftModelDrafter(draft_runner, max_len, vocab_size)  # noqa: E731
         if args.batch_size > 1:  # a Target wrapper hooks the model: only where the batch drafter runs it
             draft_target = as_draft_target(draft_model)
