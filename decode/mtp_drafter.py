@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from headstart.decode.kv_cache import PositionalKVCache, StaticKVCache
-from headstart.decode.static_blocks import StaticBlocks
+from headstart.decode.static_blocks import StaticBlocks, self_mask
 from headstart.models.target import additive_mask
 from headstart.decode.tree import ExpandedNodes
 from headstart.models.mtp import MTPHead
@@ -41,11 +41,10 @@ class MTPDrafter:
             hidden_size, dtype = self.head.eh_proj.weight.shape[0], self.head.eh_proj.weight.dtype
             self.cache.begin(0)
             # the static cache allocated eagerly: outside a compiled graph its buffers get fixed addresses
-            allowed = torch.zeros(1, self.max_len, dtype=torch.bool, device=self.device)
-            allowed[0, 0] = True
             self._static_step(torch.zeros(1, 1, hidden_size, dtype=dtype, device=self.device),
                               torch.zeros(1, 1, dtype=torch.long, device=self.device),
-                              torch.zeros(1, 1, dtype=torch.long, device=self.device), allowed)
+                              torch.zeros(1, 1, dtype=torch.long, device=self.device),
+                              self_mask(1, self.max_len, self.device))
             self._blocks.precompile(max_block, hidden_size, dtype)
 
     @torch.no_grad()

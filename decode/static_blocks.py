@@ -17,7 +17,9 @@ from typing import Callable
 import torch
 
 COMPILED_BLOCK = 64
-"""Blocks of up to this many tokens after a prompt run compiled, one graph per padded size."""
+"""With ``compile``, blocks of up to this many tokens after a prompt (decode steps, verify blocks, trees; a drafter's
+steps) run compiled, one graph per padded size; prompts run eagerly on the same cache (a graph per prompt length
+would recompile at every prompt)."""
 
 
 RECOMPILE_LIMIT = 64
@@ -31,6 +33,20 @@ def compile_step(fn: Callable, device: torch.device, backend: str = "inductor") 
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     cuda_graphs = device.type == "cuda" and backend == "inductor"
     return torch.compile(fn, dynamic=False, backend=backend, mode="reduce-overhead" if cuda_graphs else None)
+
+
+def padded_size(sizes: set[int], n: int, room: int) -> int:
+    """The size a block of n tokens runs at: the smallest already compiled that holds it and fits the ``room`` slots
+    left in the cache (a chain's shorter rounds reuse the full round's graph), else n (a graph of its own)."""
+    return min((size for size in sizes if n <= size <= room), default=n)
+
+
+def self_mask(m: int, max_len: int, device: torch.device) -> torch.Tensor:
+    """[m, max_len]: token i sees only slot i -- the mask of ``precompile``'s dummy block at slot 0."""
+    slots = torch.arange(m, device=device)
+    allowed = torch.zeros(m, max_len, dtype=torch.bool, device=device)
+    allowed[slots, slots] = True
+    return allowed
 
 
 def static_address(*buffers: torch.Tensor) -> None:
@@ -57,8 +73,7 @@ class StaticBlocks:
         The caller has pointed its cache's write slot at ``start``. Returns the outputs [1, n, H]."""
         n = tokens.shape[1]
         eager = start == 0 or n > COMPILED_BLOCK
-        fits = [size for size in self.sizes if n <= size <= self.max_len - start]  # padding past the cache: a new size
-        m = n if eager else min(fits, default=n)
+        m = n if eager else padded_size(self.sizes, n, self.max_len - start)
         if start + m > self.max_len:
             raise ValueError(f"draft KV cache overflow: {start + m} > max_len {self.max_len} (raise --max-len)")
         full = torch.zeros(m, self.max_len, dtype=torch.bool, device=self.device)  # the step attends to every slot
@@ -85,12 +100,10 @@ class StaticBlocks:
         for m in range(1, min(max_block, COMPILED_BLOCK, self.max_len) + 1):
             if m in self.sizes:
                 continue
-            slots = torch.arange(m, device=self.device)
-            allowed = torch.zeros(m, self.max_len, dtype=torch.bool, device=self.device)
-            allowed[slots, slots] = True
             if self.device.type == "cuda":
                 torch.compiler.cudagraph_mark_step_begin()
             self.compiled(torch.zeros(1, m, hidden_size, dtype=dtype, device=self.device),
-                          torch.zeros(1, m, dtype=torch.long, device=self.device), slots.view(1, m), allowed)
+                          torch.zeros(1, m, dtype=torch.long, device=self.device),
+                          torch.arange(m, device=self.device).view(1, m), self_mask(m, self.max_len, self.device))
             self.sizes.add(m)
 

@@ -16,14 +16,8 @@ from typing import Iterable
 import torch
 
 from headstart.decode.kv_cache import PositionalKVCache, RaggedKVCache, StaticKVCache, ragged_block
-from headstart.decode.static_blocks import compile_step
+from headstart.decode.static_blocks import COMPILED_BLOCK, compile_step, padded_size, self_mask
 from headstart.models.target import Target, TargetOutput, additive_mask
-
-
-COMPILED_BLOCK = 64
-"""With ``compile``, blocks of up to this many tokens after a prompt (decode steps, verify blocks, trees) run the
-compiled forward, one graph per block size; prompts run eagerly on the same cache (a graph per prompt length would
-recompile at every prompt)."""
 
 
 class TargetRunner:
@@ -86,11 +80,9 @@ class TargetRunner:
         start = self.cache.length if start is None else start
         device = input_ids.device
         compiled = self._compiled is not None and start > 0 and n <= COMPILED_BLOCK
-        # A compiled block is padded to the smallest size already compiled that holds it (a chain's last, shorter
-        # rounds reuse the full round's graph instead of compiling their own); padding attends only to itself and
-        # is never attended to, and its cache slots lie past the committed length.
-        # (near the end of the cache, a size that would run past it is not used: the block gets a graph of its own)
-        m = min((size for size in self._sizes if n <= size <= self.max_len - start), default=n) if compiled else n
+        # A compiled block is padded (``padded_size``); padding attends only to itself and is never attended to, and
+        # its cache slots lie past the committed length.
+        m = padded_size(self._sizes, n, self.max_len - start) if compiled else n
         if start + m > self.max_len:
             raise ValueError(f"KV cache overflow: {start + m} tokens > max_len {self.max_len} (raise --max-len)")
         keys = self.max_len if self._compiled is not None else start + m  # a static cache: every slot, the rest masked
@@ -141,12 +133,10 @@ class TargetRunner:
             if m in self._sizes or not 0 < m <= min(COMPILED_BLOCK, self.max_len):
                 continue
             slots = torch.arange(m, device=self.device)
-            allowed = torch.zeros(m, self.max_len, dtype=torch.bool, device=self.device)
-            allowed[slots, slots] = True
             self.cache.begin(0)
             if self.device.type == "cuda":
                 torch.compiler.cudagraph_mark_step_begin()
-            mask = self._mask(allowed, slots, torch.arange(self.max_len, device=self.device))
+            mask = self._mask(self_mask(m, self.max_len, self.device), slots, torch.arange(self.max_len, device=self.device))
             self._compiled(torch.zeros(1, m, dtype=torch.long, device=self.device), mask, slots.view(1, m))
             self._sizes.add(m)
         self.cache.rollback(0)
@@ -154,11 +144,10 @@ class TargetRunner:
     def _allocate(self) -> None:
         """Allocate the static cache with one eager token at slot 0: its buffers are then created outside a compiled
         graph, with the fixed addresses CUDA graphs need (inside one, ``mark_static_address`` cannot run)."""
-        allowed = torch.zeros(1, self.max_len, dtype=torch.bool, device=self.device)
-        allowed[0, 0] = True
         slot = torch.zeros(1, dtype=torch.long, device=self.device)
         self.cache.begin(0)
-        self._run(slot.view(1, 1), self._mask(allowed, slot, torch.arange(self.max_len, device=self.device)), slot.view(1, 1))
+        mask = self._mask(self_mask(1, self.max_len, self.device), slot, torch.arange(self.max_len, device=self.device))
+        self._run(slot.view(1, 1), mask, slot.view(1, 1))
 
     def _run(self, input_ids: torch.Tensor, mask, position_ids: torch.Tensor, last_only: bool = False):
         """The target over a block, written to the cache: (logits, aux states or None, final hidden state)."""

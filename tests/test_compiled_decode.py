@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_sampling_loop import SAMPLING, V, chi2_vs, exact_joint, medusa_heads, PROMPT
+from test_sampling_loop import V, chi2_vs, exact_joint, medusa_heads, sample_pairs
 from tiny_models import random_eagle3_head, tiny_causal_lm
 
 from headstart.decode.draft_model import DraftModelDrafter, draft_model_runner
@@ -27,6 +27,14 @@ BACKENDS = ["eager", pytest.param("inductor", marks=pytest.mark.slow)]
 def prompt() -> torch.Tensor:
     phrase = torch.randint(3, 128, (9,), generator=torch.Generator().manual_seed(3))
     return torch.cat([phrase, phrase, phrase[:4]]).unsqueeze(0)
+
+
+def peaked_target() -> Target:
+    """A tiny-vocabulary target with sharp distributions, for the chi-square tests (test_sampling_loop's setting)."""
+    model = tiny_causal_lm("llama", num_hidden_layers=8, vocab_size=V)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(60.0)
+    return Target(model)
 
 
 @pytest.fixture(scope="module")
@@ -70,21 +78,13 @@ def test_a_block_past_the_static_cache_is_refused_by_name(target):
 def test_compiled_speculative_sampling_follows_the_target():
     """Lossless on the compiled path (inductor): chi-square against the warped target's exact joint."""
     torch._dynamo.reset()
-    model = tiny_causal_lm("llama", num_hidden_layers=8, vocab_size=V)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(60.0)
-    target = Target(model)
+    target = peaked_target()
     runner = TargetRunner(target, 32, compile=True)
     torch.manual_seed(1)
     head = random_eagle3_head(target, draft_vocab_size=V)
     for p in head.parameters():
         torch.nn.init.normal_(p, std=0.3)
-    g = torch.Generator().manual_seed(0)
-    pairs = []
-    for _ in range(2500):
-        out = speculative_generate(runner, Eagle3Drafter(head, 32), PROMPT, 4, set(), k=3, sampling=SAMPLING, generator=g)
-        pairs.append((out.tokens[1], out.tokens[2]))
-    stat, critical = chi2_vs(pairs, exact_joint(model))
+    stat, critical = chi2_vs(sample_pairs(runner, lambda: Eagle3Drafter(head, 32), 2500, seed=0), exact_joint(target.model))
     assert stat < critical
 
 
@@ -191,16 +191,8 @@ def test_a_block_is_padded_only_to_a_size_that_fits_the_cache():
 def test_compiled_drafters_sample_the_target(drafter):
     """Lossless with a compiled drafter (inductor) on the compiled target: chi-square against the exact joint."""
     torch._dynamo.reset()
-    model = tiny_causal_lm("llama", num_hidden_layers=8, vocab_size=V)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(60.0)
-    target = Target(model)
+    target = peaked_target()
     runner = TargetRunner(target, 32, compile=True)
     compiled = drafters(target, 32, "inductor")[drafter][1]
-    g = torch.Generator().manual_seed(0)
-    pairs = []
-    for _ in range(2500):
-        out = speculative_generate(runner, compiled, PROMPT, 4, set(), k=3, sampling=SAMPLING, generator=g)
-        pairs.append((out.tokens[1], out.tokens[2]))
-    stat, critical = chi2_vs(pairs, exact_joint(model))
+    stat, critical = chi2_vs(sample_pairs(runner, lambda: compiled, 2500, seed=0), exact_joint(target.model))
     assert stat < critical
