@@ -14,11 +14,14 @@ runs=()
 for method in ${METHODS:-eagle3 mtp medusa draft-model ngram}; do
   for b in ${BATCHES:-1 4 16}; do
     draft=${DRAFT[$method]:-}
+    # DEADLINE (epoch seconds): skip the runs that would start after it (a leased GPU's last minutes)
+    if [ -n "${DEADLINE:-}" ] && [ "$(date +%s)" -ge "$DEADLINE" ]; then echo "skipped (past DEADLINE): $method-b$b"; continue; fi
     # shellcheck disable=SC2086  # EXTRA: extra benchmark.py arguments, split on spaces
-    python scripts/benchmark.py --target "$TARGET" --method "$method" ${draft:+--draft $draft} \
+    ${RUN_S:+timeout "$RUN_S"} python scripts/benchmark.py --target "$TARGET" --method "$method" ${draft:+--draft $draft} \
       --questions configs/demo/eval/mt_bench.jsonl --per-category ${PER_CATEGORY:-2} --max-new-tokens ${MAX_NEW:-64} \
-      --num-speculative-tokens 4 --no-hf-reference --verify-greedy --batch-size "$b" ${EXTRA:-} --out "$X/$method-b$b"
-    runs+=("$X/$method-b$b")
+      --num-speculative-tokens 4 --no-hf-reference --verify-greedy --batch-size "$b" ${EXTRA:-} --out "$X/$method-b$b" \
+      || echo "FAILED or not greedy-exact: $method-b$b"
+    [ -f "$X/$method-b$b/results.json" ] && runs+=("$X/$method-b$b")
   done
 done
 python benchmarks/compare_methods.py "${runs[@]}" ${BENCHMARKS:+--benchmarks $BENCHMARKS} \

@@ -3,7 +3,8 @@
 # headstart's draft-model and n-gram drafters, and transformers' assisted generation and prompt lookup, on
 # MT-bench (first question per category, all turns, 128 new tokens, greedy, output checked identical to plain
 # greedy decoding), batch 1, eager; then headstart's drafters again with --compile (the target's forward and the
-# drafter's step compiled, CUDA graphs), each next to its eager run in a second table (COMPILED=0 skips it).
+# drafter's step compiled, CUDA graphs), each next to its eager run in a second table (COMPILED=0 skips it;
+# COMPILED_RUNS picks which). DEADLINE and RUN_S (decode_runs.sh) fit the runs into a lease.
 # Speed-up = plain / speculative time on the same runner. The real target's GPU table comes from
 # benchmarks/smollm2_gpu.sh. Needs a CUDA GPU (benchmark.py picks it and bf16 by itself).
 #   benchmarks/bench_decode_gpu.sh [OUT_DIR] [BENCHMARKS_FILE]
@@ -27,7 +28,7 @@ python benchmarks/compare_methods.py "${runs[@]}" --benchmarks "$M" \
 if [ "${COMPILED:-1}" != 0 ]; then
   eager=("${runs[@]}")
   runs=()
-  for m in eagle3-k4 mtp-k4 medusa-k4 draft-model-k4 ngram-k4; do
+  for m in ${COMPILED_RUNS:-eagle3-k4 mtp-k4 medusa-k4 draft-model-k4 ngram-k4}; do
     for r in "${eager[@]}"; do [ "$(basename "$r")" = "$m" ] && runs+=("$r"); done
     case $m in
       eagle3-k4) run eagle3-k4-compiled --method eagle3 --draft configs/demo/eagle3-head --num-speculative-tokens 4 --compile --max-len 1024 ;;
