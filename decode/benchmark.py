@@ -19,6 +19,7 @@ from transformers import PreTrainedTokenizerBase
 
 from headstart.decode.batch_generate import BatchDrafter, PerSequence, batch_plain_generate, batch_speculative_generate
 from headstart.decode.clock import PARTS, RoundClock
+from headstart.decode.exactness import GreedyCheck
 from headstart.decode.generate import Drafter, Generation, Sampling, plain_generate, speculative_generate
 from headstart.decode.target_runner import RaggedRunner, TargetRunner
 from headstart.decode.tree import DynamicTree, StaticTree
@@ -183,15 +184,14 @@ def run_benchmark(
     generator = torch.Generator(device=device)
     tallies: dict[str, Tally] = defaultdict(Tally)
     by_length: dict[str, Tally] = defaultdict(Tally)  # the same turns, by the length of their prompt
-    mismatches: list[str] = []
+    check = GreedyCheck(runner.target.model) if verify_greedy else None
     if batch_size > 1:
         if tree is not None or own_loop is not None:
             raise ValueError("a batch decodes headstart's chains; trees and transformers' loops run at batch size 1")
         make_batch = make_batch_drafter or (lambda b: PerSequence([make_drafter() for _ in range(b)]))
         _run_batched(RaggedRunner(runner.target, runner.max_len, runner.with_aux), make_batch, tokenizer, questions, k,
-                     max_new_tokens, eos_ids, batch_size, sampling, seed, generator, progress, tallies, by_length,
-                     mismatches if verify_greedy else None)
-        return _report(tallies, by_length, mismatches)
+                     max_new_tokens, eos_ids, batch_size, sampling, seed, generator, progress, tallies, by_length, check)
+        return _report(tallies, by_length, check)
     if questions:  # untimed warm-up: CUDA context, cuBLAS handles and allocator growth would land in the first timing
         warm = prompt_ids(tokenizer, [{"role": "user", "content": questions[0]["turns"][0]}]).to(device)
         if own_loop is None:
@@ -230,8 +230,8 @@ def run_benchmark(
                                                     "top_k": sampling.top_k or None, "top_p": sampling.top_p}))
                 _sync(device)
                 hf_seconds = time.perf_counter() - t2
-            if verify_greedy and spec.tokens != plain.tokens:
-                mismatches.append(f"question {q['question_id']} turn {turn + 1}")
+            if check is not None:
+                check.compare(f"question {q['question_id']} turn {turn + 1}", prompt, plain.tokens, spec.tokens)
             for tally in (tallies[q["category"]], tallies["overall"], by_length[prompt_bucket(prompt.shape[1])]):
                 tally.add(spec, depth)
                 tally.add_seconds(spec_clock, plain_clock, spec.target_forwards, plain.target_forwards)
@@ -241,21 +241,22 @@ def run_benchmark(
                 tally.hf_seconds += hf_seconds
             messages.append({"role": "assistant", "content": tokenizer.decode(plain.tokens, skip_special_tokens=True)})
         progress(f"question {q['question_id']} ({q['category']}): tau so far {tallies['overall'].summary()['tau']:.2f}")
-    return _report(tallies, by_length, mismatches)
+    return _report(tallies, by_length, check)
 
 
-def _report(tallies: dict[str, Tally], by_length: dict[str, Tally], mismatches: list[str]) -> dict:
+def _report(tallies: dict[str, Tally], by_length: dict[str, Tally], check: GreedyCheck | None) -> dict:
     result = {k_: t.summary() for k_, t in tallies.items()}
     lengths = {name: by_length[name].summary() for _, name in PROMPT_BUCKETS if name in by_length}
     overall = result.get("overall", {})
     return {"speedup": overall.get("speedup"), "predicted_speedup": overall.get("predicted_speedup"),
-            "results": result, "by_prompt_length": lengths, "mismatches": mismatches}
+            "results": result, "by_prompt_length": lengths, "mismatches": check.mismatches if check else [],
+            "near_ties": check.near_ties if check else []}
 
 
 def _run_batched(runner: RaggedRunner, make_drafter: Callable[[int], BatchDrafter], tokenizer: PreTrainedTokenizerBase,
                  questions: list[dict], k: int, max_new_tokens: int, eos_ids: set[int], batch_size: int,
                  sampling: Sampling | None, seed: int, generator: torch.Generator, progress: Callable[[str], None],
-                 tallies: dict[str, Tally], by_length: dict[str, Tally], mismatches: list[str] | None) -> None:
+                 tallies: dict[str, Tally], by_length: dict[str, Tally], check: GreedyCheck | None) -> None:
     """``batch_size`` questions at a time: their turn t decoded together (speculative, then plain on the same
     runner), a later turn seeing the plain answers as at batch size 1. Tau and acceptance are per sequence, by
     category and prompt length; tokens/s, the speed-up and the round split are the batch's, so only overall."""
@@ -292,8 +293,8 @@ def _run_batched(runner: RaggedRunner, make_drafter: Callable[[int], BatchDrafte
             overall.plain_seconds += t2 - t1
             for i, spec, plain, prompt in zip(rows, specs, plains, prompts):
                 q = chunk[i]
-                if mismatches is not None and spec.tokens != plain.tokens:
-                    mismatches.append(f"question {q['question_id']} turn {turn + 1}")
+                if check is not None:
+                    check.compare(f"question {q['question_id']} turn {turn + 1}", prompt, plain.tokens, spec.tokens)
                 for tally in (tallies[q["category"]], overall, by_length[prompt_bucket(prompt.shape[1])]):
                     tally.add(spec, depth)
                 overall.plain_tokens += len(plain.tokens)

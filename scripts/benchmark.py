@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from headstart.decode.report import append_section
+from headstart.decode.report import append_section, machine
 from headstart.decode.benchmark import (
     first_per_category,
     markdown_table,
@@ -218,7 +218,7 @@ def main() -> int:
                            for r, b in zip(rows, bare))
         table += f"\n\nRecommended k: **{report['prediction']['recommended_k']}**."
     (out / "results.json").write_text(json.dumps({"args": {**vars(args), "compiled_drafter": compiled_drafter},
-                                                  **report}, indent=2))
+                                                  "machine": machine(), **report}, indent=2))
     (out / "results.md").write_text(table + "\n")
     plot_acceptance(report["results"], out / "acceptance.png", f"{args.method}, {shape}, {mode}")
     print(table)
@@ -229,8 +229,11 @@ def main() -> int:
                        "included; acceptance by position i = share of rounds that accepted at least i drafts (of those that "
                        "proposed at least i; for trees, i = depth); speed-up = plain / speculative time on the same runner.\n\n"
                        + table)
+    if report["near_ties"]:  # reduced precision: block and one-token forwards round differently (decode/exactness.py)
+        print(f"{dtype}: speculative output first differs from plain greedy decoding at a near-tie of the target's "
+              "logits (numerics, not a decoding error) at: " + "; ".join(report["near_ties"]), file=sys.stderr)
     if report["mismatches"]:
-        print("speculative output differs from plain greedy decoding at: " + ", ".join(report["mismatches"]), file=sys.stderr)
+        print("speculative output differs from plain greedy decoding at: " + "; ".join(report["mismatches"]), file=sys.stderr)
         return 1
     return 0
 
