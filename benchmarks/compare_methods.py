@@ -59,6 +59,17 @@ def table(runs: list[Path]) -> str:
     return "\n".join(lines)
 
 
+def measured_on(runs: list[Path], given: str | None) -> str | None:
+    """The one machine the runs' results.json files name (None: this one, for runs that name none); runs from
+    different machines are refused, a table compares only numbers from one."""
+    named = {json.loads((r / "results.json").read_text()).get("machine") for r in runs} - {None}
+    if len(named) > 1:
+        raise SystemExit(f"compare_methods.py: the runs were made on different machines: {sorted(named)}")
+    if given and named and given not in named:
+        raise SystemExit(f"compare_methods.py: --machine {given!r} but the runs name {named.pop()!r}")
+    return given or (named.pop() if named else None)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", type=Path, help="--out directories of scripts/benchmark.py runs")
@@ -66,6 +77,8 @@ def main() -> None:
     p.add_argument("--title", default="Drafters side by side")
     p.add_argument("--note", default="", help="a sentence placed under the table")
     p.add_argument("--script", default="`benchmarks/bench_heads.sh`", help="the command that made the runs, for the record")
+    p.add_argument("--machine", default=None,
+                   help="the machine the runs were made on, for runs whose results.json does not record it")
     args = p.parse_args()
     text = table(args.runs)
     print(text)
@@ -75,7 +88,8 @@ def main() -> None:
                    f" (all turns), max {first['max_new_tokens']} new tokens, "
                    f"target `{first['target']}`, each run a separate `scripts/benchmark.py` run in one sequence with "
                    f"nothing else running ({args.script}); speed-up = plain / speculative time on the same runner.")
-        append_section(args.benchmarks, args.title, setting + "\n\n" + text + ("\n\n" + args.note if args.note else ""))
+        append_section(args.benchmarks, args.title, setting + "\n\n" + text + ("\n\n" + args.note if args.note else ""),
+                       measured_on=measured_on(args.runs, args.machine))
 
 
 if __name__ == "__main__":

@@ -23,10 +23,12 @@ def command() -> str:
     return launcher + " ".join(shlex.quote(a) for a in sys.argv)
 
 
-def append_section(path: str | Path, title: str, body: str) -> None:
+def append_section(path: str | Path, title: str, body: str, measured_on: str | None = None) -> None:
+    """``measured_on``: the machine that made the numbers, where another than this one (tables made from runs'
+    results.json files brought back from a leased GPU)."""
     path = Path(path)
     header = "" if path.exists() else "# Benchmarks\n\nEvery section is written by the script named in it; newest last.\n"
     stamp = datetime.date.today().isoformat()
-    section = f"\n## {title}\n\n- date: {stamp}\n- machine: {machine()}\n- command: `{command()}`\n\n{body.rstrip()}\n"
+    section = f"\n## {title}\n\n- date: {stamp}\n- machine: {measured_on or machine()}\n- command: `{command()}`\n\n{body.rstrip()}\n"
     with path.open("a") as f:
         f.write(header + section)

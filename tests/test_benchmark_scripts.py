@@ -24,10 +24,10 @@ DEMO_CONFIG = REPO / "configs" / "demo" / "eagle3.yaml"
 OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
 
-def run(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+def run(script: str, *args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *map(str, args)], cwd=cwd, env=OFFLINE,
                           capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"{script} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
+    assert not check or proc.returncode == 0, f"{script} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
     return proc
 
 
@@ -243,6 +243,20 @@ def test_compare_methods_tabulates_two_benchmark_runs(tmp_path):
         assert len(parts) == 4 and all(x >= 0 for x in parts) and parts[2] > 0  # the target's verify forward costs time
         assert float(predicted.rstrip("x")) > 0 and float(ratio) > 0
     assert header in proc.stdout
+    here = json.loads((runs[0] / "results.json").read_text())["machine"]
+    assert here.startswith("CPU") and f"- machine: {here}\n" in body
+
+    # Runs brought back from another machine are tabled under that machine's name, never this one's, and runs
+    # from two machines are not tabled together.
+    for out, name in zip(runs, ("NVIDIA H200, torch 2.11.0+cu130", "NVIDIA H100, torch 2.11.0+cu130")):
+        report = json.loads((out / "results.json").read_text())
+        (out / "results.json").write_text(json.dumps({**report, "machine": name}))
+    mixed = run("compare_methods.py", *runs, "--benchmarks", tmp_path / "C.md", cwd=tmp_path, check=False)
+    assert mixed.returncode != 0 and "different machines" in mixed.stderr and not (tmp_path / "C.md").exists()
+    report = json.loads((runs[1] / "results.json").read_text())
+    (runs[1] / "results.json").write_text(json.dumps({**report, "machine": "NVIDIA H200, torch 2.11.0+cu130"}))
+    run("compare_methods.py", *runs, "--benchmarks", tmp_path / "C.md", "--title", "On the GPU", cwd=tmp_path)
+    assert "- machine: NVIDIA H200, torch 2.11.0+cu130\n" in section(tmp_path / "C.md", "On the GPU")
 
 
 def test_ngram_policy_replay_gives_the_tau_decoding_gives_and_the_script_runs(tmp_path):
