@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from headstart.decode.static_blocks import StaticBlocks, static_address
+from headstart.decode.static_blocks import StaticBlocks, compile_step, static_address
 from headstart.decode.tree import ExpandedNodes
 from headstart.models.eagle3 import Eagle3Draft
 from headstart.models.target import TargetOutput
@@ -31,9 +31,15 @@ class Eagle3Drafter:
         self.values = torch.zeros_like(self.keys)
         self.write_at = torch.zeros((), dtype=torch.long, device=device)  # a compiled step's first slot
         self._blocks = None
+        self._chain = None
+        self._chain_steps = 0  # the chain length compiled: later rounds with a shorter budget take its prefix
         if compile:
             static_address(self.keys, self.values, self.write_at)
             self._blocks = StaticBlocks(self._static_step, max_len, device, backend)
+            # A greedy chain's k steps as one graph (compiled at its first round, per k): a step compiled alone is a
+            # graph replay plus ~25 small eager ops around it (mask, padding, logits, argmax), and on a GPU those
+            # launches, not the one-layer step, were the draft's cost (BENCHMARKS.md, "Decoding on a GPU").
+            self._chain = compile_step(self._static_chain, device, backend)
         self.length = 0  # committed draft positions
         self.last_hidden: torch.Tensor | None = None  # [1, 1, H] output at the last committed position
         self.last_logits: torch.Tensor | None = None  # [1, V_d]
@@ -88,6 +94,27 @@ class Eagle3Drafter:
 
         return self.head.step(hidden, tokens, positions, cached)
 
+    def _static_chain(self, hidden: torch.Tensor, logits: torch.Tensor, steps: int) -> torch.Tensor:
+        """``_draft``'s greedy chain at static shapes: ``steps`` draft ids (target vocab) from the last committed
+        output (hidden [1, 1, H], logits [1, V_d]), step i writing slot ``write_at`` + i at that rotary position and
+        attending to every slot up to it -- what ``_step`` does for one pair with its default positions and mask."""
+        slots = torch.arange(self.max_len, device=hidden.device)
+        token = self.to_target(logits.argmax(-1))  # [1]
+        drafted = [token]
+        for i in range(1, steps):
+            slot = (self.write_at + i).view(1, 1)
+            allowed = slots.view(1, -1) <= slot  # [1, max_len]
+
+            def cached(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot=slot, allowed=allowed) -> torch.Tensor:
+                self.keys.index_copy_(2, slot.view(1), k)
+                self.values.index_copy_(2, slot.view(1), v)
+                return F.scaled_dot_product_attention(q, self.keys, self.values, attn_mask=allowed)
+
+            hidden = self.head.step(hidden, token.view(1, 1), slot, cached)
+            token = self.to_target(self._logits(hidden)[:, -1].argmax(-1))
+            drafted.append(token)
+        return torch.cat(drafted)
+
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.head.lm_head(self.head.norm(hidden))
 
@@ -125,6 +152,17 @@ class Eagle3Drafter:
 
     @torch.no_grad()
     def propose(self, k: int) -> torch.Tensor:
+        if self._chain is not None and k > 0 and self.length + k <= self.max_len:
+            # Always the full chain of the first round's k (one graph); a last round's shorter budget takes a prefix,
+            # its extra speculative slots are overwritten by the next commit like every draft slot.
+            steps = max(k, self._chain_steps) if self.length + self._chain_steps <= self.max_len else k
+            self._chain_steps = max(steps, self._chain_steps)
+            self.write_at.fill_(self.length - 1)
+            if self.keys.device.type == "cuda":
+                torch.compiler.cudagraph_mark_step_begin()
+            # Fresh strides: the last committed output is a slice of the commit's block (its strides would recompile).
+            hidden, logits = (t.clone(memory_format=torch.contiguous_format) for t in (self.last_hidden, self.last_logits))
+            return self._chain(hidden, logits, steps)[:k].clone()
         return self._draft(k, lambda logits: logits.argmax(-1))[0]
 
     @torch.no_grad()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from headstart.decode.kv_cache import PositionalKVCache, StaticKVCache
-from headstart.decode.static_blocks import StaticBlocks, self_mask
+from headstart.decode.static_blocks import StaticBlocks, compile_step, self_mask
 from headstart.models.target import additive_mask
 from headstart.decode.tree import ExpandedNodes
 from headstart.models.mtp import MTPHead
@@ -29,6 +29,10 @@ class MTPDrafter:
         self.device = head.eh_proj.weight.device
         self.cache = StaticKVCache(1, max_len, self.device) if compile else PositionalKVCache(1, max_len)
         self._blocks = StaticBlocks(self._static_step, max_len, self.device, backend) if compile else None
+        # A greedy chain's k steps as one graph (as Eagle3Drafter's: the eager ops around each compiled step cost more
+        # than the step on a GPU), compiled at its first round; later shorter budgets take a prefix of it.
+        self._chain = compile_step(self._static_chain, self.device, backend) if compile else None
+        self._chain_steps = 0
         self.last_hidden: torch.Tensor | None = None  # [1, 1, H] the layer's output at the last committed pair
         self.last_logits: torch.Tensor | None = None  # [V]
 
@@ -74,6 +78,21 @@ class MTPDrafter:
         x = self.head.fuse(tokens, hidden, positions)
         return self.head.layer(x, positions, additive_mask(allowed, x.dtype), self.cache)
 
+    def _static_chain(self, hidden: torch.Tensor, logits: torch.Tensor, steps: int) -> torch.Tensor:
+        """``propose`` at static shapes: ``steps`` greedy drafts from the last committed output (hidden [1, 1, H],
+        logits [V]), the cache's write slot pointing at the last committed pair; step i writes the next slot, at that
+        rotary position, attending to every slot up to it -- ``_step``'s default positions and mask for one pair."""
+        slots = torch.arange(self.max_len, device=hidden.device)
+        token = logits.argmax(-1).view(1)
+        drafted = [token]
+        for _ in range(1, steps):
+            self.cache.write_at.add_(1)  # the slot after the previous step's
+            position = self.cache.write_at.clone().view(1, 1)
+            hidden = self._static_step(hidden, token.view(1, 1), position, slots.view(1, -1) <= position)
+            token = self.head.logits(hidden)[0, -1].argmax(-1).view(1)
+            drafted.append(token)
+        return torch.cat(drafted)
+
     def _commit(self, hidden: torch.Tensor, tokens: torch.Tensor) -> None:
         """Pairs (h_j, x_{j+1}) for the next n positions: hidden [1, n, H], tokens [1, n]."""
         start = self.cache.length
@@ -95,6 +114,15 @@ class MTPDrafter:
         """k greedy drafts: step i feeds back step i-1's output and draft."""
         tokens, hidden, logits = [], self.last_hidden, self.last_logits
         length = self.cache.length
+        if self._chain is not None and k > 0 and length + k <= self.max_len:
+            steps = max(k, self._chain_steps) if length + self._chain_steps <= self.max_len else k
+            self._chain_steps = max(steps, self._chain_steps)
+            self.cache.begin(length - 1)
+            if self.device.type == "cuda":
+                torch.compiler.cudagraph_mark_step_begin()
+            # Fresh strides: the last committed output is a slice of the commit's block (its strides would recompile).
+            hidden, logits = (t.clone(memory_format=torch.contiguous_format) for t in (hidden, logits))
+            return self._chain(hidden, logits, steps)[:k].clone()
         for i in range(k):
             if i > 0:  # speculative slots after the committed ones; overwritten by the next commit
                 hidden = self._step(hidden, tokens[-1].view(1, 1), length - 1 + i)

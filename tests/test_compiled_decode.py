@@ -196,3 +196,29 @@ def test_compiled_drafters_sample_the_target(drafter):
     compiled = drafters(target, 32, "inductor")[drafter][1]
     stat, critical = chi2_vs(sample_pairs(runner, lambda: compiled, 2500, seed=0), exact_joint(target.model))
     assert stat < critical
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "mtp"])
+def test_a_compiled_chain_is_one_call(target, kind):
+    """A compiled EAGLE-3 or MTP drafter drafts a greedy chain in one call of its compiled chain (no per-step block
+    calls: the eager ops around each step were the draft's cost on a GPU), as the eager drafter does step by step; a
+    shorter budget takes a prefix of the same chain."""
+    if kind == "eagle3":
+        head = random_eagle3_head(target)
+        compiled, eager = Eagle3Drafter(head, 128, compile=True, backend="eager"), Eagle3Drafter(head, 128)
+    else:
+        head = build_mtp(target)
+        compiled, eager = MTPDrafter(head, 128, compile=True, backend="eager"), MTPDrafter(head, 128)
+    runner = TargetRunner(target, 128)
+    p = prompt()
+    logits, states = runner.forward(p)
+    runner.commit(p.shape[1])
+    for drafter in (compiled, eager):
+        drafter.begin(p, states, int(logits[0, -1].argmax()))
+    steps = []
+    blocks = compiled._blocks
+    compiled._blocks = lambda *a, **kw: steps.append(a) or blocks(*a, **kw)
+    drafts = compiled.propose(4)
+    assert steps == [] and drafts.tolist() == eager.propose(4).tolist() and compiled._chain_steps == 4
+    assert len(set(drafts.tolist())) > 1  # the steps fed back: not one token repeated
+    assert compiled.propose(2).tolist() == drafts[:2].tolist() and compiled._chain_steps == 4
