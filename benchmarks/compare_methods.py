@@ -40,15 +40,17 @@ def split(r: dict) -> str:
     without a split (transformers' own loops, or runs made before the split existed)."""
     ms = r.get("round_ms")
     if not ms:
-        return "- | - | -"
+        return "- | - | - | -"
+    prompt = r.get("prompt_ms")  # runs made before it was recorded: '-'
     return (f"{ms['draft']:.1f} / {ms['update']:.1f} / {ms['verify']:.1f} / {ms['other']:.1f} | "
+            + ("-" if not prompt else f"{prompt['speculative']:.1f} / {prompt['plain']:.1f}") + " | "
             f"{r['predicted_speedup']:.2f}x | {r['speedup'] / r['predicted_speedup']:.2f}")
 
 
 def table(runs: list[Path]) -> str:
     lines = ["| method | draft | shape | mode | batch | tau | acceptance by position | spec tok/s | plain tok/s | speed-up | "
-             "round ms: draft / update / verify / other | predicted speed-up | measured / predicted |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "round ms: draft / update / verify / other | prompt ms per turn: speculative / plain | predicted speed-up | "
+             "measured / predicted |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
         report = json.loads((run / "results.json").read_text())
         a, r = report["args"], report["results"]["overall"]

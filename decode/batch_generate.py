@@ -185,7 +185,7 @@ def batch_speculative_generate(
     outs, done, first, states = _prefill(runner, prompts, max_new_tokens, eos_ids, sampling, generator)
     clock.lap("prefill")
     drafter.begin(prompts, states, first)
-    clock.lap("update")
+    clock.lap("prefill")  # the drafters reading the prompts: a prompt cost
     active, _ = _drop_finished(runner, drafter, list(range(len(prompts))), done)
     rounds = 0
     while active:

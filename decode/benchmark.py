@@ -75,6 +75,7 @@ class Tally:
     spec_parts: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))  # seconds by part
     plain_parts: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))
     plain_forwards: int = 0  # plain decoding's one-token target forwards
+    timed_runs: int = 0  # add_seconds calls: one per turn (batched: per batch of turns)
 
     def add_seconds(self, spec: RoundClock, plain: RoundClock, spec_rounds: int, plain_forwards: int) -> None:
         """One timed run: its clocks, its speculative rounds and plain forwards (after the prefill; batched, a round
@@ -84,6 +85,7 @@ class Tally:
             self.plain_parts[part] += plain.seconds[part]
         self.rounds += spec_rounds
         self.plain_forwards += plain_forwards
+        self.timed_runs += 1
 
     def split(self) -> dict:
         """Milliseconds per speculative round by part (decode/clock.py), the plain target forward per token, and the
@@ -94,13 +96,17 @@ class Tally:
         slowest row, which the forward seconds carry and tau does not. What the measured speed-up falls short of it is
         the loops' own overhead (their ``other``)."""
         if not self.rounds or not self.plain_forwards or not self.spec_parts["verify"]:
-            return {"round_ms": None, "plain_forward_ms": None, "predicted_speedup": None}
+            return {"round_ms": None, "plain_forward_ms": None, "predicted_speedup": None, "prompt_ms": None}
         per_round = {p: self.spec_parts[p] / self.rounds * 1e3 for p in ("draft", "update", "verify", "other")}
         plain_forward = self.plain_parts["verify"] / self.plain_forwards * 1e3
         spec_forwards = sum(self.spec_parts[p] for p in ("prefill", "draft", "update", "verify"))
         plain_forwards = self.plain_parts["prefill"] + self.plain_parts["verify"]
         predicted = (self.new_tokens / spec_forwards) / (self.plain_tokens / plain_forwards)
-        return {"round_ms": per_round, "plain_forward_ms": plain_forward, "predicted_speedup": predicted}
+        # A turn's prompt: speculative decoding's (the target's forward and the drafter reading it) against plain
+        # decoding's -- with --compile both run eagerly, where a GPU's launch overhead can outweigh the rounds.
+        prompt = {"speculative": self.spec_parts["prefill"] / self.timed_runs * 1e3,
+                  "plain": self.plain_parts["prefill"] / self.timed_runs * 1e3}
+        return {"round_ms": per_round, "plain_forward_ms": plain_forward, "predicted_speedup": predicted, "prompt_ms": prompt}
 
     def add(self, spec: Generation, k: int) -> None:
         """k: the deepest draft position a round can reach (chain length or tree depth)."""
@@ -310,11 +316,14 @@ def split_table(results: dict) -> str:
     ms = r["round_ms"]
     total = sum(ms.values())
     measured = "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"
-    return ("| per round (ms) | draft | drafter update | target verify | other | plain forward / token | predicted speed-up | "
-            "measured | measured / predicted |\n|---|---|---|---|---|---|---|---|---|\n"
+    prompt = r["prompt_ms"]
+    return ("| per round (ms) | draft | drafter update | target verify | other | plain forward / token | "
+            "prompt per turn, speculative / plain | predicted speed-up | measured | measured / predicted |\n"
+            "|---|---|---|---|---|---|---|---|---|---|\n"
             f"| overall | {ms['draft']:.2f} ({ms['draft'] / total:.0%}) | {ms['update']:.2f} ({ms['update'] / total:.0%}) | "
             f"{ms['verify']:.2f} ({ms['verify'] / total:.0%}) | {ms['other']:.2f} ({ms['other'] / total:.0%}) | "
-            f"{r['plain_forward_ms']:.2f} | {r['predicted_speedup']:.2f}x | {measured} | "
+            f"{r['plain_forward_ms']:.2f} | {prompt['speculative']:.1f} / {prompt['plain']:.1f} | "
+            f"{r['predicted_speedup']:.2f}x | {measured} | "
             + ("-" if r["speedup"] is None else f"{r['speedup'] / r['predicted_speedup']:.2f}") + " |")
 
 

@@ -12,9 +12,10 @@ import time
 import torch
 
 PARTS = ("prefill", "draft", "update", "verify", "other")
-"""prefill: the target's prompt forward; draft: the drafter proposing (a chain's k steps, or growing a tree);
-update: the drafter reading the prompt or the accepted tokens (its own forward); verify: the target's forward
-over the drafts; other: everything else (acceptance, cache commit or rollback, bookkeeping, the host sync)."""
+"""prefill: the prompt (the target's forward over it, then the drafter reading it); draft: the drafter proposing (a
+chain's k steps, or growing a tree); update: the drafter reading the accepted tokens (its own forward); verify: the
+target's forward over the drafts; other: everything else (acceptance, cache commit or rollback, bookkeeping, the host
+sync)."""
 
 
 class RoundClock:

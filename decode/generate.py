@@ -140,7 +140,7 @@ def speculative_generate(
     tokens, done = _finish([_pick(logits[0, -1], sampling, generator)], eos_ids, max_new_tokens)
     clock.lap("other")
     drafter.begin(prompt_ids, states, tokens[0])
-    clock.lap("update")
+    clock.lap("prefill")  # the drafter reading the prompt is a prompt cost, like the target's forward over it
     out = Generation(tokens)
     while not done:
         if tree is not None:

@@ -192,7 +192,8 @@ def main() -> int:
         table += ("\n\nWhere a speculative round's time goes (decode/clock.py; the drafter update is its forward on the "
                   "accepted tokens), and the speed-up the measured forwards alone predict: tokens per second of the "
                   "speculative run's forwards (prompt, draft, update, verify) against plain decoding's (prompt, one-token "
-                  "forwards), about tau x plain forward / (draft + update + verify) one sequence at a time:\n\n" + split)
+                  "forwards), about tau x plain forward / (draft + update + verify) one sequence at a time; a turn's prompt "
+                  "is the target's forward over it (and, speculating, the drafter reading it):\n\n" + split)
     if args.predict:
         prompt = prompt_ids(tokenizer, [{"role": "user", "content": questions[0]["turns"][0]}])
         if tree is not None:

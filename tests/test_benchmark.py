@@ -57,6 +57,15 @@ def test_run_benchmark_multi_turn_and_verification(tmp_path):
     assert set(ms) == {"draft", "update", "verify", "other"} and all(v > 0 for v in ms.values())
     spec_seconds_per_round = overall["seconds_per_round"] * 1e3
     assert sum(ms.values()) <= spec_seconds_per_round  # the prefill is the rest of the measured time
+    # each turn's prompt: speculative decoding also has the drafter read it, so it costs at least plain decoding's
+    # forward over it, give or take timing noise
+    prompt = overall["prompt_ms"]
+    assert prompt["plain"] > 0 and prompt["speculative"] > 0.5 * prompt["plain"]
+    # the clock's parts cover the speculative loop: three turns' prompts and every round
+    spec_seconds = overall["generated_tokens"] / overall["spec_tokens_per_s"]
+    rounds = spec_seconds / overall["seconds_per_round"]
+    covered = (3 * prompt["speculative"] + rounds * sum(ms.values())) / 1e3
+    assert 0.8 * spec_seconds <= covered <= 1.001 * spec_seconds
     assert overall["predicted_speedup"] > 0  # its formula: test_a_batch_is_predicted_from_its_forward_seconds_...
     assert report["speedup"] == overall["speedup"] and report["predicted_speedup"] == overall["predicted_speedup"]
     assert "| overall |" in split_table(results)

@@ -228,19 +228,22 @@ def test_compare_methods_tabulates_two_benchmark_runs(tmp_path):
     assert "max 8 new tokens" in body and f"target `{DEMO_TARGET}`" in body
     assert body.rstrip().endswith("A note under the table.")
     header = ("| method | draft | shape | mode | batch | tau | acceptance by position | spec tok/s | plain tok/s | "
-              "speed-up | round ms: draft / update / verify / other | predicted speed-up | measured / predicted |")
+              "speed-up | round ms: draft / update / verify / other | prompt ms per turn: speculative / plain | "
+              "predicted speed-up | measured / predicted |")
     rows = table_rows(body, header)
     assert [r[:5] for r in rows] == [["ngram", "`-`", "chain k=2", "greedy", "1"],
                                      ["draft-model", f"`{REPO / 'configs/demo/draft-model'}`", "chain k=3", "greedy", "2"]]
     for row, k, out in zip(rows, (2, 3), runs):
         overall = json.loads((out / "results.json").read_text())["results"]["overall"]
         assert overall["generated_tokens"] == 4 * 8  # two questions of two turns, 8 tokens each, batched or not
-        _, _, _, _, _, tau, acceptance, spec, plain, speedup, split, predicted, ratio = row
+        _, _, _, _, _, tau, acceptance, spec, plain, speedup, split, prompt, predicted, ratio = row
         assert 1.0 <= float(tau) <= k + 1 and tau == f"{overall['tau']:.2f}"
         assert len(acceptance.split()) == k and all(0.0 <= float(a) <= 1.0 for a in acceptance.split())
         assert float(spec) > 0 and float(plain) > 0 and speedup.endswith("x") and float(speedup[:-1]) > 0
         parts = [float(x) for x in split.split(" / ")]
         assert len(parts) == 4 and all(x >= 0 for x in parts) and parts[2] > 0  # the target's verify forward costs time
+        spec_prompt, plain_prompt = (float(x) for x in prompt.split(" / "))
+        assert spec_prompt > 0 and plain_prompt > 0  # the target's forward over each turn's prompt
         assert float(predicted.rstrip("x")) > 0 and float(ratio) > 0
     assert header in proc.stdout
     here = json.loads((runs[0] / "results.json").read_text())["machine"]
