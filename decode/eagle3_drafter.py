@@ -30,12 +30,15 @@ class Eagle3Drafter:
         self.keys = torch.zeros(1, c.num_attention_heads, max_len, c.head_dim, device=device, dtype=dtype)
         self.values = torch.zeros_like(self.keys)
         self.write_at = torch.zeros((), dtype=torch.long, device=device)  # a compiled step's first slot
-        self._blocks = None
+        self._blocks = self._commits = None
         self._chain = None
         self._chain_steps = 0  # the chain length compiled: later rounds with a shorter budget take its prefix
         if compile:
             static_address(self.keys, self.values, self.write_at)
             self._blocks = StaticBlocks(self._static_step, max_len, device, backend)
+            # A commit (fc, the step, the draft logits) as one graph per block size, like the step: the update read
+            # 1.2 ms a round on the H200 around a compiled step of a fraction of that.
+            self._commits = StaticBlocks(self._static_commit, max_len, device, backend)
             # A greedy chain's k steps as one graph (compiled at its first round, per k): a step compiled alone is a
             # graph replay plus ~25 small eager ops around it (mask, padding, logits, argmax), and on a GPU those
             # launches, not the one-layer step, were the draft's cost (BENCHMARKS.md, "Decoding on a GPU").
@@ -52,6 +55,7 @@ class Eagle3Drafter:
                 raise RuntimeError("precompile writes dummy pairs from slot 0: call it before a prompt")
             self.write_at.fill_(0)
             self._blocks.precompile(max_block, self.head.config.hidden_size, self.head.fc.weight.dtype)
+            self._commits.precompile(max_block, self.head.fc.in_features, self.head.fc.weight.dtype)
 
     @torch.no_grad()
     def _step(self, hidden: torch.Tensor, tokens: torch.Tensor, start: int, positions: torch.Tensor | None = None,
@@ -64,11 +68,10 @@ class Eagle3Drafter:
         end = start + n
         if end > self.max_len:
             raise ValueError(f"draft KV cache overflow: {end} > max_len {self.max_len}")
-        if positions is None:
-            positions = torch.arange(start, end, device=hidden.device)
-        if allowed is None:
-            allowed = torch.ones(n, end, dtype=torch.bool, device=hidden.device)
-            allowed[:, start:] = torch.ones(n, n, dtype=torch.bool, device=hidden.device).tril()
+        if positions is None or allowed is None:
+            chain_positions, chain_allowed = self._chain_block(n, start)
+            positions = chain_positions if positions is None else positions
+            allowed = chain_allowed if allowed is None else allowed
 
         if self._blocks is not None:
             self.write_at.fill_(start)
@@ -80,6 +83,21 @@ class Eagle3Drafter:
             return F.scaled_dot_product_attention(q, self.keys[:, :, :end], self.values[:, :, :end], attn_mask=allowed)
 
         return self.head.step(hidden, tokens, positions.unsqueeze(0), cached)  # training's step, a cache for attention
+
+    def _chain_block(self, n: int, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A chain block's defaults for n pairs at slots [start, start + n): rotary positions start..start+n-1 [n] and
+        causal attention to every earlier slot [n, start + n]."""
+        device = self.keys.device
+        allowed = torch.ones(n, start + n, dtype=torch.bool, device=device)
+        allowed[:, start:] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+        return torch.arange(start, start + n, device=device), allowed
+
+    def _static_commit(self, aux_hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+                       allowed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_commit``'s arithmetic for m pairs at static shapes: (the layer's outputs [1, m, H], their draft logits
+        [1, m, V_d])."""
+        out = self._static_step(self.head.fc(aux_hidden), tokens, positions, allowed)
+        return out, self._logits(out)
 
     def _static_step(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
                      allowed: torch.Tensor) -> torch.Tensor:
@@ -118,13 +136,22 @@ class Eagle3Drafter:
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.head.lm_head(self.head.norm(hidden))
 
+    @torch.no_grad()
     def _commit(self, aux_hidden: torch.Tensor, next_tokens: torch.Tensor) -> None:
         """Pairs (f_j, x_{j+1}) for the next n positions: aux [1, n, k*H], tokens [1, n]."""
-        hidden = self.head.fc(aux_hidden.to(self.head.fc.weight.dtype))
-        out = self._step(hidden, next_tokens, self.length)
-        self.length += next_tokens.shape[1]
+        aux_hidden = aux_hidden.to(self.head.fc.weight.dtype)
+        n = next_tokens.shape[1]
+        if self._commits is not None:
+            if self.length + n > self.max_len:
+                raise ValueError(f"draft KV cache overflow: {self.length + n} > max_len {self.max_len}")
+            self.write_at.fill_(self.length)
+            out, logits = self._commits(aux_hidden, next_tokens, *self._chain_block(n, self.length), self.length)
+            self.last_logits = logits[:, -1]
+        else:
+            out = self._step(self.head.fc(aux_hidden), next_tokens, self.length)
+            self.last_logits = self._logits(out[:, -1:])[:, -1]
+        self.length += n
         self.last_hidden = out[:, -1:]
-        self.last_logits = self._logits(self.last_hidden)[:, -1]
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.head.d2t[draft_ids]

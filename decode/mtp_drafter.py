@@ -93,6 +93,7 @@ class MTPDrafter:
             drafted.append(token)
         return torch.cat(drafted)
 
+    @torch.no_grad()
     def _commit(self, hidden: torch.Tensor, tokens: torch.Tensor) -> None:
         """Pairs (h_j, x_{j+1}) for the next n positions: hidden [1, n, H], tokens [1, n]."""
         start = self.cache.length

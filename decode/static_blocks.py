@@ -57,8 +57,9 @@ def static_address(*buffers: torch.Tensor) -> None:
 
 
 class StaticBlocks:
-    """Runs ``step(hidden [1, m, H], tokens [1, m], positions [1, m], allowed [m, max_len]) -> out [1, m, H]`` compiled
-    at padded block sizes (prompts eagerly, at their own length)."""
+    """Runs ``step(hidden [1, m, W], tokens [1, m], positions [1, m], allowed [m, max_len]) -> out [1, m, ...]`` (or a
+    tuple of such) compiled at padded block sizes (prompts eagerly, at their own length), and returns the block's rows
+    of each output."""
 
     def __init__(self, step: Callable, max_len: int, device: torch.device, backend: str = "inductor") -> None:
         self.step = step
@@ -69,8 +70,8 @@ class StaticBlocks:
 
     def __call__(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor,
                  start: int) -> torch.Tensor:
-        """n tokens at slots [start, start + n): hidden [1, n, H], tokens [1, n], positions [n], allowed [n, start + n].
-        The caller has pointed its cache's write slot at ``start``. Returns the outputs [1, n, H]."""
+        """n tokens at slots [start, start + n): hidden [1, n, W], tokens [1, n], positions [n], allowed [n, start + n].
+        The caller has pointed its cache's write slot at ``start``. Returns the step's output(s), n rows each."""
         n = tokens.shape[1]
         eager = start == 0 or n > COMPILED_BLOCK
         m = n if eager else padded_size(self.sizes, n, self.max_len - start)
@@ -79,7 +80,7 @@ class StaticBlocks:
         full = torch.zeros(m, self.max_len, dtype=torch.bool, device=self.device)  # the step attends to every slot
         full[:n, : start + n] = allowed
         if eager:
-            return self.step(hidden, tokens, positions.view(1, n), full)
+            return self.step(hidden, tokens, positions.view(1, n), full)  # n = m: every row is the block's
         pad = torch.arange(n, m, device=self.device)
         full[pad, start + pad] = True  # a padding token sees only its own slot
         if m > n:
@@ -91,18 +92,21 @@ class StaticBlocks:
         self.sizes.add(m)
         if self.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()
-        out = self.compiled(hidden, tokens, positions.view(1, m), full)[:, :n]
-        return out.clone() if self.device.type == "cuda" else out  # a CUDA graph's output is overwritten by its replay
+        out = self.compiled(hidden, tokens, positions.view(1, m), full)
+        # the block's rows of each output; on a GPU copied out, since a CUDA graph's replay overwrites its outputs
+        cut = lambda t: t[:, :n].clone() if self.device.type == "cuda" else t[:, :n]  # noqa: E731
+        return tuple(map(cut, out)) if isinstance(out, tuple) else cut(out)
 
-    def precompile(self, max_block: int, hidden_size: int, dtype: torch.dtype) -> None:
+    def precompile(self, max_block: int, width: int, dtype: torch.dtype) -> None:
         """Compile every block size 1..``max_block`` now (a benchmark's timed rounds then never compile), on dummy
-        pairs written from the caller's write slot: point it at 0 before any prompt, whose ``begin`` overwrites them."""
+        pairs written from the caller's write slot: point it at 0 before any prompt, whose ``begin`` overwrites them.
+        ``width``: the last dimension of the step's ``hidden`` input."""
         for m in range(1, min(max_block, COMPILED_BLOCK, self.max_len) + 1):
             if m in self.sizes:
                 continue
             if self.device.type == "cuda":
                 torch.compiler.cudagraph_mark_step_begin()
-            self.compiled(torch.zeros(1, m, hidden_size, dtype=dtype, device=self.device),
+            self.compiled(torch.zeros(1, m, width, dtype=dtype, device=self.device),
                           torch.zeros(1, m, dtype=torch.long, device=self.device),
                           torch.arange(m, device=self.device).view(1, m), self_mask(m, self.max_len, self.device))
             self.sizes.add(m)

@@ -138,10 +138,10 @@ def build_head(config: DraftConfig, target, token_counts: torch.Tensor) -> Draft
     return head_spec(config.head).build(config, target, token_counts)
 
 
-def drafter_for(head: nn.Module, max_len: int, compile: bool = False):
+def drafter_for(head: nn.Module, max_len: int, compile: bool = False, backend: str = "inductor"):
     """The decoder's drafter for a finished ``head``, its caches holding ``max_len`` positions; ``compile``: its step
-    compiled (build it once and reuse it for every prompt)."""
-    return spec_of(head).drafter(head, max_len, compile=compile)
+    compiled with dynamo's ``backend`` (build it once and reuse it for every prompt)."""
+    return spec_of(head).drafter(head, max_len, compile=compile, backend=backend)
 
 
 def batch_drafter_for(head: nn.Module, max_len: int, batch: int):

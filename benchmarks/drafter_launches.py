@@ -1,0 +1,101 @@
+"""Count the eager ops a compiled drafter dispatches per round outside its compiled graphs: on a GPU each is a kernel
+launch (tens of microseconds on the H200 lease, BENCHMARKS.md "Decoding on a GPU"), which at a small model's size is
+what a round costs. Counted with torch.profiler, so it runs anywhere; the counts do not depend on the machine.
+
+    python benchmarks/drafter_launches.py --target configs/demo/target --k 4 --out BENCHMARKS.md
+
+Heads: the demo's EAGLE-3, MTP and Medusa heads (``--heads kind=DIR ...`` for others).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Callable
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from headstart.decode.report import append_section
+from headstart.decode.target_runner import TargetRunner
+from headstart.models.registry import drafter_for, load_head
+from headstart.models.target import Target, TargetConfig
+
+COMPILED_SCOPE = "Torch-Compiled Region"
+"""The profiler scope of a compiled graph's call (any backend): the ops under it are the graph's, not eager launches."""
+
+
+def eager_ops(fn: Callable[[], object]) -> int:
+    """Top-level aten ops ``fn`` dispatches outside compiled graphs (ops an op calls internally not counted again)."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    count = 0
+    for event in prof.events():
+        if not event.name.startswith("aten::"):
+            continue
+        parents, parent = [], event.cpu_parent
+        while parent is not None:
+            parents.append(parent.name)
+            parent = parent.cpu_parent
+        if parents and parents[0].startswith("aten::"):
+            continue  # inside another op
+        if not any(name.startswith(COMPILED_SCOPE) for name in parents):
+            count += 1
+    return count
+
+
+@torch.no_grad()
+def round_ops(target: Target, head: torch.nn.Module, k: int, backend: str = "inductor", max_len: int = 256) -> dict[str, int]:
+    """Eager ops of a compiled drafter's ``propose(k)`` and of its ``update`` reading back 3 tokens (2 accepted and a
+    bonus), each measured on its second round (the first compiles). ``backend``: dynamo's ("eager" traces the same
+    graphs in seconds, for tests)."""
+    # the default backend left to the registry, so the script also counts older checkouts' drafters (before/after)
+    drafter = drafter_for(head, max_len, compile=True, **({} if backend == "inductor" else {"backend": backend}))
+    drafter.precompile(k + 1)
+    runner = TargetRunner(target, max_len)
+    prompt = torch.randint(3, min(1000, target.vocab_size), (1, 40), generator=torch.Generator().manual_seed(0))
+    prompt = prompt.to(runner.device)
+    logits, states = runner.forward(prompt)
+    runner.commit(prompt.shape[1])
+    drafter.begin(prompt, states, int(logits[0, -1].argmax()))
+    counts = {}
+    for measured in (False, True):
+        drafts = drafter.propose(k)
+        if measured:
+            counts["propose"] = eager_ops(lambda: drafter.propose(k))
+        _, states = runner.forward(torch.cat([drafts.new_tensor([5]), drafts]).view(1, -1).to(runner.device))
+        runner.commit(3)
+        kept = type(states)(**{f: None if v is None else v[:, :3] for f, v in vars(states).items()})
+        emitted = drafts[:2].tolist() + [7]
+        if measured:
+            counts["update"] = eager_ops(lambda: drafter.update(emitted, kept))
+        else:
+            drafter.update(emitted, kept)
+    return counts
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default="configs/demo/target")
+    p.add_argument("--heads", nargs="+", default=["eagle3=configs/demo/eagle3-head", "mtp=configs/demo/mtp-head",
+                                                    "medusa=configs/demo/medusa-head"])
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--out", default=None, help="append the table to this markdown file")
+    p.add_argument("--note", default="", help="a paragraph placed under the table")
+    args = p.parse_args()
+    target = Target.from_pretrained(TargetConfig(path=args.target, dtype="float32", device="cpu"))
+    rows = []
+    for entry in args.heads:
+        kind, path = entry.split("=", 1)
+        counts = round_ops(target, load_head(kind, path, target), args.k)
+        rows.append(f"| {kind} | `{path}` | {counts['propose']} | {counts['update']} | {counts['propose'] + counts['update']} |")
+    body = (f"Target `{args.target}`, each head's drafter compiled (`--compile`'s path, inductor), chain k={args.k}; eager "
+            "aten ops outside the compiled graphs, counted by torch.profiler on the second round (each a kernel "
+            "launch on a GPU).\n\n| head | draft | ops per propose | ops per update (3 tokens) | per round |\n"
+            "|---|---|---|---|---|\n" + "\n".join(rows))
+    print(body)
+    if args.out:
+        append_section(args.out, "Eager ops per round of a compiled drafter", body + ("\n\n" + args.note if args.note else ""))
+
+
+if __name__ == "__main__":
+    main()
