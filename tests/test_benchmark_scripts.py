@@ -308,3 +308,15 @@ def test_ngram_policy_replay_gives_the_tau_decoding_gives_and_the_script_runs(tm
                                          "headstart, n-grams up to 8, draft k", "headstart, n-grams up to 8, draft min(k, n)",
                                          "oracle length of headstart's n-grams up to 8"]
     assert all(float(r[2]) >= 1.0 and float(r[4]) > 0 for r in rows)
+
+
+def test_drafter_launches_tables_a_compiled_drafter(tmp_path):
+    """benchmarks/drafter_launches.py end to end on the demo target's Medusa heads (one small graph to compile)."""
+    run("drafter_launches.py", "--target", DEMO_TARGET, "--heads", f"medusa={REPO / 'configs/demo/medusa-head'}",
+        "--out", tmp_path / "B.md", "--note", "A note.", cwd=tmp_path)
+    body = section(tmp_path / "B.md", "Eager ops per round of a compiled drafter")
+    rows = table_rows(body, "| head | draft | ops per propose | ops per update (3 tokens) | per round |")
+    assert len(rows) == 1 and rows[0][0] == "medusa"
+    propose, update, total = map(int, rows[0][2:])
+    assert 0 < propose <= 8 and 0 < update <= 8 and total == propose + update  # heads on one hidden state: one graph
+    assert body.rstrip().endswith("A note.")
