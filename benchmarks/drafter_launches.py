@@ -73,6 +73,19 @@ def round_ops(target: Target, head: torch.nn.Module, k: int, backend: str = "ind
     return counts
 
 
+@torch.no_grad()
+def target_ops(target: Target, k: int, backend: str = "inductor", max_len: int = 256) -> dict[str, int]:
+    """Eager ops around the compiled target's forward: a one-token step (plain decoding) and a k+1-token verify."""
+    runner = TargetRunner(target, max_len, compile=True, backend=backend)
+    runner.precompile([1, k + 1])
+    prompt = torch.randint(3, min(1000, target.vocab_size), (1, 40), generator=torch.Generator().manual_seed(0))
+    runner.forward(prompt.to(runner.device))
+    runner.commit(prompt.shape[1])
+    one, block = (torch.arange(5, 5 + n, device=runner.device).view(1, n) for n in (1, k + 1))
+    runner.forward(one), runner.forward(block)  # the forward writes past the committed length: nothing to undo
+    return {"step": eager_ops(lambda: runner.forward(one)), "verify": eager_ops(lambda: runner.forward(block))}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="configs/demo/target")
@@ -88,10 +101,14 @@ def main() -> None:
         kind, path = entry.split("=", 1)
         counts = round_ops(target, load_head(kind, path, target), args.k)
         rows.append(f"| {kind} | `{path}` | {counts['propose']} | {counts['update']} | {counts['propose'] + counts['update']} |")
+    target_counts = target_ops(target, args.k)
     body = (f"Target `{args.target}`, each head's drafter compiled (`--compile`'s path, inductor), chain k={args.k}; eager "
             "aten ops outside the compiled graphs, counted by torch.profiler on the second round (each a kernel "
             "launch on a GPU).\n\n| head | draft | ops per propose | ops per update (3 tokens) | per round |\n"
-            "|---|---|---|---|---|\n" + "\n".join(rows))
+            "|---|---|---|---|---|\n" + "\n".join(rows)
+            + f"\n\nThe compiled target's forward itself, which plain decoding runs per token and a round once: "
+            f"{target_counts['step']} eager ops around a one-token step, {target_counts['verify']} around a "
+            f"{args.k + 1}-token verify.")
     print(body)
     if args.out:
         append_section(args.out, "Eager ops per round of a compiled drafter", body + ("\n\n" + args.note if args.note else ""))

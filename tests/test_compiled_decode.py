@@ -249,9 +249,11 @@ def test_a_compiled_chain_round_launches_few_eager_ops(target):
     """The compiled EAGLE-3 and MTP drafters' rounds, counted as benchmarks/drafter_launches.py counts them: a chain of
     4 dispatches a handful of eager ops (it was ~100 as separate step graphs), and EAGLE-3's commit fewer than MTP's
     (its fc and logits inside the commit's graph)."""
-    from headstart.benchmarks.drafter_launches import round_ops
+    from headstart.benchmarks.drafter_launches import round_ops, target_ops
 
     eagle3 = round_ops(target, random_eagle3_head(target), 4, backend="eager")
     mtp = round_ops(target, build_mtp(target), 4, backend="eager")
     assert eagle3["propose"] <= 8 and mtp["propose"] <= 8
     assert 0 < eagle3["update"] < mtp["update"] <= 40
+    around = target_ops(target, 4, backend="eager")  # the target's own step, for scale: the same for 1 or 5 tokens
+    assert 0 < around["step"] == around["verify"] <= 40
