@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
-import torch
 
 from headstart.decode.benchmark import first_per_category, prompt_ids, read_questions
 from headstart.decode.generate import plain_generate

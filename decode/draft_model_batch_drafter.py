@@ -10,7 +10,6 @@ row's earlier steps. As the one-sequence drafter does, the accepted drafts a cha
 from __future__ import annotations
 
 import torch
-from transformers import PreTrainedModel
 
 from headstart.decode.batch_generate import padded_rows
 from headstart.decode.draft_model import as_draft_target, fit_vocab  # noqa: F401 (as_draft_target: re-exported)
