@@ -23,14 +23,20 @@ from headstart.models.target import Target, TargetConfig
 COMPILED_SCOPE = "Torch-Compiled Region"
 """The profiler scope of a compiled graph's call (any backend): the ops under it are the graph's, not eager launches."""
 
+NO_KERNEL = frozenset(f"aten::{name}" for name in (
+    "view", "_unsafe_view", "reshape", "_reshape_alias", "slice", "select", "unsqueeze", "squeeze", "expand", "as_strided",
+    "transpose", "permute", "t", "alias", "detach", "detach_", "lift_fresh", "empty", "empty_strided"))
+"""Ops that only make a view or take memory: no kernel launched, so not counted."""
+
 
 def eager_ops(fn: Callable[[], object]) -> int:
-    """Top-level aten ops ``fn`` dispatches outside compiled graphs (ops an op calls internally not counted again)."""
+    """Top-level aten ops ``fn`` dispatches outside compiled graphs (ops an op calls internally not counted again), views
+    and allocations (``NO_KERNEL``) left out: about the kernels it launches on a GPU."""
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         fn()
     count = 0
     for event in prof.events():
-        if not event.name.startswith("aten::"):
+        if not event.name.startswith("aten::") or event.name in NO_KERNEL:
             continue
         parents, parent = [], event.cpu_parent
         while parent is not None:
@@ -103,8 +109,8 @@ def main() -> None:
         rows.append(f"| {kind} | `{path}` | {counts['propose']} | {counts['update']} | {counts['propose'] + counts['update']} |")
     target_counts = target_ops(target, args.k)
     body = (f"Target `{args.target}`, each head's drafter compiled (`--compile`'s path, inductor), chain k={args.k}; eager "
-            "aten ops outside the compiled graphs, counted by torch.profiler on the second round (each a kernel "
-            "launch on a GPU).\n\n| head | draft | ops per propose | ops per update (3 tokens) | per round |\n"
+            "aten ops outside the compiled graphs (views and allocations left out), counted by torch.profiler on the "
+            "second round: about the kernels each launches on a GPU.\n\n| head | draft | ops per propose | ops per update (3 tokens) | per round |\n"
             "|---|---|---|---|---|\n" + "\n".join(rows)
             + f"\n\nThe compiled target's forward itself, which plain decoding runs per token and a round once: "
             f"{target_counts['step']} eager ops around a one-token step, {target_counts['verify']} around a "

@@ -243,6 +243,8 @@ def test_eager_op_count_leaves_out_compiled_graphs():
     g = torch.compile(lambda: (x * 2 + 1).sin(), backend="eager")
     g()
     assert eager_ops(f) == 3 and eager_ops(g) == 0
+    assert eager_ops(lambda: x.view(2, 2)[0].unsqueeze(0)) == 0  # views launch nothing
+    assert eager_ops(lambda: x.view(2, 2).clone()) == 1
 
 
 def test_a_compiled_chain_round_launches_few_eager_ops(target):
