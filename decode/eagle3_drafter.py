@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from headstart.decode.static_blocks import StaticBlocks, compile_step, static_address
+from headstart.decode.static_blocks import ChainGraph, StaticBlocks, static_address
 from headstart.decode.tree import ExpandedNodes
 from headstart.models.eagle3 import Eagle3Draft
 from headstart.models.target import TargetOutput
@@ -30,19 +30,14 @@ class Eagle3Drafter:
         self.keys = torch.zeros(1, c.num_attention_heads, max_len, c.head_dim, device=device, dtype=dtype)
         self.values = torch.zeros_like(self.keys)
         self.write_at = torch.zeros((), dtype=torch.long, device=device)  # a compiled step's first slot
-        self._blocks = self._commits = None
-        self._chain = None
-        self._chain_steps = 0  # the chain length compiled: later rounds with a shorter budget take its prefix
+        self._blocks = self._commits = self._chain = None
         if compile:
             static_address(self.keys, self.values, self.write_at)
             self._blocks = StaticBlocks(self._static_step, max_len, device, backend)
             # A commit (fc, the step, the draft logits) as one graph per block size, like the step: the update read
             # 1.2 ms a round on the H200 around a compiled step of a fraction of that.
             self._commits = StaticBlocks(self._static_commit, max_len, device, backend)
-            # A greedy chain's k steps as one graph (compiled at its first round, per k): a step compiled alone is a
-            # graph replay plus ~25 small eager ops around it (mask, padding, logits, argmax), and on a GPU those
-            # launches, not the one-layer step, were the draft's cost (BENCHMARKS.md, "Decoding on a GPU").
-            self._chain = compile_step(self._static_chain, device, backend)
+            self._chain = ChainGraph(self._static_chain, max_len, device, backend)  # compiled at its first round
         self.length = 0  # committed draft positions
         self.last_hidden: torch.Tensor | None = None  # [1, 1, H] output at the last committed position
         self.last_logits: torch.Tensor | None = None  # [1, V_d]
@@ -141,9 +136,7 @@ class Eagle3Drafter:
         """Pairs (f_j, x_{j+1}) for the next n positions: aux [1, n, k*H], tokens [1, n]."""
         aux_hidden = aux_hidden.to(self.head.fc.weight.dtype)
         n = next_tokens.shape[1]
-        if self._commits is not None:
-            if self.length + n > self.max_len:
-                raise ValueError(f"draft KV cache overflow: {self.length + n} > max_len {self.max_len}")
+        if self._commits is not None:  # StaticBlocks refuses a block past the cache by name
             self.write_at.fill_(self.length)
             out, logits = self._commits(aux_hidden, next_tokens, *self._chain_block(n, self.length), self.length)
             self.last_logits = logits[:, -1]
@@ -179,17 +172,9 @@ class Eagle3Drafter:
 
     @torch.no_grad()
     def propose(self, k: int) -> torch.Tensor:
-        if self._chain is not None and k > 0 and self.length + k <= self.max_len:
-            # Always the full chain of the first round's k (one graph); a last round's shorter budget takes a prefix,
-            # its extra speculative slots are overwritten by the next commit like every draft slot.
-            steps = max(k, self._chain_steps) if self.length + self._chain_steps <= self.max_len else k
-            self._chain_steps = max(steps, self._chain_steps)
+        if self._chain is not None and self._chain.fits(self.length, k):
             self.write_at.fill_(self.length - 1)
-            if self.keys.device.type == "cuda":
-                torch.compiler.cudagraph_mark_step_begin()
-            # Fresh strides: the last committed output is a slice of the commit's block (its strides would recompile).
-            hidden, logits = (t.clone(memory_format=torch.contiguous_format) for t in (self.last_hidden, self.last_logits))
-            return self._chain(hidden, logits, steps)[:k].clone()
+            return self._chain(self.last_hidden, self.last_logits, k, self.length)
         return self._draft(k, lambda logits: logits.argmax(-1))[0]
 
     @torch.no_grad()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from headstart.decode.kv_cache import PositionalKVCache, StaticKVCache
-from headstart.decode.static_blocks import StaticBlocks, compile_step, self_mask
+from headstart.decode.static_blocks import ChainGraph, StaticBlocks, self_mask
 from headstart.models.target import additive_mask
 from headstart.decode.tree import ExpandedNodes
 from headstart.models.mtp import MTPHead
@@ -29,10 +29,8 @@ class MTPDrafter:
         self.device = head.eh_proj.weight.device
         self.cache = StaticKVCache(1, max_len, self.device) if compile else PositionalKVCache(1, max_len)
         self._blocks = StaticBlocks(self._static_step, max_len, self.device, backend) if compile else None
-        # A greedy chain's k steps as one graph (as Eagle3Drafter's: the eager ops around each compiled step cost more
-        # than the step on a GPU), compiled at its first round; later shorter budgets take a prefix of it.
-        self._chain = compile_step(self._static_chain, self.device, backend) if compile else None
-        self._chain_steps = 0
+        # a greedy chain as one graph, compiled at its first round
+        self._chain = ChainGraph(self._static_chain, max_len, self.device, backend) if compile else None
         self.last_hidden: torch.Tensor | None = None  # [1, 1, H] the layer's output at the last committed pair
         self.last_logits: torch.Tensor | None = None  # [V]
 
@@ -115,15 +113,9 @@ class MTPDrafter:
         """k greedy drafts: step i feeds back step i-1's output and draft."""
         tokens, hidden, logits = [], self.last_hidden, self.last_logits
         length = self.cache.length
-        if self._chain is not None and k > 0 and length + k <= self.max_len:
-            steps = max(k, self._chain_steps) if length + self._chain_steps <= self.max_len else k
-            self._chain_steps = max(steps, self._chain_steps)
+        if self._chain is not None and self._chain.fits(length, k):
             self.cache.begin(length - 1)
-            if self.device.type == "cuda":
-                torch.compiler.cudagraph_mark_step_begin()
-            # Fresh strides: the last committed output is a slice of the commit's block (its strides would recompile).
-            hidden, logits = (t.clone(memory_format=torch.contiguous_format) for t in (hidden, logits))
-            return self._chain(hidden, logits, steps)[:k].clone()
+            return self._chain(hidden, logits, k, length)
         for i in range(k):
             if i > 0:  # speculative slots after the committed ones; overwritten by the next commit
                 hidden = self._step(hidden, tokens[-1].view(1, 1), length - 1 + i)

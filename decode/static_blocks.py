@@ -111,3 +111,29 @@ class StaticBlocks:
                           torch.arange(m, device=self.device).view(1, m), self_mask(m, self.max_len, self.device))
             self.sizes.add(m)
 
+
+class ChainGraph:
+    """A drafter's greedy chain compiled as one graph: ``chain(hidden [1, 1, H], logits, steps) -> [steps]`` draft ids,
+    the k steps with their logits and argmax unrolled (a step compiled alone is a replay plus ~25 eager ops around it,
+    and on a GPU those launches were the draft's cost). One graph for the longest k met: a shorter budget (the last
+    rounds) takes a prefix, its extra speculative slots overwritten by the next commit like every draft slot."""
+
+    def __init__(self, chain: Callable, max_len: int, device: torch.device, backend: str = "inductor") -> None:
+        self.compiled = compile_step(chain, device, backend)
+        self.max_len = max_len
+        self.device = device
+        self.steps = 0  # the chain length compiled so far
+
+    def fits(self, length: int, k: int) -> bool:
+        """Whether k drafts after ``length`` committed slots stay inside the cache (else the caller steps eagerly)."""
+        return 0 < k and length + k <= self.max_len
+
+    def __call__(self, hidden: torch.Tensor, logits: torch.Tensor, k: int, length: int) -> torch.Tensor:
+        """k draft ids from the last committed output; the caller has pointed its write slot at ``length`` - 1."""
+        steps = max(k, self.steps) if length + self.steps <= self.max_len else k
+        self.steps = max(steps, self.steps)
+        if self.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()
+        # Fresh strides: the last committed output is a slice of the commit's block (its strides would recompile).
+        hidden, logits = (t.clone(memory_format=torch.contiguous_format) for t in (hidden, logits))
+        return self.compiled(hidden, logits, steps)[:k].clone()

@@ -220,9 +220,9 @@ def test_a_compiled_chain_is_one_call(target, kind):
     blocks = compiled._blocks
     compiled._blocks = lambda *a, **kw: steps.append(a) or blocks(*a, **kw)
     drafts = compiled.propose(4)
-    assert steps == [] and drafts.tolist() == eager.propose(4).tolist() and compiled._chain_steps == 4
+    assert steps == [] and drafts.tolist() == eager.propose(4).tolist() and compiled._chain.steps == 4
     assert len(set(drafts.tolist())) > 1  # the steps fed back: not one token repeated
-    assert compiled.propose(2).tolist() == drafts[:2].tolist() and compiled._chain_steps == 4
+    assert compiled.propose(2).tolist() == drafts[:2].tolist() and compiled._chain.steps == 4
     # a round: two drafts accepted and a bonus token read back, then the next chain, still as the eager drafter's
     _, states = runner.forward(torch.tensor([[int(logits[0, -1].argmax())] + drafts.tolist()]))
     kept = type(states)(**{f: None if v is None else v[:, :3] for f, v in vars(states).items()})

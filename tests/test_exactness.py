@@ -29,6 +29,19 @@ def untied(vocab: int = 64, **overrides):
     return tiny_causal_lm("llama", vocab_size=vocab, tie_word_embeddings=False, **overrides)
 
 
+PROMPT = torch.tensor([[3, 9, 4]])
+
+
+def twinned(scale: float):
+    """A model whose token b = a + 1 scores ``scale`` x token a's logit everywhere, a being its second greedy token
+    after ``PROMPT``: returns (model, a, b)."""
+    model = untied()
+    a = greedy(model, PROMPT, 2)[1]
+    b = (a + 1) % 64
+    model.lm_head.weight[b] = model.lm_head.weight[a] * scale
+    return model, a, b
+
+
 def test_first_difference():
     assert first_difference([1, 2, 3], [1, 2, 3]) is None
     assert first_difference([1, 2, 3], [1, 5, 3]) == 1
@@ -38,7 +51,7 @@ def test_first_difference():
 @torch.no_grad()
 def test_a_token_the_target_ranks_far_below_is_a_real_difference():
     model = untied()
-    prompt = torch.tensor([[3, 9, 4]])
+    prompt = PROMPT
     plain = greedy(model, prompt, 6)
     logits = model(input_ids=torch.cat([prompt, torch.tensor([plain[:2]])], 1)).logits[0, -1]
     worst = int(logits.argmin())
@@ -53,11 +66,8 @@ def test_a_token_the_target_ranks_far_below_is_a_real_difference():
 
 @torch.no_grad()
 def test_an_exact_tie_is_a_near_tie_in_any_dtype():
-    model = untied()
-    prompt = torch.tensor([[3, 9, 4]])
-    a = greedy(model, prompt, 2)[1]
-    b = (a + 1) % 64
-    model.lm_head.weight[b] = model.lm_head.weight[a]  # tokens a and b now always score the same
+    model, a, b = twinned(1.0)  # tokens a and b always score the same
+    prompt = PROMPT
     plain = greedy(model, prompt, 4)
     assert plain[1] == min(a, b)  # argmax takes the first of the tied pair
     spec = plain[:1] + [max(a, b)] + plain[2:]
@@ -68,11 +78,8 @@ def test_an_exact_tie_is_a_near_tie_in_any_dtype():
 @torch.no_grad()
 def test_the_tolerance_follows_the_dtype():
     """A gap of 0.2% of the logit: a tie at bfloat16's resolution (8 x 2^-7 relative), a difference in float32."""
-    model = untied()
-    prompt = torch.tensor([[3, 9, 4]])
-    a = greedy(model, prompt, 2)[1]
-    b = (a + 1) % 64
-    model.lm_head.weight[b] = model.lm_head.weight[a] * 0.998
+    model, a, b = twinned(0.998)
+    prompt = PROMPT
     plain = greedy(model, prompt, 3)
     assert plain[1] == a
     spec = plain[:1] + [b]
