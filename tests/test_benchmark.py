@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -69,6 +70,32 @@ def test_run_benchmark_multi_turn_and_verification(tmp_path):
     assert overall["predicted_speedup"] > 0  # its formula: test_a_batch_is_predicted_from_its_forward_seconds_...
     assert report["speedup"] == overall["speedup"] and report["predicted_speedup"] == overall["predicted_speedup"]
     assert "| overall |" in split_table(results)
+
+
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_a_new_prompt_length_costs_neither_timing(batch_size, monkeypatch):
+    """Speculative decoding runs first each turn: without the untimed pass over the prompt, the first-call cost of
+    every new prompt length (on a GPU: allocator growth, kernel choice; 0.2 s here) would land in its prompt time and
+    never in plain decoding's."""
+    from headstart.decode.batch_generate import RaggedRunner
+
+    seen: set[tuple[int, ...]] = set()
+    for cls in (TargetRunner, RaggedRunner):
+        def cold_forward(self, input_ids, *args, _forward=cls.forward, **kwargs):
+            if tuple(input_ids.shape) not in seen:
+                seen.add(tuple(input_ids.shape))
+                time.sleep(0.2)
+            return _forward(self, input_ids, *args, **kwargs)
+        monkeypatch.setattr(cls, "forward", cold_forward)
+    tokenizer = make_tokenizer(CHATML_TEMPLATE, "<|im_end|>")
+    runner = TargetRunner(Target(tiny_causal_lm("llama", num_hidden_layers=8, vocab_size=len(tokenizer))), max_len=256)
+    questions = [{"question_id": i, "category": "writing", "turns": [f"Say hello {'again ' * i}.", "Once more."]}
+                 for i in range(2)]
+    report = run_benchmark(runner, NgramDrafter, tokenizer, questions, k=3, max_new_tokens=6, eos_ids=set(),
+                           hf_reference=False, progress=lambda _: None, batch_size=batch_size)
+    prompt = report["results"]["overall"]["prompt_ms"]
+    assert len(seen) > 2  # the prompts had new lengths to pay for
+    assert abs(prompt["speculative"] - prompt["plain"]) < 100, prompt
 
 
 def test_a_batch_is_predicted_from_its_forward_seconds_not_from_tau():
