@@ -8,7 +8,8 @@
 # Knobs: REGEN_S (seconds each regeneration process may run; unfinished shards are left out, 0 = no limit),
 # REGEN_BATCH (conversations per generate call), ROWS (rows per source file; default all), MAX_NEW (tokens per regenerated
 # reply, default 256), TRAIN_ARGS (overrides for every head, e.g. --train.max_steps=500), KS (chain lengths), EXTRA (extra benchmark.py arguments),
-# COMPILED=0 (skip the compiled EAGLE-3 and n-gram runs).
+# COMPILED=0 (skip the compiled runs), HEADS_FROM=DIR (bench the heads in DIR/{eagle3,mtp,medusa}-head, e.g.
+# configs/smollm2 for the committed CPU-trained heads, instead of this run's: STAGES="import bench" HEADS_FROM=configs/smollm2).
 # The CPU path and its numbers: README "A real target"; this path's: BENCHMARKS.md.
 set -euo pipefail
 X=${1:-runs/smollm2-gpu}
@@ -60,15 +61,19 @@ if has bench; then
   # MT-bench as in the CPU table (decode_runs.sh).
   source "$(dirname "$0")/decode_runs.sh"
   run() { decode_run "$T" "$X/bench" "$@"; }
-  for k in ${KS:-3 4 5}; do run eagle3-k$k --method eagle3 --draft "$X/eagle3-head" --num-speculative-tokens "$k"; done
-  run eagle3-tree --method eagle3 --draft "$X/eagle3-head" --tree
-  run mtp-k3 --method mtp --draft "$X/mtp-head" --num-speculative-tokens 3
-  run medusa-k4 --method medusa --draft "$X/medusa-head" --num-speculative-tokens 4
+  H=${HEADS_FROM:-$X}
+  for k in ${KS:-3 4 5}; do run eagle3-k$k --method eagle3 --draft "$H/eagle3-head" --num-speculative-tokens "$k"; done
+  run eagle3-tree --method eagle3 --draft "$H/eagle3-head" --tree
+  run mtp-k3 --method mtp --draft "$H/mtp-head" --num-speculative-tokens 3
+  run medusa-k4 --method medusa --draft "$H/medusa-head" --num-speculative-tokens 4
   run ngram-k4 --method ngram --num-speculative-tokens 4
   run hf-prompt-lookup --method hf-prompt-lookup --num-speculative-tokens 4
   # --compile: the target's forward and the drafter's step compiled (CUDA graphs); COMPILED=0 skips these runs
   if [ "${COMPILED:-1}" != 0 ]; then
-    run eagle3-k4-compiled --method eagle3 --draft "$X/eagle3-head" --num-speculative-tokens 4 --compile --max-len 1024
+    run eagle3-k4-compiled --method eagle3 --draft "$H/eagle3-head" --num-speculative-tokens 4 --compile --max-len 1024
+    run eagle3-tree-compiled --method eagle3 --draft "$H/eagle3-head" --tree --compile --max-len 1024
+    run mtp-k4-compiled --method mtp --draft "$H/mtp-head" --num-speculative-tokens 4 --compile --max-len 1024
+    run medusa-k4-compiled --method medusa --draft "$H/medusa-head" --num-speculative-tokens 4 --compile --max-len 1024
     run ngram-k4-compiled --method ngram --num-speculative-tokens 4 --compile --max-len 1024
   fi
   python benchmarks/compare_methods.py "${runs[@]}" --benchmarks "$X/BENCHMARKS.md" \
