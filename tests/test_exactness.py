@@ -102,7 +102,8 @@ def test_the_benchmark_sorts_near_ties_from_mismatches():
     def loop(choose):
         def own_loop(prompt, max_new, eos_ids, sampling, generator, clock):
             tokens = greedy(model, prompt, max_new)
-            tokens[2] = choose(prompt, tokens)
+            if len(tokens) > 2:  # (the benchmark's untimed pass over the prompt asks for one token)
+                tokens[2] = choose(prompt, tokens)
             return Generation(tokens=tokens, target_forwards=max_new, accepted=[], proposed=[])
         return own_loop
 
