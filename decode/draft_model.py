@@ -58,9 +58,11 @@ class DraftModelDrafter:
         self.last_logits: torch.Tensor | None = None  # [V]: the next token after the committed ones
         self.chain_fed = 0  # drafts of the last chain run through the model, in slots committed.. (0 after a tree)
 
-    def precompile(self, max_block: int) -> None:
-        """With a compiled runner: compile its forward for every block of up to ``max_block`` tokens now."""
-        self.runner.precompile(range(1, max_block + 1))
+    def precompile(self, max_block: int, trees: bool = True) -> None:
+        """With a compiled runner: compile its forward for every causal block (prompt reads, chain steps) of up to
+        ``max_block`` tokens now, and with ``trees`` every masked one (tree levels)."""
+        sizes = range(1, max_block + 1)
+        self.runner.precompile(sizes, masked=sizes if trees else ())
 
     def _logits(self, logits: torch.Tensor) -> torch.Tensor:
         return fit_vocab(logits[0].float(), self.vocab_size)

@@ -36,21 +36,23 @@ class Eagle3Drafter:
             self._blocks = StaticBlocks(self._static_step, max_len, device, backend)
             # A commit (fc, the step, the draft logits) as one graph per block size, like the step: the update read
             # 1.2 ms a round on the H200 around a compiled step of a fraction of that.
-            self._commits = StaticBlocks(self._static_commit, max_len, device, backend)
+            self._commits = StaticBlocks(self._static_commit, max_len, device, backend, write_at=self.write_at)
             self._chain = ChainGraph(self._static_chain, max_len, device, backend)  # compiled at its first round
         self.length = 0  # committed draft positions
         self.last_hidden: torch.Tensor | None = None  # [1, 1, H] output at the last committed position
         self.last_logits: torch.Tensor | None = None  # [1, V_d]
 
     @torch.no_grad()
-    def precompile(self, max_block: int) -> None:
-        """With ``compile``: compile the step for every block of up to ``max_block`` tokens now (before a prompt)."""
+    def precompile(self, max_block: int, trees: bool = True) -> None:
+        """With ``compile``: compile the commit for every block of up to ``max_block`` tokens now (before a prompt),
+        and with ``trees`` the masked step (tree levels) too."""
         if self._blocks is not None:
             if self.length:
                 raise RuntimeError("precompile writes dummy pairs from slot 0: call it before a prompt")
             self.write_at.fill_(0)
-            self._blocks.precompile(max_block, self.head.config.hidden_size, self.head.fc.weight.dtype)
-            self._commits.precompile(max_block, self.head.fc.in_features, self.head.fc.weight.dtype)
+            if trees:
+                self._blocks.precompile(max_block, self.head.config.hidden_size, self.head.fc.weight.dtype)
+            self._commits.precompile(max_block, self.head.fc.in_features, self.head.fc.weight.dtype, masked=False)
 
     @torch.no_grad()
     def _step(self, hidden: torch.Tensor, tokens: torch.Tensor, start: int, positions: torch.Tensor | None = None,
@@ -89,10 +91,10 @@ class Eagle3Drafter:
 
     def _static_commit(self, aux_hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
                        allowed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``_commit``'s arithmetic for m pairs at static shapes: (the layer's outputs [1, m, H], their draft logits
-        [1, m, V_d])."""
+        """``_commit``'s arithmetic for m pairs at static shapes: (the layer's outputs [1, m, H], the draft logits
+        after the last of them [1, 1, V_d]: the only ones a commit reads)."""
         out = self._static_step(self.head.fc(aux_hidden), tokens, positions, allowed)
-        return out, self._logits(out)
+        return out, self._logits(out[:, -1:])
 
     def _static_step(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
                      allowed: torch.Tensor) -> torch.Tensor:
@@ -138,7 +140,7 @@ class Eagle3Drafter:
         n = next_tokens.shape[1]
         if self._commits is not None:  # StaticBlocks refuses a block past the cache by name
             self.write_at.fill_(self.length)
-            out, logits = self._commits(aux_hidden, next_tokens, *self._chain_block(n, self.length), self.length)
+            out, logits = self._commits.causal(aux_hidden, next_tokens, self.length)
             self.last_logits = logits[:, -1]
         else:
             out = self._step(self.head.fc(aux_hidden), next_tokens, self.length)

@@ -34,8 +34,8 @@ class MedusaDrafter:
         self.logits: torch.Tensor | None = None  # [K, V']: head i's logits for the token after the next one
 
     @torch.no_grad()
-    def precompile(self, max_block: int = 1) -> None:
-        """With ``compile``: compile the heads now (one shape, whatever the block)."""
+    def precompile(self, max_block: int = 1, trees: bool = True) -> None:
+        """With ``compile``: compile the heads now (one shape, whatever the block or shape of draft)."""
         weight = next(self.heads.parameters())
         self._head_logits(torch.zeros(self.heads.config.hidden_size, dtype=weight.dtype, device=weight.device))
 

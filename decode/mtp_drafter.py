@@ -28,15 +28,19 @@ class MTPDrafter:
         self.max_len = max_len
         self.device = head.eh_proj.weight.device
         self.cache = StaticKVCache(1, max_len, self.device) if compile else PositionalKVCache(1, max_len)
-        self._blocks = StaticBlocks(self._static_step, max_len, self.device, backend) if compile else None
+        self._blocks = StaticBlocks(self._static_step, max_len, self.device, backend) if compile else None  # tree levels
+        # A commit (the step and its logits) as one graph per block size, its chain mask built in the graph.
+        self._commits = StaticBlocks(self._static_commit, max_len, self.device, backend, write_at=self.cache.write_at) \
+            if compile else None
         # a greedy chain as one graph, compiled at its first round
         self._chain = ChainGraph(self._static_chain, max_len, self.device, backend) if compile else None
         self.last_hidden: torch.Tensor | None = None  # [1, 1, H] the layer's output at the last committed pair
         self.last_logits: torch.Tensor | None = None  # [V]
 
     @torch.no_grad()
-    def precompile(self, max_block: int) -> None:
-        """With ``compile``: compile the step for every block of up to ``max_block`` tokens now (before a prompt)."""
+    def precompile(self, max_block: int, trees: bool = True) -> None:
+        """With ``compile``: compile the step for every chain block of up to ``max_block`` tokens now (before a
+        prompt), and with ``trees`` for every masked one (tree levels) too."""
         if self._blocks is not None:
             if self.cache.length:
                 raise RuntimeError("precompile writes dummy pairs from slot 0: call it before a prompt")
@@ -47,7 +51,9 @@ class MTPDrafter:
                               torch.zeros(1, 1, dtype=torch.long, device=self.device),
                               torch.zeros(1, 1, dtype=torch.long, device=self.device),
                               self_mask(1, self.max_len, self.device))
-            self._blocks.precompile(max_block, hidden_size, dtype)
+            if trees:
+                self._blocks.precompile(max_block, hidden_size, dtype)
+            self._commits.precompile(max_block, hidden_size, dtype, masked=False)
 
     @torch.no_grad()
     def _step(self, hidden: torch.Tensor, tokens: torch.Tensor, start: int, positions: torch.Tensor | None = None,
@@ -76,6 +82,13 @@ class MTPDrafter:
         x = self.head.fuse(tokens, hidden, positions)
         return self.head.layer(x, positions, additive_mask(allowed, x.dtype), self.cache)
 
+    def _static_commit(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+                       allowed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_commit``'s arithmetic at static shapes: (the layer's outputs [1, m, H], the logits after the last of them
+        [1, 1, V] in fp32: the only ones a commit reads)."""
+        out = self._static_step(hidden, tokens, positions, allowed)
+        return out, self.head.logits(out[:, -1:]).float()
+
     def _static_chain(self, hidden: torch.Tensor, logits: torch.Tensor, steps: int) -> torch.Tensor:
         """``propose`` at static shapes: ``steps`` greedy drafts from the last committed output (hidden [1, 1, H],
         logits [V]), the cache's write slot pointing at the last committed pair; step i writes the next slot, at that
@@ -95,10 +108,17 @@ class MTPDrafter:
     def _commit(self, hidden: torch.Tensor, tokens: torch.Tensor) -> None:
         """Pairs (h_j, x_{j+1}) for the next n positions: hidden [1, n, H], tokens [1, n]."""
         start = self.cache.length
-        out = self._step(hidden, tokens, start)
+        if self._commits is not None:  # (a prompt, at start 0, runs eagerly)
+            if start + tokens.shape[1] > self.max_len:
+                raise ValueError(f"MTP KV cache overflow: {start + tokens.shape[1]} > max_len {self.max_len}")
+            self.cache.begin(start)
+            out, logits = self._commits.causal(hidden, tokens, start)
+            self.last_logits = logits[0, -1]
+        else:
+            out = self._step(hidden, tokens, start)
+            self.last_logits = self.head.logits(out[:, -1:])[0, -1].float()
         self.cache.rollback(start + tokens.shape[1])
         self.last_hidden = out[:, -1:]
-        self.last_logits = self.head.logits(self.last_hidden)[0, -1].float()
 
     def begin(self, prompt_ids: torch.Tensor, states: TargetOutput, next_token: int) -> None:
         self.cache.rollback(0)

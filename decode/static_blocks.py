@@ -59,14 +59,49 @@ def static_address(*buffers: torch.Tensor) -> None:
 class StaticBlocks:
     """Runs ``step(hidden [1, m, W], tokens [1, m], positions [1, m], allowed [m, max_len]) -> out [1, m, ...]`` (or a
     tuple of such) compiled at padded block sizes (prompts eagerly, at their own length), and returns the block's rows
-    of each output."""
+    of each output. With ``write_at`` (the caller's write-slot tensor), ``causal`` runs a chain block -- slot s at
+    rotary position s, seeing every slot up to its own -- with its positions and mask built inside the graph: on a GPU
+    the eager kernels that built them cost more than the graph's replay (a commit: 16-26 of them)."""
 
-    def __init__(self, step: Callable, max_len: int, device: torch.device, backend: str = "inductor") -> None:
+    def __init__(self, step: Callable, max_len: int, device: torch.device, backend: str = "inductor",
+                 write_at: torch.Tensor | None = None) -> None:
         self.step = step
         self.max_len = max_len
         self.device = device
         self.compiled = compile_step(step, device, backend)
         self.sizes: set[int] = set()  # block sizes compiled so far
+        self.write_at = write_at
+        self.compiled_causal = compile_step(self._causal_step, device, backend) if write_at is not None else None
+        self.causal_sizes: set[int] = set()
+
+    def _causal_step(self, hidden: torch.Tensor, tokens: torch.Tensor):
+        m = tokens.shape[1]
+        positions = self.write_at + torch.arange(m, device=tokens.device)
+        allowed = torch.arange(self.max_len, device=tokens.device)[None, :] <= positions[:, None]
+        return self.step(hidden, tokens, positions.view(1, m), allowed)
+
+    def causal(self, hidden: torch.Tensor, tokens: torch.Tensor, start: int) -> torch.Tensor:
+        """A chain block of n tokens at slots [start, start + n), the write slot pointed at ``start``; compiled at n
+        itself, never padded (a graph per size: a commit's step reads the block's last row, which padding would move).
+        Returns the step's output(s)."""
+        n = tokens.shape[1]
+        if self.compiled_causal is None or start == 0 or n > COMPILED_BLOCK:  # eager, with the mask made here
+            allowed = torch.ones(n, start + n, dtype=torch.bool, device=self.device)
+            allowed[:, start:] = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+            return self(hidden, tokens, torch.arange(start, start + n, device=self.device), allowed, start)
+        if start + n > self.max_len:
+            raise ValueError(f"draft KV cache overflow: {start + n} > max_len {self.max_len} (raise --max-len)")
+        # Fresh strides: a slice of a longer block (the last output of a commit) would recompile the graph.
+        hidden, tokens = (t.clone(memory_format=torch.contiguous_format) for t in (hidden, tokens))
+        self.causal_sizes.add(n)
+        if self.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()
+        return self._rows(self.compiled_causal(hidden, tokens), n)
+
+    def _rows(self, out, n: int):
+        """The block's rows of each output; on a GPU copied out, since a CUDA graph's replay overwrites its outputs."""
+        cut = lambda t: t[:, :n].clone() if self.device.type == "cuda" else t[:, :n]  # noqa: E731
+        return tuple(map(cut, out)) if isinstance(out, tuple) else cut(out)
 
     def __call__(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor,
                  start: int) -> torch.Tensor:
@@ -92,24 +127,27 @@ class StaticBlocks:
         self.sizes.add(m)
         if self.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()
-        out = self.compiled(hidden, tokens, positions.view(1, m), full)
-        # the block's rows of each output; on a GPU copied out, since a CUDA graph's replay overwrites its outputs
-        cut = lambda t: t[:, :n].clone() if self.device.type == "cuda" else t[:, :n]  # noqa: E731
-        return tuple(map(cut, out)) if isinstance(out, tuple) else cut(out)
+        return self._rows(self.compiled(hidden, tokens, positions.view(1, m), full), n)
 
-    def precompile(self, max_block: int, width: int, dtype: torch.dtype) -> None:
+    def precompile(self, max_block: int, width: int, dtype: torch.dtype, masked: bool = True) -> None:
         """Compile every block size 1..``max_block`` now (a benchmark's timed rounds then never compile), on dummy
         pairs written from the caller's write slot: point it at 0 before any prompt, whose ``begin`` overwrites them.
-        ``width``: the last dimension of the step's ``hidden`` input."""
+        ``width``: the last dimension of the step's ``hidden`` input. Causal blocks when built with ``write_at``;
+        ``masked``: the masked ones too (trees)."""
         for m in range(1, min(max_block, COMPILED_BLOCK, self.max_len) + 1):
-            if m in self.sizes:
-                continue
-            if self.device.type == "cuda":
-                torch.compiler.cudagraph_mark_step_begin()
-            self.compiled(torch.zeros(1, m, width, dtype=dtype, device=self.device),
-                          torch.zeros(1, m, dtype=torch.long, device=self.device),
-                          torch.arange(m, device=self.device).view(1, m), self_mask(m, self.max_len, self.device))
-            self.sizes.add(m)
+            hidden = torch.zeros(1, m, width, dtype=dtype, device=self.device)
+            tokens = torch.zeros(1, m, dtype=torch.long, device=self.device)
+            if self.compiled_causal is not None and m not in self.causal_sizes:
+                if self.device.type == "cuda":
+                    torch.compiler.cudagraph_mark_step_begin()
+                self.compiled_causal(hidden, tokens)
+                self.causal_sizes.add(m)
+            if masked and m not in self.sizes:
+                if self.device.type == "cuda":
+                    torch.compiler.cudagraph_mark_step_begin()
+                self.compiled(hidden, tokens, torch.arange(m, device=self.device).view(1, m),
+                              self_mask(m, self.max_len, self.device))
+                self.sizes.add(m)
 
 
 class ChainGraph:

@@ -33,8 +33,13 @@ class TargetRunner:
         self.device = next(target.model.parameters()).device
         self.cache = StaticKVCache(target.num_layers, max_len, self.device) if compile else \
             PositionalKVCache(target.num_layers, max_len)
+        # Two kinds of compiled block: a causal one (plain decoding's token, a chain's verify, a draft model's chain
+        # step), whose mask and positions the graph builds from the cache's write slot -- no eager kernels around it
+        # -- and a masked one (trees: a mask, depths and visible slots made by the caller).
         self._compiled = compile_step(self._run, self.device, backend) if compile else None
-        self._sizes: set[int] = set()  # block sizes compiled so far
+        self._causal = compile_step(self._run_causal, self.device, backend) if compile else None
+        self._sizes: set[int] = set()  # masked block sizes compiled so far
+        self._causal_sizes: set[int] = set()
         self._dtype = next(target.model.parameters()).dtype
         # Sliding-window attention (Gemma 2/3, Mistral, Qwen with use_sliding_window): those layers see only
         # keys less than ``window`` positions back. The mask is explicit here, so the window must be in it.
@@ -80,6 +85,8 @@ class TargetRunner:
         start = self.cache.length if start is None else start
         device = input_ids.device
         compiled = self._compiled is not None and start > 0 and n <= COMPILED_BLOCK
+        if compiled and tree_mask is None and depths is None and visible is None:
+            return self._forward_causal(input_ids, start, last_only)
         # A compiled block is padded (``padded_size``); padding attends only to itself and is never attended to, and
         # its cache slots lie past the committed length.
         m = padded_size(self._sizes, n, self.max_len - start) if compiled else n
@@ -110,9 +117,28 @@ class TargetRunner:
             out = self._compiled(input_ids, mask, position_ids)
         else:
             out = self._run(input_ids, mask, position_ids, last_only)
+        return self._outputs(out, n, compiled, last_only)
+
+    def _forward_causal(self, input_ids: torch.Tensor, start: int, last_only: bool) -> tuple[torch.Tensor, TargetOutput]:
+        """A compiled causal block at ``start``: padded to a compiled size; the graph reads the start from the cache's
+        write slot. Padding tokens attend causally too: nothing attends to them and their slots lie past the block."""
+        n = input_ids.shape[1]
+        m = padded_size(self._causal_sizes, n, self.max_len - start)
+        if start + m > self.max_len:
+            raise ValueError(f"KV cache overflow: {start + m} tokens > max_len {self.max_len} (raise --max-len)")
         if m > n:
+            input_ids = torch.cat([input_ids, input_ids.new_zeros(1, m - n)], dim=1)
+        self.cache.begin(start)
+        self._causal_sizes.add(m)
+        if self.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()
+        return self._outputs(self._causal(input_ids), n, True, last_only)
+
+    def _outputs(self, out: tuple, n: int, compiled: bool, last_only: bool) -> tuple[torch.Tensor, TargetOutput]:
+        """The block's n rows of (logits, aux, last), copied out of a CUDA graph's buffers."""
+        if out[0].shape[1] > n:
             out = tuple(t if t is None else t[:, :n] for t in out)
-        if compiled and device.type == "cuda":  # a CUDA graph's outputs are overwritten by its next replay
+        if compiled and self.device.type == "cuda":  # a CUDA graph's outputs are overwritten by its next replay
             out = tuple(t if t is None else t.clone() for t in out)
         logits, aux, last = out
         if last_only:
@@ -120,18 +146,24 @@ class TargetRunner:
         return logits, TargetOutput(aux_hidden_states=aux, last_hidden_state=last)
 
     @torch.no_grad()
-    def precompile(self, sizes: Iterable[int]) -> None:
-        """With ``compile``: compile the forward for blocks of these sizes now, on dummy tokens at slot 0 (call it
-        before a prompt, whose forward overwrites them), so no block compiles mid-generation: a block then runs the
-        smallest compiled size that holds it (a 30-layer target's graph takes ~30 s to compile on a CPU)."""
+    def precompile(self, sizes: Iterable[int], masked: Iterable[int] = ()) -> None:
+        """With ``compile``: compile the forward for causal blocks of ``sizes`` (plain decoding, chains) and masked
+        blocks of ``masked`` (trees) now, on dummy tokens at slot 0 (call it before a prompt, whose forward
+        overwrites them), so no block compiles mid-generation: a block then runs the smallest compiled size of its
+        kind that holds it (a 30-layer target's graph takes ~30 s to compile on a CPU)."""
         if self._compiled is None:
             return
         if self.cache.length:
             raise RuntimeError("precompile writes dummy tokens from slot 0: call it before a prompt, not mid-generation")
         self._allocate()
-        for m in sorted(set(sizes)):
-            if m in self._sizes or not 0 < m <= min(COMPILED_BLOCK, self.max_len):
-                continue
+        fits = lambda m, done: m not in done and 0 < m <= min(COMPILED_BLOCK, self.max_len)  # noqa: E731
+        for m in sorted(m for m in set(sizes) if fits(m, self._causal_sizes)):
+            self.cache.begin(0)
+            if self.device.type == "cuda":
+                torch.compiler.cudagraph_mark_step_begin()
+            self._causal(torch.zeros(1, m, dtype=torch.long, device=self.device))
+            self._causal_sizes.add(m)
+        for m in sorted(m for m in set(masked) if fits(m, self._sizes)):
             slots = torch.arange(m, device=self.device)
             self.cache.begin(0)
             if self.device.type == "cuda":
@@ -155,6 +187,15 @@ class TargetRunner:
                           with_aux=self.with_aux)
         last = out.last_hidden_state
         return self.target.logits(last[:, -1:] if last_only else last), out.aux_hidden_states, last
+
+    def _run_causal(self, input_ids: torch.Tensor):
+        """``_run`` over a causal block at the cache's write slot, its mask and positions built in the graph: token i
+        at position start + i sees every slot up to its own."""
+        m = input_ids.shape[1]
+        positions = self.cache.write_at + torch.arange(m, device=input_ids.device)
+        keys = torch.arange(self.max_len, device=input_ids.device)
+        allowed = keys[None, :] <= positions[:, None]
+        return self._run(input_ids, self._mask(allowed, positions, keys), positions.unsqueeze(0))
 
     def _mask(self, allowed: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.Tensor):
         """The additive mask for every layer, or a {layer type: mask} dict (what HF models with

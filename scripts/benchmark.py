@@ -130,17 +130,19 @@ def main() -> int:
         lengths = [len(path) for path in tree.paths]
         compiled_block = max(compiled_block, max(lengths) + 1, max(lengths.count(n) for n in set(lengths)))
     # The target's blocks: plain decoding's one token and a round's verify block (a chain's k + 1 tokens, a tree's
-    # root and nodes); shorter blocks (a short n-gram match, the last rounds) run padded to the verify block's graph.
-    verify_block = args.num_speculative_tokens + 1 if tree is None else \
-        1 + (tree.total_tokens if isinstance(tree, DynamicTree) else len(tree.paths))
-    runner.precompile([1, verify_block])
+    # root and nodes, a masked block); shorter blocks (a short n-gram match, the last rounds) run padded to the verify
+    # block's graph.
+    if tree is None:
+        runner.precompile([1, args.num_speculative_tokens + 1])
+    else:
+        runner.precompile([1], masked=[1 + (tree.total_tokens if isinstance(tree, DynamicTree) else len(tree.paths))])
     if args.method in HEADS:
         if not args.draft:
             p.error(f"--method {args.method} needs --draft (the head's directory)")
         head = load_head(args.method, args.draft, target, args.allow_other_target).to(device=device, dtype=target.lm_head_weight.dtype)
         if args.compile:  # one drafter for every prompt (begin starts it afresh): its step compiles once, up front
             shared_drafter = drafter_for(head, max_len, compile=True)
-            shared_drafter.precompile(compiled_block)
+            shared_drafter.precompile(compiled_block, trees=tree is not None)
             make = lambda: shared_drafter  # noqa: E731
         else:
             make = lambda: drafter_for(head, max_len)  # noqa: E731
@@ -153,7 +155,7 @@ def main() -> int:
                     "a draft model must share its target's vocabulary")
         draft_model = load_causal_lm(TargetConfig(path=args.draft, dtype=dtype, device=device))
         draft_runner = draft_model_runner(draft_model, max_len, compile=args.compile)  # built once: compiled once
-        draft_runner.precompile(range(1, compiled_block + 1))
+        draft_runner.precompile(range(1, compiled_block + 1), masked=range(1, compiled_block + 1) if tree else ())
         make = lambda: DraftModelDrafter(draft_runner, max_len, vocab_size)  # noqa: E731
         if args.batch_size > 1:  # a Target wrapper hooks the model: only where the batch drafter runs it
             draft_target = as_draft_target(draft_model)
