@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from headstart.decode.static_blocks import ChainGraph, StaticBlocks, static_address
+from headstart.decode.static_blocks import ChainGraph, StaticBlocks, causal_allowed, static_address
 from headstart.decode.tree import ExpandedNodes
 from headstart.models.eagle3 import Eagle3Draft
 from headstart.models.target import TargetOutput
@@ -84,10 +84,8 @@ class Eagle3Drafter:
     def _chain_block(self, n: int, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A chain block's defaults for n pairs at slots [start, start + n): rotary positions start..start+n-1 [n] and
         causal attention to every earlier slot [n, start + n]."""
-        device = self.keys.device
-        allowed = torch.ones(n, start + n, dtype=torch.bool, device=device)
-        allowed[:, start:] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
-        return torch.arange(start, start + n, device=device), allowed
+        positions = torch.arange(start, start + n, device=self.keys.device)
+        return positions, causal_allowed(positions, start + n)
 
     def _static_commit(self, aux_hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
                        allowed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,12 +111,11 @@ class Eagle3Drafter:
         """``_draft``'s greedy chain at static shapes: ``steps`` draft ids (target vocab) from the last committed
         output (hidden [1, 1, H], logits [1, V_d]), step i writing slot ``write_at`` + i at that rotary position and
         attending to every slot up to it -- what ``_step`` does for one pair with its default positions and mask."""
-        slots = torch.arange(self.max_len, device=hidden.device)
         token = self.to_target(logits.argmax(-1))  # [1]
         drafted = [token]
         for i in range(1, steps):
             slot = (self.write_at + i).view(1, 1)
-            allowed = slots.view(1, -1) <= slot  # [1, max_len]
+            allowed = causal_allowed(slot, self.max_len)  # [1, max_len]
 
             def cached(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot=slot, allowed=allowed) -> torch.Tensor:
                 self.keys.index_copy_(2, slot.view(1), k)

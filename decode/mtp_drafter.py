@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from headstart.decode.kv_cache import PositionalKVCache, StaticKVCache
-from headstart.decode.static_blocks import ChainGraph, StaticBlocks, self_mask
+from headstart.decode.static_blocks import ChainGraph, StaticBlocks, causal_allowed, self_mask
 from headstart.models.target import additive_mask
 from headstart.decode.tree import ExpandedNodes
 from headstart.models.mtp import MTPHead
@@ -68,8 +68,7 @@ class MTPDrafter:
         if positions is None:
             positions = torch.arange(start, end, device=self.device)
         if allowed is None:
-            allowed = torch.ones(n, end, dtype=torch.bool, device=self.device)
-            allowed[:, start:] = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+            allowed = causal_allowed(torch.arange(start, end, device=self.device), end)
         self.cache.begin(start)
         if self._blocks is not None:
             return self._blocks(hidden, tokens, positions, allowed, start)
@@ -93,13 +92,12 @@ class MTPDrafter:
         """``propose`` at static shapes: ``steps`` greedy drafts from the last committed output (hidden [1, 1, H],
         logits [V]), the cache's write slot pointing at the last committed pair; step i writes the next slot, at that
         rotary position, attending to every slot up to it -- ``_step``'s default positions and mask for one pair."""
-        slots = torch.arange(self.max_len, device=hidden.device)
         token = logits.argmax(-1).view(1)
         drafted = [token]
         for _ in range(1, steps):
             self.cache.write_at.add_(1)  # the slot after the previous step's
             position = self.cache.write_at.clone().view(1, 1)
-            hidden = self._static_step(hidden, token.view(1, 1), position, slots.view(1, -1) <= position)
+            hidden = self._static_step(hidden, token.view(1, 1), position, causal_allowed(position, self.max_len))
             token = self.head.logits(hidden)[0, -1].argmax(-1).view(1)
             drafted.append(token)
         return torch.cat(drafted)

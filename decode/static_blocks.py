@@ -49,6 +49,11 @@ def self_mask(m: int, max_len: int, device: torch.device) -> torch.Tensor:
     return allowed
 
 
+def causal_allowed(positions: torch.Tensor, keys: int) -> torch.Tensor:
+    """[n, keys] bool, a chain block's mask: the token at slot ``positions[i]`` sees every slot up to its own."""
+    return torch.arange(keys, device=positions.device)[None, :] <= positions.view(-1, 1)
+
+
 def static_address(*buffers: torch.Tensor) -> None:
     """Buffers a compiled step writes in place keep fixed addresses: what CUDA graphs replay against."""
     if not torch.compiler.is_compiling():
@@ -77,8 +82,7 @@ class StaticBlocks:
     def _causal_step(self, hidden: torch.Tensor, tokens: torch.Tensor):
         m = tokens.shape[1]
         positions = self.write_at + torch.arange(m, device=tokens.device)
-        allowed = torch.arange(self.max_len, device=tokens.device)[None, :] <= positions[:, None]
-        return self.step(hidden, tokens, positions.view(1, m), allowed)
+        return self.step(hidden, tokens, positions.view(1, m), causal_allowed(positions, self.max_len))
 
     def causal(self, hidden: torch.Tensor, tokens: torch.Tensor, start: int) -> torch.Tensor:
         """A chain block of n tokens at slots [start, start + n), the write slot pointed at ``start``; compiled at n
@@ -86,9 +90,8 @@ class StaticBlocks:
         Returns the step's output(s)."""
         n = tokens.shape[1]
         if self.compiled_causal is None or start == 0 or n > COMPILED_BLOCK:  # eager, with the mask made here
-            allowed = torch.ones(n, start + n, dtype=torch.bool, device=self.device)
-            allowed[:, start:] = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
-            return self(hidden, tokens, torch.arange(start, start + n, device=self.device), allowed, start)
+            positions = torch.arange(start, start + n, device=self.device)
+            return self(hidden, tokens, positions, causal_allowed(positions, start + n), start)
         if start + n > self.max_len:
             raise ValueError(f"draft KV cache overflow: {start + n} > max_len {self.max_len} (raise --max-len)")
         # Fresh strides: a slice of a longer block (the last output of a commit) would recompile the graph.

@@ -16,7 +16,7 @@ from typing import Iterable
 import torch
 
 from headstart.decode.kv_cache import PositionalKVCache, RaggedKVCache, StaticKVCache, ragged_block
-from headstart.decode.static_blocks import COMPILED_BLOCK, compile_step, padded_size, self_mask
+from headstart.decode.static_blocks import COMPILED_BLOCK, causal_allowed, compile_step, padded_size, self_mask
 from headstart.models.target import Target, TargetOutput, additive_mask
 
 
@@ -194,8 +194,8 @@ class TargetRunner:
         m = input_ids.shape[1]
         positions = self.cache.write_at + torch.arange(m, device=input_ids.device)
         keys = torch.arange(self.max_len, device=input_ids.device)
-        allowed = keys[None, :] <= positions[:, None]
-        return self._run(input_ids, self._mask(allowed, positions, keys), positions.unsqueeze(0))
+        mask = self._mask(causal_allowed(positions, self.max_len), positions, keys)
+        return self._run(input_ids, mask, positions.unsqueeze(0))
 
     def _mask(self, allowed: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.Tensor):
         """The additive mask for every layer, or a {layer type: mask} dict (what HF models with
