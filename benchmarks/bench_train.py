@@ -84,15 +84,20 @@ def main() -> None:
     p.add_argument("--deal", nargs="+", choices=["cost", "stream"], default=["cost"],
                    help="how a packed step's rows go to ranks and micro-batches, measured in turn: by cost (the "
                         "trainer's way) or B consecutive rows each (before); padded batches always take consecutive rows")
+    p.add_argument("--compile", nargs="+", choices=["recipe", "off", "on"], default=["recipe"],
+                   help="train.compile settings to measure in turn (the head's parts through torch.compile)")
     p.add_argument("--out", default=None, help="append the result to this markdown file")
     args, overrides = p.parse_known_args()
     config = load_config(args.config, overrides + ["--output_dir=runs/bench-train", "--logging.progress=false"])
     rows = {}
-    for layout in args.layouts:
-        data = config.data if layout == "recipe" else dataclasses.replace(config.data, packing=layout == "packed")
-        for deal in args.deal if data.packing else ["stream"]:  # padded batches are never dealt (trainer/loop.py)
-            rows["packed" if data.packing else "padded", deal] = measure(dataclasses.replace(config, data=data),
-                                                                         args.steps, args.warmup, deal)
+    for compiled in args.compile:
+        train = config.train if compiled == "recipe" else dataclasses.replace(config.train, compile=compiled == "on")
+        for layout in args.layouts:
+            data = config.data if layout == "recipe" else dataclasses.replace(config.data, packing=layout == "packed")
+            for deal in args.deal if data.packing else ["stream"]:  # padded batches are never dealt (trainer/loop.py)
+                torch._dynamo.reset()  # each run's head compiles afresh (its compile time is in the warm-up)
+                rows["packed" if data.packing else "padded", deal, train.compile] = measure(
+                    dataclasses.replace(config, data=data, train=train), args.steps, args.warmup, deal)
     info = next(iter(rows.values()))["info"]
     t, d = config.train, config.data
     options = ", ".join(f"{f.name} {getattr(config.draft.options, f.name)}" for f in dataclasses.fields(config.draft.options))
@@ -103,18 +108,26 @@ def main() -> None:
         f"{args.warmup} warm-up, each layout on the same steps' sequences. tokens = the sequences' real tokens; "
         "slots / token = batch positions (padding included) per real token; rows dealt = how a step's rows go to "
         "ranks and micro-batches (by cost: level work, packed only, trainer/batches.py; stream: B consecutive rows each).\n\n"
-        "| tokens/s (all ranks) | layout | rows dealt | step time | target forward alone | step / target forward | slots / token |\n"
-        "|---|---|---|---|---|---|---|\n"
-        + "".join(f"| {r['tok_s']:,.0f} | {layout} | {'by cost' if deal == 'cost' else 'stream'} | {r['step'] * 1e3:.0f} ms | "
-                  f"{r['fwd'] * 1e3:.0f} ms | {r['step'] / r['fwd']:.1f}x | {r['slots_per_token']:.2f} |\n"
-                  for (layout, deal), r in rows.items())
+        "head parts compiled = train.compile (models/train_compile.py; the target's forward stays eager in both).\n\n"
+        "| tokens/s (all ranks) | layout | rows dealt | head parts compiled | step time | target forward alone | "
+        "step / target forward | slots / token |\n"
+        "|---|---|---|---|---|---|---|---|\n"
+        + "".join(f"| {r['tok_s']:,.0f} | {layout} | {'by cost' if deal == 'cost' else 'stream'} | {'yes' if c else 'no'} | "
+                  f"{r['step'] * 1e3:.0f} ms | {r['fwd'] * 1e3:.0f} ms | {r['step'] / r['fwd']:.1f}x | {r['slots_per_token']:.2f} |\n"
+                  for (layout, deal, c), r in rows.items())
     )
-    for deal in args.deal:
-        if ("padded", "stream") in rows and ("packed", deal) in rows:
-            body += (f"\npacked ({'by cost' if deal == 'cost' else 'stream'}) / padded tokens/s: "
-                     f"**{rows['packed', deal]['tok_s'] / rows['padded', 'stream']['tok_s']:.2f}x**\n")
-    if ("packed", "cost") in rows and ("packed", "stream") in rows:
-        body += f"\npacked, by cost / stream tokens/s: **{rows['packed', 'cost']['tok_s'] / rows['packed', 'stream']['tok_s']:.2f}x**\n"
+    for c in sorted({c for *_, c in rows}):
+        for deal in args.deal:
+            if ("padded", "stream", c) in rows and ("packed", deal, c) in rows:
+                body += (f"\npacked ({'by cost' if deal == 'cost' else 'stream'}) / padded tokens/s"
+                         f"{', compiled' if c else ''}: **{rows['packed', deal, c]['tok_s'] / rows['padded', 'stream', c]['tok_s']:.2f}x**\n")
+        if ("packed", "cost", c) in rows and ("packed", "stream", c) in rows:
+            body += (f"\npacked, by cost / stream tokens/s{', compiled' if c else ''}: "
+                     f"**{rows['packed', 'cost', c]['tok_s'] / rows['packed', 'stream', c]['tok_s']:.2f}x**\n")
+    for (layout, deal, c), r in rows.items():
+        if c and (layout, deal, False) in rows:
+            body += (f"\n{layout} ({'by cost' if deal == 'cost' else 'stream'}), compiled / eager tokens/s: "
+                     f"**{r['tok_s'] / rows[layout, deal, False]['tok_s']:.2f}x**\n")
     print(body)
     if args.out and info.is_main:
         append_section(args.out, "Online training throughput", body)

@@ -283,6 +283,8 @@ class Eagle3Draft(nn.Module):
 
     needs = FeatureNeeds(aux_hidden_states=True, draft_vocab_logits=True)
     layouts = ("flat", "speculators")  # docs/FORMATS.md sections A and B; the first is the default
+    compiled = ("midlayer.attn_input", "midlayer.self_attn.qkv", "midlayer.finish", "norm")
+    """What ``train.compile`` compiles (models/train_compile.py): the draft step around its attention, the final norm."""
     skip_untrained = True
     """The loss runs TTT steps 1.. only at the positions they are trained at (``unroll_hidden``'s ``needed``); False
     runs them everywhere (the same loss and gradients, more work: tests/test_eagle3.py holds them equal)."""

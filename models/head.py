@@ -128,6 +128,9 @@ class DraftHead(Protocol):
     def export_state_dict(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """The tensors a server loads, under its names (from ``state``, a gathered state dict, if given)."""
 
+    compiled: ClassVar[tuple[str, ...]]
+    """Dotted paths of the parts ``train.compile`` runs through ``torch.compile`` (models/train_compile.py)."""
+
     layouts: tuple[str, ...]
     """The checkpoint layouts ``save_pretrained`` writes (and ``load`` reads); the first is the default."""
 

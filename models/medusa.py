@@ -151,6 +151,8 @@ class MedusaHeads(nn.Module):
 
     needs = FeatureNeeds(last_hidden_state=True)
     layouts = ("vllm",)  # docs/FORMATS.md section C
+    compiled = ("blocks",)
+    """What ``train.compile`` compiles (models/train_compile.py): each head's residual block."""
 
     def __init__(self, config: MedusaConfig, step_weight: float = 0.8, labels: str = "target",
                  chunk_tokens: int = 1024, divergence: str = "kl") -> None:

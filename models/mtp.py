@@ -122,6 +122,8 @@ class MTPHead(nn.Module):
     """One MTP layer. ``layer_cls``, ``norm_cls`` and ``rotary_cls`` are the target's own HF classes."""
 
     needs = FeatureNeeds(last_hidden_state=True)
+    compiled = ("fuse", "norm", "block.input_layernorm", "block.post_attention_layernorm", "block.mlp")
+    """What ``train.compile`` compiles (models/train_compile.py): the fusion and the block around its attention."""
 
     def __init__(self, config: MTPConfig, target_config, layer_cls: type, norm_cls: type, rotary_cls: type,
                  unroll: int = 3, step_weight: float = 0.8, chunk_tokens: int = 1024, divergence: str = "kl") -> None:

@@ -83,16 +83,25 @@ def test_bench_train_runs_and_reports_the_step_cost(tmp_path):
                            "--out", str(tmp_path / "B.md"), *overrides], capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     table = (tmp_path / "B.md").read_text()
-    assert ("| tokens/s (all ranks) | layout | rows dealt | step time | target forward alone | step / target forward | "
-            "slots / token |") in table
+    assert ("| tokens/s (all ranks) | layout | rows dealt | head parts compiled | step time | target forward alone | "
+            "step / target forward | slots / token |") in table
     rows = {(r.split("|")[2].strip(), r.split("|")[3].strip()): r.split("|") for r in table.splitlines()
             if r.startswith("| ") and "ms |" in r}
     assert set(rows) == {("padded", "stream"), ("packed", "by cost"), ("packed", "stream")}  # padded is never dealt
     for row in rows.values():
-        assert float(row[1].replace(",", "")) > 0 and row[6].strip().endswith("x") and float(row[7]) >= 1.0
+        assert float(row[1].replace(",", "")) > 0 and row[4].strip() == "no"
+        assert row[7].strip().endswith("x") and float(row[8]) >= 1.0
     # Packing never adds padding: at most the padded layout's slots per token.
-    assert float(rows["packed", "by cost"][7]) <= float(rows["padded", "stream"][7])
+    assert float(rows["packed", "by cost"][8]) <= float(rows["padded", "stream"][8])
     assert "packed (by cost) / padded tokens/s:" in table and "packed, by cost / stream tokens/s:" in table
+    # train.compile measured against eager in the same run: a row each, and their ratio.
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_train.py"), "--config", str(REPO / "configs/demo/eagle3.yaml"),
+                           "--steps", "2", "--warmup", "1", "--layouts", "packed", "--compile", "off", "on",
+                           "--out", str(tmp_path / "C.md"), *overrides], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = (tmp_path / "C.md").read_text()
+    compiled = sorted(r.split("|")[4].strip() for r in table.splitlines() if r.startswith("| ") and "ms |" in r)
+    assert compiled == ["no", "yes"] and "packed (by cost), compiled / eager tokens/s: **" in table
 
 
 def test_profile_step_splits_a_step_into_its_parts(tmp_path):

@@ -69,6 +69,9 @@ class TrainConfig:
     decode_eval_k: int = DEFAULT_SPECULATIVE_TOKENS
     mixed_precision: str = "auto"
     """auto (bf16 autocast on GPU, fp32 on CPU) | bf16 | fp32."""
+    compile: bool = False
+    """The head's pure tensor parts (each head's ``compiled``) through torch.compile, dynamic shapes: fewer, fused
+    kernels where a GPU step is launch-bound; no gain on a CPU. The FSDP backend (models/train_compile.py)."""
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from headstart.models.provenance import fingerprint
 from headstart.models.registry import build_head
 from headstart.models.target import Target, _dtype, load_tokenizer
 from headstart.models.target_matrices import TargetMatrices
+from headstart.models.train_compile import compile_parts
 from headstart.trainer.batches import split_eval
 from headstart.trainer.config import RunConfig, to_dict
 from headstart.trainer.data import build_dataset, default_cache_dir
@@ -79,6 +80,13 @@ def build_trainer(config: RunConfig, info: DistInfo | None = None) -> Trainer:
         if config.parallel.backend != "fsdp":
             raise ValueError("parallel.shard_target is only supported with parallel.backend=fsdp")
         shard_frozen_layers(list(target.layers))
+    if config.train.compile:
+        if config.parallel.backend != "fsdp":
+            raise ValueError("train.compile runs with parallel.backend=fsdp; DeepSpeed wraps the head's parameters in "
+                             "its own way and has not been run with compiled parts")
+        compiled = compile_parts(head, type(head).compiled)
+        if info.is_main:
+            print(f"train.compile: {', '.join(compiled)} through torch.compile", flush=True)
     decode_eval = None
     if config.train.decode_eval_prompts > 0:
         if eval_data is None:

@@ -1,0 +1,65 @@
+"""``train.compile``: each head's named parts through torch.compile give the eager loss and gradients, on packed
+and padded batches of different lengths (dynamic shapes), and a compiled run trains as the eager one does."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+from trainer_fixtures import make_setup
+
+from headstart.models.train_compile import compile_parts
+from headstart.trainer.batches import collate
+from headstart.trainer.config import load_config
+from headstart.trainer.run import build_trainer
+
+
+def _loss_and_grads(head, f):
+    head.zero_grad(set_to_none=True)
+    loss, metrics = head.loss(f)
+    loss.backward()
+    return loss.detach(), metrics, {n: p.grad.clone() for n, p in head.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("head_name", ["eagle3", pytest.param("medusa", marks=pytest.mark.slow),
+                                       pytest.param("mtp", marks=pytest.mark.slow)])
+def test_compiled_parts_give_the_eager_loss_and_gradients(tmp_path, head_name):
+    trainer = build_trainer(load_config(None, make_setup(tmp_path, head=head_name)))
+    head = trainer.backend.module
+    batches = [collate(trainer.train_data, [0, 1, 2, 3, 4], pack_tokens=120), collate(trainer.train_data, [5, 6, 7])]
+    features = [trainer.features(b) for b in batches]
+    assert features[0].input_ids.shape[1] != features[1].input_ids.shape[1]  # two lengths: one dynamic compile
+    eager = [_loss_and_grads(head, f) for f in features]
+    torch._dynamo.reset()
+    counters.clear()
+    done = compile_parts(head, type(head).compiled)
+    assert done and set(done) <= set(type(head).compiled)
+    compiled = [_loss_and_grads(head, f) for f in features]
+    assert counters["stats"]["unique_graphs"] >= len(done)  # the parts really ran compiled
+    for (l1, m1, g1), (l2, m2, g2) in zip(eager, compiled):
+        torch.testing.assert_close(l2, l1, atol=1e-5, rtol=1e-5)
+        assert {k: v for k, v in m1.items() if "correct" in k} == {k: v for k, v in m2.items() if "correct" in k}
+        assert g1.keys() == g2.keys() and g1
+        for name in g1:
+            torch.testing.assert_close(g2[name], g1[name], atol=1e-5, rtol=1e-4, msg=name)
+    # Parameter names (what checkpoints and exports read) are the eager head's.
+    assert all("_orig_mod" not in n for n, _ in head.named_parameters())
+
+
+def test_a_compiled_run_trains_as_the_eager_one(tmp_path):
+    overrides = make_setup(tmp_path) + ["--train.max_steps=2"]
+    eager = build_trainer(load_config(None, [*overrides, f"--output_dir={tmp_path / 'eager'}"]))
+    torch._dynamo.reset()
+    compiled = build_trainer(load_config(None, [*overrides, f"--output_dir={tmp_path / 'compiled'}", "--train.compile=true"]))
+    for _ in range(2):
+        a, b = eager.train_step(), compiled.train_step()
+        eager.step += 1
+        compiled.step += 1
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-5)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+
+
+def test_compile_is_refused_with_deepspeed(tmp_path):
+    overrides = make_setup(tmp_path) + ["--train.compile=true", "--parallel.backend=deepspeed"]
+    with pytest.raises(ValueError, match="train.compile runs with parallel.backend=fsdp"):
+        build_trainer(load_config(None, overrides))
