@@ -55,7 +55,8 @@ def main() -> None:
             trainer.train_step()
             trainer.step += 1
     step_flops, forward_flops = [], []
-    for _ in range(args.flop_steps):
+    offline = config.features.path is not None  # no target in the process: nothing to compare the FLOPs with
+    for _ in range(0 if offline else args.flop_steps):
         batches = next_batches(trainer)
         with FlopCounterMode(display=False) as forward:
             target_forward(trainer, batches)
@@ -97,9 +98,10 @@ def main() -> None:
             f"{'packed' if d.packing else 'padded'} batches, target dtype {config.target.dtype}; {args.steps} steps "
             f"profiled after one warm-up, host wall time per step (ops: {'device' if device_time else 'host'} time).\n\n"
             + "\n".join(lines) + "\n\n" + "\n".join(op_lines) + "\n\n"
-            f"FLOPs of {args.flop_steps} steps / FLOPs of the target's own forward on their batches (matrix products): "
-            f"{sum(step_flops) / 1e9:,.3f} / {sum(forward_flops) / 1e9:,.3f} GFLOP = **{sum(step_flops) / sum(forward_flops):.2f}x** "
-            f"(a step's own: median {statistics.median(ratios):.2f}x, {min(ratios):.2f}x-{max(ratios):.2f}x)\n")
+            + ("" if not ratios else  # an offline run has no target forward to compare with
+               f"FLOPs of {args.flop_steps} steps / FLOPs of the target's own forward on their batches (matrix products): "
+               f"{sum(step_flops) / 1e9:,.3f} / {sum(forward_flops) / 1e9:,.3f} GFLOP = **{sum(step_flops) / sum(forward_flops):.2f}x** "
+               f"(a step's own: median {statistics.median(ratios):.2f}x, {min(ratios):.2f}x-{max(ratios):.2f}x)\n"))
     print(body)
     if args.out:
         append_section(args.out, f"Where a training step goes: {config.draft.head}", body)
