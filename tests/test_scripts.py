@@ -155,6 +155,24 @@ def test_profile_step_splits_a_step_into_its_parts(tmp_path):
     assert float(low) <= float(median) <= float(high) and float(low) - 0.01 <= float(ratio) <= float(high) + 0.01
 
 
+def test_profile_step_runs_from_stored_features(tmp_path):
+    """An offline run has no target in the process: its step is profiled, the FLOP comparison left out (it crashed)."""
+    from trainer_fixtures import make_setup
+
+    from headstart.scripts import generate_features
+    from headstart.trainer.config import load_config
+
+    store = tmp_path / "store"
+    overrides = make_setup(tmp_path) + [f"--features.path={store}"]
+    generate_features.generate(load_config(None, overrides))
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "profile_step.py"), "--config", str(REPO / "configs/demo/eagle3.yaml"),
+                           "--steps", "1", "--out", str(tmp_path / "B.md"), *overrides],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = (tmp_path / "B.md").read_text()
+    assert "Offline eagle3 training" in text and "| step: head backward |" in text and "FLOPs of" not in text
+
+
 def test_heldout_tau_runs_any_head_and_counts_like_the_decoder(tmp_path):
     """benchmarks/heldout_tau.py on a just-trained tiny Medusa head: tau = tokens / forwards of the real decoder."""
     import re
