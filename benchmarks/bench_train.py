@@ -108,7 +108,8 @@ def main() -> None:
     body = (
         f"Online {config.draft.head} training ({options}), batch {t.batch_size} sequences x {t.grad_accum} accum x "
         f"{info.world_size} ranks, max length {d.max_length}, packed rows of at most {d.tokens_per_batch or t.batch_size * d.max_length} tokens, "
-        f"target dtype {config.target.dtype}, backend {config.parallel.backend}; median of {args.steps} steps after "
+        f"target dtype {config.target.dtype}, backend {config.parallel.backend}, features prefetched "
+        f"{'on a worker thread' if t.prefetch else 'no'}; median of {args.steps} steps after "
         f"{args.warmup} warm-up, each layout on the same steps' sequences. tokens = the sequences' real tokens; "
         "slots / token = batch positions (padding included) per real token; rows dealt = how a step's rows go to "
         "ranks and micro-batches (by cost: level work, packed only, trainer/batches.py; stream: B consecutive rows each).\n\n"

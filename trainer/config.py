@@ -69,6 +69,9 @@ class TrainConfig:
     decode_eval_k: int = DEFAULT_SPECULATIVE_TOKENS
     mixed_precision: str = "auto"
     """auto (bf16 autocast on GPU, fp32 on CPU) | bf16 | fp32."""
+    prefetch: bool = False
+    """Compute the next micro-batch's features (the target's forward, or the store's read) on a worker thread while
+    the head trains on this one (trainer/prefetch.py). Not with a sharded target on several ranks."""
     compile: bool = False
     """The head's pure tensor parts (each head's ``compiled``) through torch.compile, dynamic shapes: fewer, fused
     kernels where a GPU step is launch-bound; no gain on a CPU. The FSDP backend (models/train_compile.py)."""

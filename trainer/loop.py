@@ -27,6 +27,7 @@ from headstart.trainer.config import RunConfig
 from headstart.trainer.distributed import DistInfo, all_reduce_sum
 from headstart.trainer.feature_store import REBUILD, CorruptShardError
 from headstart.trainer.metrics import MetricsLogger
+from headstart.trainer.prefetch import FeaturePrefetch
 from headstart.trainer.progress import progress_bar
 from headstart.trainer.run_dir import RunDirectory, run_identity
 
@@ -72,6 +73,9 @@ class Trainer:
                               max_tokens=t.batch_size * config.data.max_length)
         self.step = 0
         self.tokens_seen = 0
+        # The target's forward is collective when its layers are sharded: it stays on the thread of the other collectives.
+        sharded_target = config.parallel.shard_target and info.world_size > 1
+        self.prefetch = FeaturePrefetch(info.device) if t.prefetch and not sharded_target else None
         self.target_fingerprint: dict | None = None  # set by build_trainer: checkpoints record it
 
     # -- checkpoints ----------------------------------------------------------------------------
@@ -116,10 +120,13 @@ class Trainer:
 
     # -- training -------------------------------------------------------------------------------
     def forward_backward(self, batch: dict[str, torch.Tensor], last_micro: bool, denominator: float,
-                         full_metrics: bool = True) -> dict[str, float]:
+                         full_metrics: bool = True, micro: int = 0) -> dict[str, float]:
         # The scopes name the parts of a step for torch.profiler (benchmarks/profile_step.py); free otherwise.
         with record_function("step: features"):
-            features = self.features(batch)
+            features = self.prefetch.take((self.step, micro)) if self.prefetch else None
+            if features is None:
+                features = self.features(batch)
+        self._prefetch_after(micro)
         features.loss_denominator = denominator
         features.full_metrics = full_metrics
         with autocast_context(self.config.train.mixed_precision, self.info.device), record_function("step: head forward"):
@@ -145,12 +152,26 @@ class Trainer:
         denominator = max(trained, 1.0) / (accum * self.info.world_size)
         # Top-5 and sum min(p, q) cost a pass over the logits each (~4% of a SmolLM2 step): only for the logged steps.
         logged = self.logs(self.step + 1)
-        micro_metrics = [self.forward_backward(b, micro == accum - 1, denominator, logged) for micro, b in enumerate(batches)]
+        micro_metrics = [self.forward_backward(b, micro == accum - 1, denominator, logged, micro)
+                         for micro, b in enumerate(batches)]
+        if self.prefetch:
+            self.prefetch.wait()  # the worker is idle outside a step: evaluation and checkpoints have the target alone
         with record_function("step: optimizer"):
             grad_norm = self.backend.step()
         metrics = self._reduce(micro_metrics)
         metrics.update(grad_norm=grad_norm, lr=self.backend.lr, epoch=self.plan.epoch_of(self.step + 1))
         return metrics
+
+    def _prefetch_after(self, micro: int) -> None:
+        """Start the features of the micro-batch after (this step, ``micro``) on the prefetch worker: the next of
+        this step's, or the next step's first."""
+        if not self.prefetch:
+            return
+        step, micro = (self.step, micro + 1) if micro + 1 < self.config.train.grad_accum else (self.step + 1, 0)
+        if step >= self.config.train.max_steps:
+            return
+        batch = self.batch(self.train_data, self.plan.rows(step, micro))  # collated here: the plan stays one thread's
+        self.prefetch.start((step, micro), lambda: self.features(batch))
 
     def logs(self, step: int) -> bool:
         """Whether the train metrics of ``step`` (counted from 1) go to metrics.jsonl / wandb."""
