@@ -4,6 +4,8 @@ through it -- builds, exports, detection, the drafter and the card agree for eve
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import re
 import subprocess
 from pathlib import Path
@@ -45,6 +47,10 @@ def test_each_head_builds_exports_is_detected_loads_and_decodes_through_its_entr
     small = {"draft_vocab_size": 48} if "draft_vocab_size" in {f.name for f in dataclasses.fields(spec.options)} else {}
     head = build_head(DraftConfig(head=name, options=spec.options(**small)), target, counts)
     assert isinstance(head, DraftHead) and spec_of(head) is spec
+    # train.compile's parts: each a module, a list of modules or a method of this head (models/train_compile.py)
+    for path in type(head).compiled:
+        part = functools.reduce(getattr, path.split("."), head)
+        assert isinstance(part, torch.nn.Module) or inspect.ismethod(part), (name, path)
     export_head(head, tmp_path / "out", name, fingerprint(target_dir))
     layout = head.layouts[0]
     assert layout in spec.cards  # every layout a head writes has a card
