@@ -53,9 +53,9 @@ def measure(config, steps: int, warmup: int, deal: str = "cost") -> dict:
     step_s, target_s, tokens, slots = [], [], [], []
     for i in range(warmup + steps):
         batches = next_batches(trainer)
-        # Untimed first: a batch's new shapes cost their first call (on a GPU, the caching allocator's new blocks:
-        # 77-87 ms against 30-33 ms warm for SmolLM2 on an H200), which is not the forward's cost -- and the step,
-        # whose own forward comes second, never pays it either.
+        # Untimed first: a batch's new shapes can cost their first call more (on an H200 the same forward measured
+        # 77-87 ms in the first trainer of a process and 30-33 ms in the second; the caching allocator's new blocks
+        # are a likely cause, not tested), which is not the forward's cost -- and the step's own forward comes second.
         target_forward(trainer, batches)
         _sync()
         t0 = time.perf_counter()

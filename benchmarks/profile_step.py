@@ -45,7 +45,9 @@ def main() -> None:
     p.add_argument("--flop-steps", type=int, default=10, help="steps whose FLOPs are counted (after the profiled ones)")
     p.add_argument("--out", default=None, help="append the tables to this markdown file")
     args, overrides = p.parse_known_args()
-    config = load_config(args.config, overrides + ["--output_dir=runs/profile-step", "--logging.progress=false"])
+    # Features prefetched on a worker thread would hide from the scopes and from FlopCounterMode (thread-local).
+    config = load_config(args.config, overrides + ["--output_dir=runs/profile-step", "--logging.progress=false",
+                                                   "--train.prefetch=false"])
     trainer = build_trainer(config)
     trainer.train_step()  # warm-up
     trainer.step += 1

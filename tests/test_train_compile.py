@@ -3,6 +3,8 @@ and padded batches of different lengths (dynamic shapes), and a compiled run tra
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -44,19 +46,48 @@ def test_compiled_parts_give_the_eager_loss_and_gradients(tmp_path, head_name):
             torch.testing.assert_close(g2[name], g1[name], atol=1e-5, rtol=1e-4, msg=name)
     # Parameter names (what checkpoints and exports read) are the eager head's.
     assert all("_orig_mod" not in n for n, _ in head.named_parameters())
+    # A copy (the decode evaluation's, a user's) runs its own weights, not this head's; compiling again is a no-op.
+    twin = copy.deepcopy(head)
+    for path in done:
+        *parents, leaf = path.split(".")
+        owner, twin_owner = head, twin
+        for part in parents:
+            owner, twin_owner = getattr(owner, part), getattr(twin_owner, part)
+        method = getattr(twin_owner, leaf)
+        if not isinstance(method, torch.nn.Module):
+            assert method.__self__ is twin_owner and getattr(owner, leaf).__self__ is owner, path
+    assert compile_parts(head, type(head).compiled) == done and counters["stats"]["unique_graphs"] >= len(done)
+
+
+def test_a_path_through_no_module_or_naming_nothing_is_refused(tmp_path):
+    trainer = build_trainer(load_config(None, make_setup(tmp_path)))
+    head = trainer.backend.module
+    with pytest.raises(ValueError, match="'nothing' is not a module of the head"):
+        compile_parts(head, ["nothing.finish"])
+    with pytest.raises(ValueError, match="names no part of this head"):
+        compile_parts(head, ["midlayer.no_such_part"])
+    with pytest.raises(TypeError, match="neither a module nor a method"):
+        compile_parts(head, ["midlayer.self_attn.block"])  # an int
 
 
 def test_a_compiled_run_trains_as_the_eager_one(tmp_path):
-    overrides = make_setup(tmp_path) + ["--train.max_steps=2"]
+    overrides = make_setup(tmp_path) + ["--train.max_steps=2", "--train.decode_eval_prompts=1",
+                                        "--train.decode_eval_max_new_tokens=8"]
     eager = build_trainer(load_config(None, [*overrides, f"--output_dir={tmp_path / 'eager'}"]))
     torch._dynamo.reset()
+    counters.clear()
     compiled = build_trainer(load_config(None, [*overrides, f"--output_dir={tmp_path / 'compiled'}", "--train.compile=true"]))
+    head = compiled.backend.module
+    assert hasattr(head.midlayer.finish.__func__, "_torchdynamo_orig_callable")  # the recipe's parts, compiled
+    assert "finish" not in vars(compiled.decode_eval.head.midlayer)  # the evaluation's copy was taken before: eager
     for _ in range(2):
         a, b = eager.train_step(), compiled.train_step()
         eager.step += 1
         compiled.step += 1
         assert b["loss"] == pytest.approx(a["loss"], abs=1e-5)
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+    assert counters["stats"]["unique_graphs"] >= 4  # the compiled parts ran
+    assert compiled.decode_eval(compiled.backend.full_state_dict())["decode_tau"] >= 1.0
 
 
 def test_compile_is_refused_with_deepspeed(tmp_path):

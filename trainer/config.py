@@ -71,7 +71,9 @@ class TrainConfig:
     """auto (bf16 autocast on GPU, fp32 on CPU) | bf16 | fp32."""
     prefetch: bool = False
     """Compute the next micro-batch's features (the target's forward, or the store's read) on a worker thread while
-    the head trains on this one (trainer/prefetch.py). Not with a sharded target on several ranks."""
+    the head trains on this one (trainer/prefetch.py). Peak memory grows by the target's forward (activations and
+    features) of one micro-batch during the head's backward. Not with a sharded target on several ranks (a warning;
+    the run goes on without it)."""
     compile: bool = False
     """The head's pure tensor parts (each head's ``compiled``) through torch.compile, dynamic shapes: fewer, fused
     kernels where a GPU step is launch-bound; no gain on a CPU. The FSDP backend (models/train_compile.py)."""

@@ -47,6 +47,12 @@ def autocast_context(mixed_precision: str, device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else contextlib.nullcontext()
 
 
+def prefetch_key(batch: dict[str, torch.Tensor]) -> tuple[int, ...]:
+    """What names a micro-batch's features for ``train.prefetch``: its dataset rows (a step's rows change with the
+    plan -- a resume, another world size -- and a key of them cannot go stale)."""
+    return tuple(batch["row"].tolist())
+
+
 class Trainer:
     def __init__(
         self,
@@ -74,7 +80,10 @@ class Trainer:
         self.step = 0
         self.tokens_seen = 0
         # The target's forward is collective when its layers are sharded: it stays on the thread of the other collectives.
-        sharded_target = config.parallel.shard_target and info.world_size > 1
+        sharded_target = config.parallel.shard_target and info.world_size > 1 and config.features.path is None
+        if t.prefetch and sharded_target and info.is_main:
+            warnings.warn("train.prefetch is off: parallel.shard_target makes the target's forward collective, and "
+                          "collectives stay on the training thread", stacklevel=2)
         self.prefetch = FeaturePrefetch(info.device) if t.prefetch and not sharded_target else None
         self.target_fingerprint: dict | None = None  # set by build_trainer: checkpoints record it
 
@@ -123,7 +132,7 @@ class Trainer:
                          full_metrics: bool = True, micro: int = 0) -> dict[str, float]:
         # The scopes name the parts of a step for torch.profiler (benchmarks/profile_step.py); free otherwise.
         with record_function("step: features"):
-            features = self.prefetch.take((self.step, micro)) if self.prefetch else None
+            features = self.prefetch.take(prefetch_key(batch)) if self.prefetch else None
             if features is None:
                 features = self.features(batch)
         self._prefetch_after(micro)
@@ -171,7 +180,7 @@ class Trainer:
         if step >= self.config.train.max_steps:
             return
         batch = self.batch(self.train_data, self.plan.rows(step, micro))  # collated here: the plan stays one thread's
-        self.prefetch.start((step, micro), lambda: self.features(batch))
+        self.prefetch.start(prefetch_key(batch), lambda: self.features(batch))
 
     def logs(self, step: int) -> bool:
         """Whether the train metrics of ``step`` (counted from 1) go to metrics.jsonl / wandb."""
@@ -245,9 +254,13 @@ class Trainer:
             bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc0=f"{metrics.get('acc_0', 0):.3f}", tok_s=f"{tok_s:,.0f}",
                             mem=f"{metrics['peak_mem_gib']:.1f}G", refresh=False)  # shown by update's (throttled) redraw
             bar.update(1)
-            if t.eval_every and self.step % t.eval_every == 0 and self.step < t.max_steps:
+            evaluates = t.eval_every and self.step % t.eval_every == 0 and self.step < t.max_steps
+            saves = self.step % t.save_every == 0 and self.step < t.max_steps
+            if self.prefetch and (evaluates or saves):
+                self.prefetch.drop()  # not held through them (the next step computes its own)
+            if evaluates:
                 self._log_eval()
-            if self.step % t.save_every == 0 and self.step < t.max_steps:
+            if saves:
                 self.save()
         bar.close()
         final_eval = None

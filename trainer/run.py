@@ -80,13 +80,6 @@ def build_trainer(config: RunConfig, info: DistInfo | None = None) -> Trainer:
         if config.parallel.backend != "fsdp":
             raise ValueError("parallel.shard_target is only supported with parallel.backend=fsdp")
         shard_frozen_layers(list(target.layers))
-    if config.train.compile:
-        if config.parallel.backend != "fsdp":
-            raise ValueError("train.compile runs with parallel.backend=fsdp; DeepSpeed wraps the head's parameters in "
-                             "its own way and has not been run with compiled parts")
-        compiled = compile_parts(head, type(head).compiled)
-        if info.is_main:
-            print(f"train.compile: {', '.join(compiled)} through torch.compile", flush=True)
     decode_eval = None
     if config.train.decode_eval_prompts > 0:
         if eval_data is None:
@@ -96,6 +89,13 @@ def build_trainer(config: RunConfig, info: DistInfo | None = None) -> Trainer:
         t = config.train
         decode_eval = DecodeEval(target, head, eval_data, t.decode_eval_prompts, t.decode_eval_max_new_tokens,
                                  t.decode_eval_k, eos, info, collective=config.parallel.shard_target and info.world_size > 1)
+    if config.train.compile:  # after DecodeEval took its copy: evaluation decodes with the eager head
+        if config.parallel.backend != "fsdp":
+            raise ValueError("train.compile runs with parallel.backend=fsdp; DeepSpeed wraps the head's parameters in "
+                             "its own way and has not been run with compiled parts")
+        compiled = compile_parts(head, type(head).compiled)
+        if info.is_main:
+            print(f"train.compile: {', '.join(compiled)} through torch.compile", flush=True)
     backend = make_backend(head, config.train, config.parallel, info)
     module = backend.module
     if offline:
