@@ -49,16 +49,22 @@ class DraftTree:
     @functools.cached_property
     def block_mask(self) -> torch.Tensor:
         """[1+n, 1+n] bool: row i may attend to its ancestors (root included) and itself (computed once:
-        the target's forward and the verification both use it)."""
-        n, device = self.size, self.tokens.device
-        parent = torch.cat([torch.zeros(1, dtype=torch.long, device=device), self.parents + 1])  # root -> itself
-        step = torch.zeros(n + 1, n + 1, device=device)
-        step[torch.arange(1, n + 1, device=device), parent[1:]] = 1.0
-        eye = torch.eye(n + 1, device=device)
-        mask = eye.clone()
-        for _ in range(self.max_depth):  # after d rounds every node sees its ancestors up to d levels up
-            mask = ((eye + step @ mask) > 0).float()
-        return mask.bool()
+        the target's forward and the verification both use it; a compiled tree sets it with its nodes)."""
+        return ancestor_mask(self.parents, self.max_depth)
+
+
+def ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """[1+n, 1+n] bool for the block [root, nodes...] of a tree whose nodes have these ``parents`` [n] (-1 = the
+    root): row i may attend to its ancestors (root included) and itself."""
+    n, device = parents.numel(), parents.device
+    parent = torch.cat([torch.zeros(1, dtype=torch.long, device=device), parents + 1])  # root -> itself
+    step = torch.zeros(n + 1, n + 1, device=device)
+    step[torch.arange(1, n + 1, device=device), parent[1:]] = 1.0
+    eye = torch.eye(n + 1, device=device)
+    mask = eye.clone()
+    for _ in range(max_depth):  # after d rounds every node sees its ancestors up to d levels up
+        mask = ((eye + step @ mask) > 0).float()
+    return mask.bool()
 
 
 @dataclass(frozen=True)
@@ -97,44 +103,75 @@ def _empty(device: torch.device) -> DraftTree:
     return DraftTree(z, z.clone(), z.clone(), 0)
 
 
+def root_level(root_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A dynamic tree's first level: the root's top-k children (draft ids [k]) and their log-probabilities [k]."""
+    top = torch.log_softmax(root_logits.float(), -1).topk(k)
+    return top.indices, top.values
+
+
+def next_level(frontier_scores: torch.Tensor, child_logits: torch.Tensor, k: int
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The level below m expanded nodes (their scores [m], their children's logits [m, V]): each node's top-k children
+    (draft ids [m*k]) with cumulative scores [m*k], node i's children at i*k..; and the next frontier: the indices of
+    the best k of them."""
+    child = torch.log_softmax(child_logits.float(), -1).topk(k)
+    scores = (frontier_scores[:, None] + child.values).reshape(-1)
+    return child.indices.reshape(-1), scores, scores.topk(min(k, scores.numel())).indices
+
+
+def keep_best(tokens: list[torch.Tensor], scores: list[torch.Tensor], parents: list[torch.Tensor], total: int
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """EAGLE-2's re-ranking: of every level's candidates (draft ids, cumulative scores, parent candidate index; levels
+    in order), the best ``total`` -> (their draft ids, parents re-indexed among them (-1 = the root), levels). Ties go
+    to the shallower node, so a kept node's parent (score >= its child's) is always kept: sort by depth, then stably by
+    score; candidate order is topological, and the kept nodes keep it."""
+    all_tokens, all_scores, all_parents = torch.cat(tokens), torch.cat(scores), torch.cat(parents)
+    levels = torch.cat([torch.full_like(t, i + 1) for i, t in enumerate(tokens)])
+    by_depth = torch.argsort(levels, stable=True)
+    order = by_depth[torch.argsort(all_scores[by_depth], descending=True, stable=True)]
+    keep = order[:total].sort().values
+    new_index = torch.full_like(all_tokens, -1)
+    new_index[keep] = torch.arange(keep.numel(), device=keep.device)
+    kept_parents = all_parents[keep]
+    return all_tokens[keep], torch.where(kept_parents >= 0, new_index[kept_parents.clamp(min=0)], kept_parents), levels[keep]
+
+
 def build_dynamic_tree(drafter: TreeDrafter, spec: DynamicTree, max_depth: int) -> DraftTree:
-    """The EAGLE-2 tree, at most ``max_depth`` levels deep (the length budget)."""
+    """The EAGLE-2 tree, at most ``max_depth`` levels deep (the length budget). A drafter with ``dynamic_tree`` builds
+    the full-depth tree as one compiled graph (the same tree: decode/eagle3_drafter.py); the level-by-level form
+    below otherwise, and for the shallower trees of a generation's last rounds."""
+    depth = min(spec.depth, max_depth)
+    whole = getattr(drafter, "dynamic_tree", None)
+    if whole is not None and depth == spec.depth:
+        built = whole(spec)
+        if built is not None:
+            tokens, parents, levels, mask = built
+            tree = DraftTree(tokens, parents, levels, depth)
+            tree.__dict__["block_mask"] = mask  # computed in the same graph (the cached property's slot)
+            return tree
     root = drafter.tree_root().reshape(-1)
-    depth, k = min(spec.depth, max_depth), min(spec.topk, root.numel())
+    k = min(spec.topk, root.numel())
     if depth <= 0:
         return _empty(root.device)
-    top = torch.log_softmax(root.float(), -1).topk(k)
-    tokens, scores = [top.indices], [top.values]  # per level, in candidate order
+    first_tokens, first_scores = root_level(root, k)
+    tokens, scores = [first_tokens], [first_scores]  # per level, in candidate order
     parents = [torch.full((k,), -1, dtype=torch.long, device=root.device)]  # candidate index of the parent
     frontier = torch.arange(k, device=root.device)  # candidates to expand next (the whole first level)
     frontier_expanded_parent = torch.full((k,), -1, dtype=torch.long, device=root.device)
-    base, expanded = 0, 0  # first candidate index of the current level; nodes expanded so far
+    expanded = 0  # nodes expanded so far
     for d in range(2, depth + 1):
         level_tokens, level_scores = torch.cat(tokens), torch.cat(scores)
         logits = drafter.tree_expand(frontier_expanded_parent, level_tokens[frontier], d - 1)  # [m, V]
         m = frontier.numel()
-        child = torch.log_softmax(logits.float(), -1).topk(k)  # [m, k]
-        child_scores = (level_scores[frontier, None] + child.values).reshape(-1)
-        base = level_tokens.numel()
-        tokens.append(child.indices.reshape(-1))
+        child_tokens, child_scores, best = next_level(level_scores[frontier], logits, k)
+        tokens.append(child_tokens)
         scores.append(child_scores)
         parents.append(frontier.repeat_interleave(k))
-        best = child_scores.topk(min(k, child_scores.numel())).indices  # next frontier: best of this level
         frontier_expanded_parent = expanded + best // k
-        frontier = base + best
+        frontier = level_tokens.numel() + best
         expanded += m
-    all_tokens, all_scores, all_parents = torch.cat(tokens), torch.cat(scores), torch.cat(parents)
-    levels = torch.cat([torch.full_like(t, i + 1) for i, t in enumerate(tokens)])
-    # Global top total_tokens. Ties go to the shallower node, so a kept node's parent (score >= its
-    # child's) is always kept: sort by depth, then stably by score.
-    by_depth = torch.argsort(levels, stable=True)
-    order = by_depth[torch.argsort(all_scores[by_depth], descending=True, stable=True)]
-    keep = order[: spec.total_tokens].sort().values  # candidate order is topological
-    new_index = torch.full_like(all_tokens, -1)
-    new_index[keep] = torch.arange(keep.numel(), device=keep.device)
-    kept_parents = all_parents[keep]
-    parents_out = torch.where(kept_parents >= 0, new_index[kept_parents.clamp(min=0)], kept_parents)
-    return DraftTree(drafter.to_target(all_tokens[keep]), parents_out, levels[keep], depth)
+    kept, kept_parents, levels = keep_best(tokens, scores, parents, spec.total_tokens)
+    return DraftTree(drafter.to_target(kept), kept_parents, levels, depth)
 
 
 def build_static_tree(drafter: TreeDrafter, spec: StaticTree, max_depth: int) -> DraftTree:

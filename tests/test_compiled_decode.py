@@ -9,6 +9,7 @@ import torch
 from test_sampling_loop import V, chi2_vs, exact_joint, medusa_heads, sample_pairs
 from tiny_models import random_eagle3_head, tiny_causal_lm
 
+from headstart.benchmarks.drafter_launches import eager_ops
 from headstart.decode.draft_model import DraftModelDrafter, draft_model_runner
 from headstart.decode.eagle3_drafter import Eagle3Drafter
 from headstart.decode.generate import plain_generate, speculative_generate
@@ -17,7 +18,7 @@ from headstart.decode.mtp_drafter import MTPDrafter
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.static_blocks import StaticBlocks
 from headstart.decode.target_runner import TargetRunner
-from headstart.decode.tree import DynamicTree
+from headstart.decode.tree import DynamicTree, ancestor_mask, build_dynamic_tree
 from headstart.models.mtp import build_mtp
 from headstart.models.target import Target
 
@@ -260,3 +261,47 @@ def test_a_compiled_chain_round_launches_few_eager_ops(target):
     assert 0 < eagle3["update"] <= 8 and 0 < mtp["update"] <= 8
     around = target_ops(target, 4, backend="eager")  # the target's own step: the same for 1 or 5 tokens
     assert around["step"] == around["verify"] == 1
+
+
+def _root_paths(tree) -> set[tuple[int, ...]]:
+    """A tree as the set of its nodes' token paths from the root: two trees are the same tree when these are (sibling
+    order may differ where two children's scores tie to rounding)."""
+    paths = set()
+    for i in range(tree.size):
+        path, j = [], i
+        while j >= 0:
+            path.append(int(tree.tokens[j]))
+            j = int(tree.parents[j])
+        paths.add(tuple(reversed(path)))
+    return paths
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_compiled_dynamic_tree_is_one_graph_and_the_level_by_level_tree(target, backend):
+    """EAGLE-3's whole EAGLE-2 tree as one graph (``dynamic_tree``) grows the tree the level-by-level form grows, with
+    its verify mask, after commits of different lengths; a budget shallower than the tree takes the level-by-level
+    form."""
+    torch._dynamo.reset()
+    head = random_eagle3_head(target)
+    spec = DynamicTree(depth=4, topk=3, total_tokens=10)
+    runner = TargetRunner(target, 128)
+    p = prompt()
+    logits, states = runner.forward(p)
+    runner.commit(p.shape[1])
+    eager, compiled = Eagle3Drafter(head, 128), Eagle3Drafter(head, 128, compile=True, backend=backend)
+    for drafter in (eager, compiled):
+        drafter.begin(p, states, int(logits[0, -1].argmax()))
+    for emitted in ([5], [9, 4, 17]):
+        want = build_dynamic_tree(eager, spec, 10)
+        got = build_dynamic_tree(compiled, spec, 10)
+        assert got.max_depth == want.max_depth == 4 and got.size == want.size == 10
+        assert _root_paths(got) == _root_paths(want) and len(_root_paths(want)) == 10
+        assert torch.equal(got.block_mask, ancestor_mask(got.parents, got.max_depth))
+        assert eager_ops(lambda: build_dynamic_tree(compiled, spec, 10)) <= 10  # one graph (level by level: ~100)
+        block = torch.tensor([emitted], dtype=torch.long)
+        _, states = runner.forward(block)
+        runner.commit(len(emitted))
+        for drafter in (eager, compiled):
+            drafter.update(emitted, states)
+    shallow = build_dynamic_tree(compiled, spec, 2)  # the last rounds' budget: level by level
+    assert shallow.max_depth == 2 and _root_paths(shallow) == _root_paths(build_dynamic_tree(eager, spec, 2))
