@@ -17,6 +17,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from headstart.decode.report import append_section
 from headstart.decode.target_runner import TargetRunner
+from headstart.decode.tree import DynamicTree, build_dynamic_tree
 from headstart.models.registry import drafter_for, load_head
 from headstart.models.target import Target, TargetConfig
 
@@ -80,6 +81,26 @@ def round_ops(target: Target, head: torch.nn.Module, k: int, backend: str = "ind
 
 
 @torch.no_grad()
+def tree_ops(target: Target, head: torch.nn.Module, spec: DynamicTree, backend: str = "inductor", max_len: int = 256
+             ) -> int | None:
+    """Eager ops of one dynamic (EAGLE-2) tree a compiled drafter grows after a prompt, its second (the first
+    compiles); None for a drafter that grows no trees, or none of this shape (Medusa's: no deeper than its heads)."""
+    drafter = drafter_for(head, max_len, compile=True, **({} if backend == "inductor" else {"backend": backend}))
+    if not hasattr(drafter, "tree_root"):
+        return None
+    drafter.precompile(max(spec.depth + 1, spec.topk))
+    runner = TargetRunner(target, max_len)
+    prompt = torch.randint(3, min(1000, target.vocab_size), (1, 40), generator=torch.Generator().manual_seed(0))
+    logits, states = runner.forward(prompt.to(runner.device))
+    drafter.begin(prompt.to(runner.device), states, int(logits[0, -1].argmax()))
+    try:
+        build_dynamic_tree(drafter, spec, spec.depth)
+    except ValueError:  # the drafter refuses the shape by name
+        return None
+    return eager_ops(lambda: build_dynamic_tree(drafter, spec, spec.depth))
+
+
+@torch.no_grad()
 def target_ops(target: Target, k: int, backend: str = "inductor", max_len: int = 256) -> dict[str, int]:
     """Eager ops around the compiled target's forward: a one-token step (plain decoding) and a k+1-token verify."""
     runner = TargetRunner(target, max_len, compile=True, backend=backend)
@@ -102,16 +123,21 @@ def main() -> None:
     p.add_argument("--note", default="", help="a paragraph placed under the table")
     args = p.parse_args()
     target = Target.from_pretrained(TargetConfig(path=args.target, dtype="float32", device="cpu"))
+    spec = DynamicTree()  # benchmark.py --tree's default
     rows = []
     for entry in args.heads:
         kind, path = entry.split("=", 1)
-        counts = round_ops(target, load_head(kind, path, target), args.k)
-        rows.append(f"| {kind} | `{path}` | {counts['propose']} | {counts['update']} | {counts['propose'] + counts['update']} |")
+        head = load_head(kind, path, target)
+        counts = round_ops(target, head, args.k)
+        tree = tree_ops(target, head, spec)
+        rows.append(f"| {kind} | `{path}` | {counts['propose']} | {counts['update']} | {counts['propose'] + counts['update']} "
+                    f"| {'-' if tree is None else tree} |")
     target_counts = target_ops(target, args.k)
     body = (f"Target `{args.target}`, each head's drafter compiled (`--compile`'s path, inductor), chain k={args.k}; eager "
             "aten ops outside the compiled graphs (views and allocations left out), counted by torch.profiler on the "
-            "second round: about the kernels each launches on a GPU.\n\n| head | draft | ops per propose | ops per update (3 tokens) | per round |\n"
-            "|---|---|---|---|---|\n" + "\n".join(rows)
+            "second round: about the kernels each launches on a GPU.\n\n| head | draft | ops per propose | ops per update (3 tokens) | "
+            f"per round | ops per dynamic tree (depth {spec.depth}, top-{spec.topk}, {spec.total_tokens} tokens) |\n"
+            "|---|---|---|---|---|---|\n" + "\n".join(rows)
             + f"\n\nThe compiled target's forward itself, which plain decoding runs per token and a round once: "
             f"{target_counts['step']} eager ops around a one-token step, {target_counts['verify']} around a "
             f"{args.k + 1}-token verify.")
