@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from headstart.decode.static_blocks import ChainGraph, StaticBlocks, causal_allowed, compile_step, static_address
-from headstart.decode.tree import DynamicTree, ExpandedNodes, ancestor_mask, keep_best, next_level, root_level
+from headstart.decode.static_blocks import ChainGraph, StaticBlocks, TreeGraph, causal_allowed, static_address
+from headstart.decode.tree import DynamicTree, ExpandedNodes, grow_static_tree
 from headstart.models.eagle3 import Eagle3Draft
 from headstart.models.target import TargetOutput
 
@@ -38,9 +38,7 @@ class Eagle3Drafter:
             # 1.2 ms a round on the H200 around a compiled step of a fraction of that.
             self._commits = StaticBlocks(self._static_commit, max_len, device, backend, write_at=self.write_at)
             self._chain = ChainGraph(self._static_chain, max_len, device, backend)  # compiled at its first round
-            # A dynamic tree as one graph: level by level it dispatched ~280 eager ops (its top-ks, the ancestor
-            # mask, the re-ranking) around the step graphs, 6.6 ms a round on the H200 against 0.3 for a chain.
-            self._tree = compile_step(self._static_tree, device, backend)
+            self._tree = TreeGraph(self._static_tree, max_len, device, backend)  # a dynamic tree as one graph
         self.length = 0  # committed draft positions
         self.last_hidden: torch.Tensor | None = None  # [1, 1, H] output at the last committed position
         self.last_logits: torch.Tensor | None = None  # [1, V_d]
@@ -132,48 +130,25 @@ class Eagle3Drafter:
 
     def _static_tree(self, hidden: torch.Tensor, logits: torch.Tensor, depth: int, topk: int, total: int
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``build_dynamic_tree``'s EAGLE-2 tree at static shapes, from the last committed output (hidden [1, 1, H],
-        logits [1, V_d]): the same levels, nodes and re-ranking (decode/tree.py's ``root_level``, ``next_level``,
-        ``keep_best``), each level's k nodes run as ``tree_expand`` runs them -- written from slot ``write_at`` on at
-        rotary position ``write_at`` + level, attending to the committed slots, their expanded ancestors and
-        themselves. Returns (target ids, parents, levels) of the kept nodes and their block's ancestor mask."""
-        k, device = topk, self.keys.device
-        expanded = k * (depth - 1)  # every level but the last expands its k best nodes
-        first_tokens, first_scores = root_level(logits[0], k)
-        tokens, scores = [first_tokens], [first_scores]
-        parents = [torch.full((k,), -1, dtype=torch.long, device=device)]
-        frontier = torch.arange(k, device=device)  # candidate indices of the nodes to expand
-        frontier_parent = torch.full((k,), -1, dtype=torch.long, device=device)  # expanded index of their parents
-        outs = torch.cat([hidden[0], hidden.new_zeros(expanded, hidden.shape[-1])])  # row 1 + e: node e's output
-        ancestors = torch.zeros(1 + expanded, expanded, dtype=torch.bool, device=device)  # row 1 + e: e's, and e
-        tree_slots = self.write_at + torch.arange(expanded, device=device)
-        committed = torch.arange(self.max_len, device=device) < self.write_at
-        for level in range(depth - 1):
-            level_tokens, level_scores = torch.cat(tokens), torch.cat(scores)
-            nodes = level * k + torch.arange(k, device=device)
-            rows = ancestors[frontier_parent + 1].clone()
-            rows[torch.arange(k, device=device), nodes] = True
-            ancestors[1 + level * k:1 + (level + 1) * k] = rows
-            allowed = committed.expand(k, -1).clone()
-            allowed.index_copy_(1, tree_slots, rows)
+        """``build_dynamic_tree``'s tree as one graph (decode/tree.py ``grow_static_tree``) from the last committed
+        output (hidden [1, 1, H], logits [1, V_d]), its nodes written from slot ``write_at`` (the committed count) on,
+        each level as ``tree_expand`` runs it."""
 
-            def cached(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slots=self.write_at + nodes,
-                       allowed=allowed) -> torch.Tensor:
+        def expand(level: int, node_hidden: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor,
+                   allowed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            slots = self.write_at + level * topk + torch.arange(topk, device=ids.device)
+
+            def cached(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
                 self.keys.index_copy_(2, slots, key)
                 self.values.index_copy_(2, slots, value)
                 return F.scaled_dot_product_attention(q, self.keys, self.values, attn_mask=allowed)
 
-            out = self.head.step(outs[frontier_parent + 1].unsqueeze(0), self.to_target(level_tokens[frontier]).view(1, k),
-                                 (self.write_at + level).expand(1, k), cached)
-            outs[1 + level * k:1 + (level + 1) * k] = out[0]
-            child_tokens, child_scores, best = next_level(level_scores[frontier], self._logits(out)[0], k)
-            tokens.append(child_tokens)
-            scores.append(child_scores)
-            parents.append(frontier.repeat_interleave(k))
-            frontier_parent = level * k + best // k
-            frontier = level_tokens.numel() + best
-        kept, kept_parents, levels = keep_best(tokens, scores, parents, total)
-        return self.to_target(kept), kept_parents, levels, ancestor_mask(kept_parents, depth)
+            out = self.head.step(node_hidden, self.to_target(ids), positions, cached)
+            return out, self._logits(out)[0]
+
+        kept, parents, levels, mask = grow_static_tree(expand, hidden, logits[0], self.write_at, self.max_len, depth,
+                                                       topk, total)
+        return self.to_target(kept), parents, levels, mask
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.head.lm_head(self.head.norm(hidden))
@@ -246,19 +221,12 @@ class Eagle3Drafter:
     # -- trees (decode/tree.py) ------------------------------------------------------------------
     @torch.no_grad()
     def dynamic_tree(self, spec: DynamicTree) -> tuple[torch.Tensor, ...] | None:
-        """The full-depth EAGLE-2 tree of ``spec`` as one compiled graph: (target ids, parents, levels) of its nodes, as
-        ``build_dynamic_tree`` grows them level by level, and the verify block's ancestor mask. None when not compiled, or when the expanded nodes would
-        pass the cache's end (the level-by-level form then refuses by name)."""
-        expanded = spec.topk * (spec.depth - 1)
-        if self._tree is None or spec.depth < 2 or spec.topk > self.last_logits.shape[-1] \
-                or self.length + expanded > self.max_len:
+        """The full-depth EAGLE-2 tree of ``spec`` as one compiled graph (decode/static_blocks.py ``TreeGraph``), or
+        None (not compiled, or it cannot be one graph)."""
+        if self._tree is None:
             return None
         self.write_at.fill_(self.length)
-        if self.keys.is_cuda:
-            torch.compiler.cudagraph_mark_step_begin()
-        # Fresh strides: the last committed output is a slice of the commit's block (its strides would recompile).
-        hidden, logits = (t.clone(memory_format=torch.contiguous_format) for t in (self.last_hidden, self.last_logits))
-        return tuple(t.clone() for t in self._tree(hidden, logits, spec.depth, spec.topk, spec.total_tokens))
+        return self._tree(self.last_hidden, self.last_logits, spec.depth, spec.topk, spec.total_tokens, self.length)
 
     def tree_root(self) -> torch.Tensor:
         """Start a tree below the last committed position: the root's children logits [V_d]."""

@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 
 from headstart.decode.kv_cache import PositionalKVCache, StaticKVCache
-from headstart.decode.static_blocks import ChainGraph, StaticBlocks, causal_allowed, self_mask
+from headstart.decode.static_blocks import ChainGraph, StaticBlocks, TreeGraph, causal_allowed, self_mask, static_address
 from headstart.models.target import additive_mask
-from headstart.decode.tree import ExpandedNodes
+from headstart.decode.tree import ExpandedNodes, grow_static_tree
 from headstart.models.mtp import MTPHead
 from headstart.models.target import TargetOutput
 
@@ -34,6 +34,10 @@ class MTPDrafter:
             if compile else None
         # a greedy chain as one graph, compiled at its first round
         self._chain = ChainGraph(self._static_chain, max_len, self.device, backend) if compile else None
+        self._tree = TreeGraph(self._static_tree, max_len, self.device, backend) if compile else None  # a whole tree
+        self._committed = torch.zeros((), dtype=torch.long, device=self.device)  # the committed slots, for the tree
+        if compile:
+            static_address(self._committed)
         self.last_hidden: torch.Tensor | None = None  # [1, 1, H] the layer's output at the last committed pair
         self.last_logits: torch.Tensor | None = None  # [V]
 
@@ -102,6 +106,20 @@ class MTPDrafter:
             drafted.append(token)
         return torch.cat(drafted)
 
+    def _static_tree(self, hidden: torch.Tensor, logits: torch.Tensor, depth: int, topk: int, total: int
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``build_dynamic_tree``'s tree as one graph (decode/tree.py ``grow_static_tree``) from the last committed
+        output (hidden [1, 1, H], logits [V]), each level as ``tree_expand`` runs it, written from the cache's write
+        slot pointed at ``_committed`` + level x topk."""
+
+        def expand(level: int, node_hidden: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor,
+                   allowed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            self.cache.write_at.copy_(self._committed + level * topk)
+            out = self._static_step(node_hidden, ids, positions, allowed)
+            return out, self.head.logits(out)[0].float()
+
+        return grow_static_tree(expand, hidden, logits, self._committed, self.max_len, depth, topk, total)
+
     @torch.no_grad()
     def _commit(self, hidden: torch.Tensor, tokens: torch.Tensor) -> None:
         """Pairs (h_j, x_{j+1}) for the next n positions: hidden [1, n, H], tokens [1, n]."""
@@ -144,6 +162,17 @@ class MTPDrafter:
     # -- trees (decode/tree.py) ------------------------------------------------------------------
     def to_target(self, ids: torch.Tensor) -> torch.Tensor:
         return ids
+
+    @torch.no_grad()
+    def dynamic_tree(self, spec) -> tuple[torch.Tensor, ...] | None:
+        """The full-depth EAGLE-2 tree of ``spec`` as one compiled graph (decode/static_blocks.py ``TreeGraph``), or
+        None (not compiled, or it cannot be one graph)."""
+        if self._tree is None:
+            return None
+        length = self.cache.length
+        self._committed.fill_(length)
+        self.cache.begin(length)  # the tree's slots are speculative: the next commit overwrites them
+        return self._tree(self.last_hidden, self.last_logits, spec.depth, spec.topk, spec.total_tokens, length)
 
     def tree_root(self) -> torch.Tensor:
         self._tree_hidden = self.last_hidden.new_zeros(0, self.last_hidden.shape[-1])  # outputs of expanded nodes

@@ -178,3 +178,27 @@ class ChainGraph:
         # Fresh strides: the last committed output is a slice of the commit's block (its strides would recompile).
         hidden, logits = (t.clone(memory_format=torch.contiguous_format) for t in (hidden, logits))
         return self.compiled(hidden, logits, steps)[:k].clone()
+
+
+class TreeGraph:
+    """A drafter's whole dynamic (EAGLE-2) tree compiled as one graph: ``grow(hidden [1, 1, H], logits, depth, topk,
+    total)`` -> the kept nodes' target ids, parents, levels and verify mask (decode/tree.py ``grow_static_tree``). Level
+    by level a tree dispatched ~280 eager ops around its step graphs (its top-ks, ancestor masks, re-ranking): 6.6 ms
+    a round on the H200 against 0.3 ms for a one-graph chain. One graph per tree shape."""
+
+    def __init__(self, grow: Callable, max_len: int, device: torch.device, backend: str = "inductor") -> None:
+        self.compiled = compile_step(grow, device, backend)
+        self.max_len = max_len
+        self.device = device
+
+    def __call__(self, hidden: torch.Tensor, logits: torch.Tensor, depth: int, topk: int, total: int, length: int
+                 ) -> tuple[torch.Tensor, ...] | None:
+        """The tree after ``length`` committed slots, or None when it cannot be one graph (a single level, more
+        children than the vocab, nodes past the cache's end: the level-by-level form then runs, or refuses by name)."""
+        if depth < 2 or topk > logits.shape[-1] or length + topk * (depth - 1) > self.max_len:
+            return None
+        if self.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()
+        # Fresh strides: the last committed output is a slice of the commit's block (its strides would recompile).
+        hidden, logits = (t.clone(memory_format=torch.contiguous_format) for t in (hidden, logits))
+        return tuple(t.clone() for t in self.compiled(hidden, logits, depth, topk, total))

@@ -18,7 +18,7 @@ import functools
 import heapq
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
@@ -134,6 +134,51 @@ def keep_best(tokens: list[torch.Tensor], scores: list[torch.Tensor], parents: l
     new_index[keep] = torch.arange(keep.numel(), device=keep.device)
     kept_parents = all_parents[keep]
     return all_tokens[keep], torch.where(kept_parents >= 0, new_index[kept_parents.clamp(min=0)], kept_parents), levels[keep]
+
+
+def grow_static_tree(expand: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+                                      tuple[torch.Tensor, torch.Tensor]],
+                     hidden: torch.Tensor, root_logits: torch.Tensor, committed: torch.Tensor, max_len: int, depth: int,
+                     topk: int, total: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``build_dynamic_tree``'s tree at static shapes, for a drafter to compile as one graph: the same levels and
+    re-ranking (``root_level``, ``next_level``, ``keep_best``), each level's k nodes run as ``tree_expand`` runs them.
+
+    ``expand(level, hidden [1, k, H], draft ids [1, k], positions [1, k], allowed [k, max_len])`` runs one level's k
+    nodes in the drafter's cache, written from slot ``committed + level * k``, and returns their outputs [1, k, H] and
+    their children's logits [k, V]; rotary position ``committed + level``; ``allowed``: the committed slots, the node's expanded ancestors
+    and itself. ``hidden`` [1, 1, H] and ``root_logits`` [V]: the last committed output and its logits; ``committed``
+    (a 0-d tensor: the number of committed slots) is read inside the graph. Returns the kept nodes' draft ids,
+    parents, levels and their verify block's ancestor mask."""
+    k, device = topk, root_logits.device
+    expanded = k * (depth - 1)  # every level but the last expands its k best nodes
+    first_tokens, first_scores = root_level(root_logits, k)
+    tokens, scores = [first_tokens], [first_scores]
+    parents = [torch.full((k,), -1, dtype=torch.long, device=device)]
+    frontier = torch.arange(k, device=device)  # candidate indices of the nodes to expand
+    frontier_parent = torch.full((k,), -1, dtype=torch.long, device=device)  # expanded index of their parents
+    outs = torch.cat([hidden[0], hidden.new_zeros(expanded, hidden.shape[-1])])  # row 1 + e: node e's output
+    ancestors = torch.zeros(1 + expanded, expanded, dtype=torch.bool, device=device)  # row 1 + e: e's, and e
+    tree_slots = committed + torch.arange(expanded, device=device)
+    context = torch.arange(max_len, device=device) < committed
+    for level in range(depth - 1):
+        level_tokens, level_scores = torch.cat(tokens), torch.cat(scores)
+        nodes = level * k + torch.arange(k, device=device)
+        rows = ancestors[frontier_parent + 1].clone()
+        rows[torch.arange(k, device=device), nodes] = True
+        ancestors[1 + level * k:1 + (level + 1) * k] = rows
+        allowed = context.expand(k, -1).clone()
+        allowed.index_copy_(1, tree_slots, rows)
+        out, child_logits = expand(level, outs[frontier_parent + 1].unsqueeze(0), level_tokens[frontier].view(1, k),
+                                   (committed + level).expand(1, k), allowed)
+        outs[1 + level * k:1 + (level + 1) * k] = out[0]
+        child_tokens, child_scores, best = next_level(level_scores[frontier], child_logits, k)
+        tokens.append(child_tokens)
+        scores.append(child_scores)
+        parents.append(frontier.repeat_interleave(k))
+        frontier_parent = level * k + best // k
+        frontier = level_tokens.numel() + best
+    kept, kept_parents, levels = keep_best(tokens, scores, parents, total)
+    return kept, kept_parents, levels, ancestor_mask(kept_parents, depth)
 
 
 def build_dynamic_tree(drafter: TreeDrafter, spec: DynamicTree, max_depth: int) -> DraftTree:

@@ -277,18 +277,20 @@ def _root_paths(tree) -> set[tuple[int, ...]]:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_a_compiled_dynamic_tree_is_one_graph_and_the_level_by_level_tree(target, backend):
-    """EAGLE-3's whole EAGLE-2 tree as one graph (``dynamic_tree``) grows the tree the level-by-level form grows, with
-    its verify mask, after commits of different lengths; a budget shallower than the tree takes the level-by-level
-    form."""
+@pytest.mark.parametrize("kind", ["eagle3", "mtp"])
+def test_a_compiled_dynamic_tree_is_one_graph_and_the_level_by_level_tree(target, kind, backend):
+    """EAGLE-3's and MTP's whole EAGLE-2 tree as one graph (``dynamic_tree``) grows the tree the level-by-level form
+    grows, with its verify mask, after commits of different lengths; a budget shallower than the tree takes the
+    level-by-level form."""
     torch._dynamo.reset()
-    head = random_eagle3_head(target)
+    torch.manual_seed(0)
+    drafter_cls, head = (Eagle3Drafter, random_eagle3_head(target)) if kind == "eagle3" else (MTPDrafter, build_mtp(target))
     spec = DynamicTree(depth=4, topk=3, total_tokens=10)
     runner = TargetRunner(target, 128)
     p = prompt()
     logits, states = runner.forward(p)
     runner.commit(p.shape[1])
-    eager, compiled = Eagle3Drafter(head, 128), Eagle3Drafter(head, 128, compile=True, backend=backend)
+    eager, compiled = drafter_cls(head, 128), drafter_cls(head, 128, compile=True, backend=backend)
     for drafter in (eager, compiled):
         drafter.begin(p, states, int(logits[0, -1].argmax()))
     for emitted in ([5], [9, 4, 17]):
