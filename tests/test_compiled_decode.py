@@ -200,6 +200,21 @@ def test_compiled_drafters_sample_the_target(drafter):
     assert stat < critical
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("drafter", ["eagle3", "mtp"])
+def test_compiled_one_graph_trees_sample_the_target(drafter):
+    """Lossless with a tree grown as one graph (inductor; depth 2 fits the 4-token generations' budget, so every
+    round's tree is the graph's): chi-square against the exact joint."""
+    torch._dynamo.reset()
+    target = peaked_target()
+    runner = TargetRunner(target, 32, compile=True)
+    compiled = drafters(target, 32, "inductor")[drafter][1]
+    tree = DynamicTree(depth=2, topk=2, total_tokens=3)
+    stat, critical = chi2_vs(sample_pairs(runner, lambda: compiled, 2500, seed=0, tree=tree), exact_joint(target.model))
+    assert stat < critical
+    assert compiled.dynamic_tree(tree) is not None  # the graph's tree, not the level-by-level one
+
+
 @pytest.mark.parametrize("kind", ["eagle3", "mtp"])
 def test_a_compiled_chain_is_one_call(target, kind):
     """A compiled EAGLE-3 or MTP drafter drafts a greedy chain in one call of its compiled chain (no per-step block
