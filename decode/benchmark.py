@@ -201,7 +201,8 @@ def run_benchmark(
     if questions:  # untimed warm-up: CUDA context, cuBLAS handles and allocator growth would land in the first timing
         warm = prompt_ids(tokenizer, [{"role": "user", "content": questions[0]["turns"][0]}]).to(device)
         if own_loop is None:
-            speculative_generate(runner, make_drafter(), warm, 8, eos_ids, k, sampling, generator, tree)
+            # long enough for a first round at the full chain or tree depth (a compiled tree's graph is per depth)
+            speculative_generate(runner, make_drafter(), warm, max(8, depth + 2), eos_ids, k, sampling, generator, tree)
         else:
             own_loop(warm, 8, eos_ids, sampling, generator, RoundClock(device))
         plain_generate(runner, warm, 8, eos_ids, sampling, generator, RoundClock(device))

@@ -8,8 +8,9 @@ import time
 import pytest
 import torch
 from conftest import CHATML_TEMPLATE, make_tokenizer
-from tiny_models import tiny_causal_lm
+from tiny_models import random_eagle3_head, tiny_causal_lm
 
+from headstart.decode.eagle3_drafter import Eagle3Drafter
 from headstart.decode.benchmark import Tally, markdown_table, read_questions, run_benchmark, split_table
 from headstart.decode.generate import Generation
 from headstart.decode.ngram import NgramDrafter
@@ -214,3 +215,28 @@ def test_transformers_assisted_generation_and_prompt_lookup_run_in_the_same_benc
     assert report["mismatches"] == [] and 1.0 <= report["results"]["overall"]["tau"] <= 4.0
     with pytest.raises(ValueError, match="one of them"):
         HFSpeculation(model, 3)
+
+
+def test_the_warm_up_reaches_the_full_tree_depth(monkeypatch):
+    """The untimed warm-up decodes far enough for a first round at the tree's full depth: a compiled tree's graph is
+    compiled per depth (decode/static_blocks.py TreeGraph), and a deeper tree than the warm-up's would compile in a
+    timed round."""
+    import headstart.decode.benchmark as benchmark
+    from headstart.decode.tree import DynamicTree
+
+    calls = []
+    real = benchmark.speculative_generate
+
+    def spy(runner, drafter, prompt, max_new_tokens, *args, **kwargs):
+        calls.append(max_new_tokens)
+        return real(runner, drafter, prompt, max_new_tokens, *args, **kwargs)
+
+    monkeypatch.setattr(benchmark, "speculative_generate", spy)
+    tokenizer = make_tokenizer(CHATML_TEMPLATE, "<|im_end|>")
+    target = Target(tiny_causal_lm("llama", num_hidden_layers=8, vocab_size=len(tokenizer)))
+    runner = TargetRunner(target, max_len=256, with_aux=True)
+    head = random_eagle3_head(target)
+    questions = [{"question_id": 0, "category": "writing", "turns": ["Say hello."]}]
+    run_benchmark(runner, lambda: Eagle3Drafter(head, 256), tokenizer, questions, k=3, max_new_tokens=4, eos_ids=set(),
+                  hf_reference=False, progress=lambda _: None, tree=DynamicTree(depth=9, topk=2, total_tokens=6))
+    assert calls[0] >= 9 + 2  # the warm-up: a first round's budget of 9 levels (its drafts + the bonus token)
