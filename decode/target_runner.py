@@ -15,7 +15,7 @@ from typing import Iterable
 
 import torch
 
-from headstart.decode.kv_cache import PositionalKVCache, RaggedKVCache, StaticKVCache, ragged_block
+from headstart.decode.kv_cache import PositionalKVCache, RaggedKVCache, StaticKVCache, move_slots, ragged_block
 from headstart.decode.static_blocks import COMPILED_BLOCK, causal_allowed, compile_step, padded_size, self_mask
 from headstart.models.target import Target, TargetOutput, additive_mask
 
@@ -37,6 +37,8 @@ class TargetRunner:
         # step), whose mask and positions the graph builds from the cache's write slot -- no eager kernels around it
         # -- and a masked one (trees: a mask, depths and visible slots made by the caller).
         self._compiled = compile_step(self._run, self.device, backend) if compile else None
+        if compile:  # a tree's accepted path moved in one call, not ~4 ops a layer
+            self.cache.mover = compile_step(move_slots, self.device, backend)
         self._causal = compile_step(self._run_causal, self.device, backend) if compile else None
         self._sizes: set[int] = set()  # masked block sizes compiled so far
         self._causal_sizes: set[int] = set()
@@ -62,8 +64,12 @@ class TargetRunner:
         self.cache.rollback(self.cache.length + n)
 
     def keep(self, path: list[int]) -> None:
-        """Keep the tokens at block indices ``path`` (a tree's accepted path, root first)."""
-        self.cache.keep(self.cache.length + torch.tensor(path, device=self.cache.device))
+        """Keep the tokens at block indices ``path`` (a tree's accepted path, root first). The leading run already in
+        place (the root, and any node right after its parent in the block) is committed as it is; the rest move."""
+        in_place = next((i for i, index in enumerate(path) if index != i), len(path))
+        self.cache.rollback(self.cache.length + in_place)
+        if in_place < len(path):
+            self.cache.keep(self.cache.length - in_place + torch.tensor(path[in_place:], device=self.cache.device))
 
     @torch.no_grad()
     def forward(
