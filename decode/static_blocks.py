@@ -28,11 +28,12 @@ draft model's runner share ``TargetRunner._run``'s graphs (a size each per block
 quietly run the rest eagerly."""
 
 
-def compile_step(fn: Callable, device: torch.device, backend: str = "inductor") -> Callable:
-    """``torch.compile`` for a decode step: static shapes, and CUDA graphs on a GPU (inductor's reduce-overhead)."""
+def compile_step(fn: Callable, device: torch.device, backend: str = "inductor", dynamic: bool = False) -> Callable:
+    """``torch.compile`` for a decode step: static shapes (``dynamic``: one graph for every size, where the sizes met
+    mid-generation are too many to compile each), and CUDA graphs on a GPU (inductor's reduce-overhead)."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     cuda_graphs = device.type == "cuda" and backend == "inductor"
-    return torch.compile(fn, dynamic=False, backend=backend, mode="reduce-overhead" if cuda_graphs else None)
+    return torch.compile(fn, dynamic=dynamic, backend=backend, mode="reduce-overhead" if cuda_graphs else None)
 
 
 def padded_size(sizes: set[int], n: int, room: int) -> int:

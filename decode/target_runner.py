@@ -37,8 +37,8 @@ class TargetRunner:
         # step), whose mask and positions the graph builds from the cache's write slot -- no eager kernels around it
         # -- and a masked one (trees: a mask, depths and visible slots made by the caller).
         self._compiled = compile_step(self._run, self.device, backend) if compile else None
-        if compile:  # a tree's accepted path moved in one call, not ~4 ops a layer
-            self.cache.mover = compile_step(move_slots, self.device, backend)
+        if compile:  # a tree's accepted path moved in one call, not ~4 ops a layer; one graph for every path length
+            self.cache.mover = compile_step(move_slots, self.device, backend, dynamic=True)
         self._causal = compile_step(self._run_causal, self.device, backend) if compile else None
         self._sizes: set[int] = set()  # masked block sizes compiled so far
         self._causal_sizes: set[int] = set()
@@ -177,6 +177,9 @@ class TargetRunner:
             mask = self._mask(self_mask(m, self.max_len, self.device), slots, torch.arange(self.max_len, device=self.device))
             self._compiled(torch.zeros(1, m, dtype=torch.long, device=self.device), mask, slots.view(1, m))
             self._sizes.add(m)
+        if masked:  # a tree's accepted path: the move of one slot and of several (dummy slots, as above)
+            for m in (1, 2):
+                self.cache.keep(torch.zeros(m, dtype=torch.long, device=self.device))
         self.cache.rollback(0)
 
     def _allocate(self) -> None:
