@@ -228,10 +228,11 @@ class StaticKVCache(PositionalKVCache):
             layer.start = start
         self.write_at.fill_(start)  # in place: the compiled graph reads this tensor
 
+    @torch.no_grad()  # the grad mode the mover was compiled in (TargetRunner.precompile): another would recompile
     def keep(self, slots: torch.Tensor) -> None:
-        """``PositionalKVCache.keep``, every layer's moves in one call of ``mover`` when set (``move_slots`` compiled,
-        a graph per number of slots): layer by layer it is 4 eager ops a layer, ~120 for a 30-layer target, each a
-        kernel launch on a GPU."""
+        """``PositionalKVCache.keep``, every layer's moves in one call of ``mover`` when set (``move_slots`` compiled
+        with dynamic sizes: a graph for one slot and one for more): layer by layer it is 4 eager ops a layer, ~120 for
+        a 30-layer target, each a kernel launch on a GPU."""
         if self.mover is None:
             return super().keep(slots)
         dst = torch.arange(self.length, self.length + slots.numel(), device=slots.device)

@@ -161,15 +161,16 @@ class TargetRunner:
             return
         if self.cache.length:
             raise RuntimeError("precompile writes dummy tokens from slot 0: call it before a prompt, not mid-generation")
+        sizes, masked = set(sizes), set(masked)
         self._allocate()
         fits = lambda m, done: m not in done and 0 < m <= min(COMPILED_BLOCK, self.max_len)  # noqa: E731
-        for m in sorted(m for m in set(sizes) if fits(m, self._causal_sizes)):
+        for m in sorted(m for m in sizes if fits(m, self._causal_sizes)):
             self.cache.begin(0)
             if self.device.type == "cuda":
                 torch.compiler.cudagraph_mark_step_begin()
             self._causal(torch.zeros(1, m, dtype=torch.long, device=self.device))
             self._causal_sizes.add(m)
-        for m in sorted(m for m in set(masked) if fits(m, self._sizes)):
+        for m in sorted(m for m in masked if fits(m, self._sizes)):
             slots = torch.arange(m, device=self.device)
             self.cache.begin(0)
             if self.device.type == "cuda":

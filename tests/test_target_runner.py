@@ -121,18 +121,22 @@ def test_a_tree_block_past_the_window_scores_each_branch_as_its_own_sequence():
         torch.testing.assert_close(logits[:, node], target.logits(fresh.last_hidden_state)[:, -1], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("path", [[0, 2, 3], [0, 1, 3], [0, 1, 2], [0]])
+@pytest.mark.parametrize("path", [[0, 2, 3], [0, 2], [0, 1], [0]])
 def test_keeping_a_tree_path_moves_what_a_compiled_runner_moves_in_one_call(path):
     """``TargetRunner.keep``: the leading run already in place is committed as it is, the rest moved -- on the compiled
-    runner in one call for every layer -- and both runners then hold the same cache and decode on the same way."""
+    runner in one call for every layer -- and both runners then decode on as the target does after the prefix and
+    the path's tokens."""
     from headstart.benchmarks.drafter_launches import eager_ops
 
     target = Target(tiny_causal_lm("llama", num_hidden_layers=8))
     runners = [TargetRunner(target, 32), TargetRunner(target, 32, compile=True, backend="eager")]
     prefix = torch.randint(3, 128, (1, 6), generator=torch.Generator().manual_seed(2))
+    # Root a; children b, c of a; d child of c: order [a, b, c, d], depths [0, 1, 1, 2].
     tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
     block = torch.tensor([[11, 22, 33, 44]])
-    outs = []
+    fresh = target(torch.cat([prefix, block[:, path], torch.tensor([[55]])], dim=1))
+    want = target.logits(fresh.last_hidden_state)[:, -1]
+    counts = []
     for runner in runners:
         runner.forward(prefix)
         runner.commit(6)
@@ -141,14 +145,10 @@ def test_keeping_a_tree_path_moves_what_a_compiled_runner_moves_in_one_call(path
             runner.forward(block, tree_mask=tree, depths=torch.tensor([0, 1, 1, 2]))
             ops = eager_ops(lambda runner=runner: runner.keep(path)) if counted else runner.keep(path)
         assert runner.length == 6 + len(path)
-        outs.append((ops, [layer.keys[:, :, :runner.length].clone() for layer in runner.cache.layers],
-                     runner.forward(torch.tensor([[55]]))[0]))
-    (eager_count, eager_keys, eager_logits), (compiled_count, compiled_keys, compiled_logits) = outs
-    for a, b in zip(eager_keys, compiled_keys):
-        torch.testing.assert_close(b, a)
-    torch.testing.assert_close(compiled_logits, eager_logits, rtol=1e-5, atol=1e-5)
+        counts.append(ops)
+        torch.testing.assert_close(runner.forward(torch.tensor([[55]]))[0][:, -1], want, rtol=1e-5, atol=1e-5)
     in_place = next((i for i, index in enumerate(path) if index != i), len(path))
     if in_place == len(path):
-        assert eager_count == compiled_count == 0  # nothing to move
+        assert counts == [0, 0]  # nothing to move
     else:
-        assert eager_count >= 4 * 8 and compiled_count <= 4  # 4 ops a layer eagerly; one call compiled
+        assert counts[0] >= 4 * 8 and counts[1] <= 4  # 4 ops a layer eagerly; one call compiled
