@@ -195,8 +195,9 @@ def run_benchmark(
         if tree is not None or own_loop is not None:
             raise ValueError("a batch decodes headstart's chains; trees and transformers' loops run at batch size 1")
         make_batch = make_batch_drafter or (lambda b: PerSequence([make_drafter() for _ in range(b)]))
-        _run_batched(RaggedRunner(runner.target, runner.max_len, runner.with_aux), make_batch, tokenizer, questions, k,
-                     max_new_tokens, eos_ids, batch_size, sampling, seed, generator, progress, tallies, by_length, check)
+        ragged = runner if isinstance(runner, RaggedRunner) else RaggedRunner(runner.target, runner.max_len, runner.with_aux)
+        _run_batched(ragged, make_batch, tokenizer, questions, k, max_new_tokens, eos_ids, batch_size, sampling, seed,
+                     generator, progress, tallies, by_length, check)
         return _report(tallies, by_length, check)
     if questions:  # untimed warm-up: CUDA context, cuBLAS handles and allocator growth would land in the first timing
         warm = prompt_ids(tokenizer, [{"role": "user", "content": questions[0]["turns"][0]}]).to(device)
@@ -276,9 +277,18 @@ def _run_batched(runner: RaggedRunner, make_drafter: Callable[[int], BatchDrafte
     category and prompt length; tokens/s, the speed-up and the round split are the batch's, so only overall."""
     device = next(runner.target.model.parameters()).device
     depth = k
-    if questions:  # untimed warm-up at the full batch size (see run_benchmark)
-        warm = [prompt_ids(tokenizer, [{"role": "user", "content": questions[0]["turns"][0]}]).to(device)] * batch_size
-        batch_speculative_generate(runner, make_drafter(len(warm)), warm, 8, eos_ids, k, sampling, generator)
+    # Every batch size the run decodes (a last, smaller batch; turns some questions lack): a compiled runner compiles
+    # each one's widths now, and each is warmed up untimed (see run_benchmark).
+    sizes = sorted({sum(turn < len(q["turns"]) for q in questions[start : start + batch_size])
+                    for start in range(0, len(questions), batch_size)
+                    for turn in range(max(len(q["turns"]) for q in questions[start : start + batch_size]))})
+    for size in sizes:
+        runner.precompile(size, [1, k + 1])
+        drafter = make_drafter(size)
+        if hasattr(drafter, "precompile"):  # a compiled batched draft layer: commits of 1..k + 1, steps of 1
+            drafter.precompile(size, k + 1)
+        warm = [prompt_ids(tokenizer, [{"role": "user", "content": questions[0]["turns"][0]}]).to(device)] * size
+        batch_speculative_generate(runner, make_drafter(size), warm, max(8, k + 2), eos_ids, k, sampling, generator)
         batch_plain_generate(runner, warm, 8, eos_ids, sampling, generator)
         _sync(device)
     overall = tallies["overall"]

@@ -13,7 +13,10 @@ from headstart.models.target import TargetOutput
 
 
 class MedusaBatchDrafter:
-    def __init__(self, heads: MedusaHeads, max_len: int = 0, batch: int = 1) -> None:  # no cache to size
+    def __init__(self, heads: MedusaHeads, max_len: int = 0, batch: int = 1, compile: bool = False,
+                 backend: str = "inductor") -> None:
+        # No cache to size, and nothing to compile: a round is one ResBlock and lm_head per head over [B, H] -- a few
+        # ops -- so ``compile`` is accepted (the registry's batch drafters share a signature) and runs it eagerly.
         self.heads = heads.eval()
         self.num_heads = heads.config.num_heads
         self.token_map = heads.token_map  # [V'] target ids of a truncated vocab, or None

@@ -59,8 +59,8 @@ class HeadSpec:
     """``check_head``'s rules: (directory, layout, target config) -> problems; None: the reader's refusals."""
     convert: Callable[..., Path] | None = None
     """(source, out, to layout, verifier, force) -> out: rewrite an export in another of its layouts."""
-    batch_drafter: Callable[[nn.Module, int, int], Any] | None = None
-    """(finished head, cache length, batch size) -> a ``BatchDrafter`` running one draft forward for every row
+    batch_drafter: Callable[..., Any] | None = None
+    """(finished head, cache length, batch size, compile=, backend=) -> a ``BatchDrafter`` running one draft forward for every row
     (decode/batch_generate.py); None: the batch runs one ``drafter`` per sequence."""
 
 
@@ -144,11 +144,13 @@ def drafter_for(head: nn.Module, max_len: int, compile: bool = False, backend: s
     return spec_of(head).drafter(head, max_len, compile=compile, backend=backend)
 
 
-def batch_drafter_for(head: nn.Module, max_len: int, batch: int):
-    """The decoder's ``BatchDrafter`` for ``batch`` sequences: the head's batched drafter, or one drafter per row."""
+def batch_drafter_for(head: nn.Module, max_len: int, batch: int, compile: bool = False, backend: str = "inductor"):
+    """The decoder's ``BatchDrafter`` for ``batch`` sequences: the head's batched drafter, or one (eager) drafter per
+    row. ``compile``: the batched drafter's layer compiled (build it once and reuse it: ``begin`` resets it to each
+    batch, of any size)."""
     spec = spec_of(head)
     if spec.batch_drafter is not None:
-        return spec.batch_drafter(head, max_len, batch)
+        return spec.batch_drafter(head, max_len, batch, compile=compile, backend=backend)
     return PerSequence([spec.drafter(head, max_len) for _ in range(batch)])
 
 

@@ -39,7 +39,7 @@ from headstart.decode.generate import Sampling
 from headstart.decode.hf_peers import HFSpeculation
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.predict import measure_step_times, predict_speedups, recommend_k, round_overhead
-from headstart.decode.target_runner import TargetRunner
+from headstart.decode.target_runner import RaggedRunner, TargetRunner
 from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
 from headstart.decode.tree import DynamicTree, StaticTree
 from headstart.models.registry import HEADS, batch_drafter_for, drafter_for, load_head
@@ -84,7 +84,8 @@ def main() -> int:
     p.add_argument("--compile", action="store_true",
                    help="the target's decode forward and the drafter's step through torch.compile over static KV "
                         "caches (CUDA graphs on a GPU); --max-len then defaults to 1024, as every forward attends over "
-                        "all of it")
+                        "all of it. With --batch-size > 1 the batch's target forward and EAGLE-3's and MTP's batched "
+                        "draft layers compile (finished rows stay in the batch, so nothing recompiles)")
     p.add_argument("--batch-size", type=int, default=1,
                    help="decode this many questions' turns together (chains; tokens/s and speed-up over the batch)")
     p.add_argument("--out", required=True)
@@ -98,8 +99,8 @@ def main() -> int:
         p.error("--verify-greedy checks greedy output; it needs --temperature 0")
     if args.batch_size < 1:
         p.error("--batch-size must be >= 1")
-    if args.compile and (args.batch_size > 1 or args.method in HF_METHODS):
-        p.error("--compile runs headstart's batch-size-1 loop (the batched runner and transformers' loops are eager)")
+    if args.compile and args.method in HF_METHODS:
+        p.error("--compile runs headstart's loops (transformers' loops are eager)")
     if args.batch_size > 1 and (args.tree or args.tree_paths or args.method in HF_METHODS or args.predict):
         p.error("--batch-size > 1 decodes headstart's chains: drop --tree/--tree-paths/--predict, or use a headstart "
                 "method (transformers' loops are benchmarked at batch size 1)")
@@ -115,8 +116,10 @@ def main() -> int:
     max_len = args.max_len or (min(1024, target.context_length) if args.compile else target.context_length)
     vocab_size = target.lm_head.weight.shape[0]
     reads_aux = args.method in HEADS and HEADS[args.method].cls.needs.aux_hidden_states
-    runner = TargetRunner(target, max_len=max_len, with_aux=reads_aux, compile=args.compile)
+    batched = args.batch_size > 1  # the batch's own runner; with --compile its target forward compiles, drafters eager
+    runner = (RaggedRunner if batched else TargetRunner)(target, max_len=max_len, with_aux=reads_aux, compile=args.compile)
     tree = None
+    shared_batch = None  # with --compile and --batch-size > 1: the head's one batched drafter
     if args.tree_paths:
         tree = StaticTree(tuple(tuple(path) for path in json.loads(Path(args.tree_paths).read_text())))
     elif args.tree:
@@ -132,7 +135,9 @@ def main() -> int:
     # The target's blocks: plain decoding's one token and a round's verify block (a chain's k + 1 tokens, a tree's
     # root and nodes, a masked block); shorter blocks (a short n-gram match, the last rounds) run padded to the verify
     # block's graph.
-    if tree is None:
+    if batched:
+        pass  # the batched benchmark compiles each batch size it runs (decode/benchmark.py _run_batched)
+    elif tree is None:
         runner.precompile([1, args.num_speculative_tokens + 1])
     else:
         runner.precompile([1], masked=[1 + (tree.total_tokens if isinstance(tree, DynamicTree) else len(tree.paths))])
@@ -140,13 +145,17 @@ def main() -> int:
         if not args.draft:
             p.error(f"--method {args.method} needs --draft (the head's directory)")
         head = load_head(args.method, args.draft, target, args.allow_other_target).to(device=device, dtype=target.lm_head_weight.dtype)
-        if args.compile:  # one drafter for every prompt (begin starts it afresh): its step compiles once, up front
+        if args.compile and not batched:  # one drafter for every prompt (begin starts it afresh): compiled once, up front
             shared_drafter = drafter_for(head, max_len, compile=True)
             shared_drafter.precompile(compiled_block, trees=tree is not None)
             make = lambda: shared_drafter  # noqa: E731
         else:
             make = lambda: drafter_for(head, max_len)  # noqa: E731
-        make_batch = lambda b: batch_drafter_for(head, max_len, b)  # noqa: E731
+        if args.compile and batched and HEADS[args.method].batch_drafter is not None:  # built once: compiled once
+            shared_batch = batch_drafter_for(head, max_len, args.batch_size, compile=True)
+            make_batch = lambda b: shared_batch  # noqa: E731  (begin resets it to each batch, of any size)
+        else:
+            make_batch = lambda b: batch_drafter_for(head, max_len, b)  # noqa: E731
     elif args.method in ("draft-model", "hf-assisted"):
         if not args.draft:
             p.error(f"--method {args.method} needs --draft (an HF causal LM directory)")
@@ -154,7 +163,7 @@ def main() -> int:
             p.error(f"the draft model {args.draft} has another tokenizer than the target {args.target}; "
                     "a draft model must share its target's vocabulary")
         draft_model = load_causal_lm(TargetConfig(path=args.draft, dtype=dtype, device=device))
-        draft_runner = draft_model_runner(draft_model, max_len, compile=args.compile)  # built once: compiled once
+        draft_runner = draft_model_runner(draft_model, max_len, compile=args.compile and not batched)  # built once: compiled once
         draft_runner.precompile(range(1, compiled_block + 1), masked=range(1, compiled_block + 1) if tree else ())
         make = lambda: DraftModelDrafter(draft_runner, max_len, vocab_size)  # noqa: E731
         if args.batch_size > 1:  # a Target wrapper hooks the model: only where the batch drafter runs it
@@ -185,7 +194,10 @@ def main() -> int:
         mode += f", batch {args.batch_size}"
     if dtype != ("bfloat16" if device == "cuda" else "float32"):  # the device's default dtype goes unsaid
         mode += f", {dtype}"
-    compiled_drafter = args.compile and args.method not in ("ngram", *HF_METHODS)  # n-gram lookup runs no model
+    # n-gram lookup runs no model; in a batch only EAGLE-3's and MTP's batched layers compile (Medusa's heads, the draft
+    # model's batch runner and per-sequence drafters run eagerly)
+    compiled_drafter = args.compile and args.method not in ("ngram", *HF_METHODS) and (
+        not batched or hasattr(shared_batch, "precompile"))
     if args.compile:
         mode += ", compiled target and drafter" if compiled_drafter else ", compiled target"
     table = markdown_table(report["results"], report["by_prompt_length"])

@@ -312,4 +312,77 @@ def test_batch_caches_grow_past_their_first_allocation(world):
     drafter = Eagle3BatchDrafter(head, 400, len(ps))
     outs, _ = batch_speculative_generate(ragged, drafter, ps, 30, set(), 3)
     assert [o.tokens for o in outs] == expected
-    assert drafter.keys.shape[2] > 256 and ragged.cache.layers[0].keys.shape[2] > 256  # both grew
+    assert drafter.blocks.cache.layers[0].keys.shape[2] > 256 and ragged.cache.layers[0].keys.shape[2] > 256  # both grew
+
+
+@pytest.mark.parametrize("method,backend", [("ngram", "eager"), ("eagle3-batched", "eager"), ("mtp-batched", "eager"),
+                                            pytest.param("eagle3-batched", "inductor", marks=pytest.mark.slow)])
+def test_a_compiled_batch_decodes_each_prompt_as_alone_and_finished_rows_recompile_nothing(world, method, backend):
+    """``RaggedRunner(compile=True)``: rows that finish early stay as dead rows of the static batch, so after
+    ``precompile`` (plain decoding's width 1 and the verify's k + 1, at each key window) nothing compiles
+    mid-generation; every row's tokens and acceptance are those of decoding it alone, across a key window's edge."""
+    model, target, alone, _ = world
+    make, make_batch = drafter_makers(world)[method]
+    ps = prompts()
+    plain = [plain_generate(alone, p, 110, set()).tokens for p in ps]
+    eos = {plain[0][4], plain[3][9]} - set(plain[1])  # two rows finish early, at different rounds; row 1 runs on
+    expected = [speculative_generate(alone, make(), p, 110, eos, 3) for p in ps]
+    assert len(expected[0].tokens) <= 5 and len(expected[3].tokens) <= 10  # the case under test: rows finished early
+    assert ps[1].shape[1] + len(expected[1].tokens) > 128  # and a row's keys crossed the first key window
+    graphs = []
+
+    def counting(gm, example_inputs):  # a dynamo backend that counts the graphs it is given
+        graphs.append(gm)
+        return gm.forward if backend == "eager" else torch._inductor.compile(gm, example_inputs)
+
+    torch._dynamo.reset()
+    compiled = RaggedRunner(target, MAX_LEN, compile=True, backend=counting)
+    compiled.precompile(len(ps), [1, 4])
+    assert len(graphs) == 4  # widths 1 and 4, key windows 128 and 160 (MAX_LEN)
+    compiled.precompile(3, [1, 4])  # a smaller last batch: its own buffers and graphs, the first size's kept
+    assert len(graphs) == 8
+    outs, _ = batch_speculative_generate(compiled, make_batch(len(ps)), ps, 110, eos, 3)
+    for got, want in zip(outs, expected):
+        assert (got.tokens, got.accepted, got.proposed) == (want.tokens, want.accepted, want.proposed)
+    plains, _ = batch_plain_generate(compiled, ps[:3], 110, eos)
+    assert [o.tokens for o in plains] == [w.tokens for w in expected[:3]]
+    again, _ = batch_speculative_generate(compiled, make_batch(len(ps)), ps, 110, eos, 3)
+    assert [o.tokens for o in again] == [w.tokens for w in expected]
+    # nothing compiled mid-generation: shorter drafts ran padded to the verify's width, finished rows stayed as dead
+    # rows, and each batch size went back to its own buffers
+    assert len(graphs) == 8 and not compiled.cache.lengths
+
+
+@pytest.mark.parametrize("name,backend", [("eagle3", "eager"), ("mtp", "eager"),
+                                          pytest.param("eagle3", "inductor", marks=pytest.mark.slow),
+                                          pytest.param("mtp", "inductor", marks=pytest.mark.slow)])
+def test_compiled_batch_drafters_draft_as_alone_and_compile_nothing_mid_generation(world, name, backend):
+    """EAGLE-3's and MTP's batched layers compiled (``RaggedBlocks``): one drafter reused for batches of 4 and 3 rows,
+    rows finishing early, a row crossing a key window -- every row decodes as alone, and after ``precompile`` (blocks
+    of 1..k + 1 at each key window, per batch size) no graph compiles mid-generation."""
+    _, target, alone, ragged = world
+    torch.manual_seed(0)
+    head = (random_eagle3_head(target) if name == "eagle3" else build_mtp(target)).double()
+    single_cls, batch_cls = (Eagle3Drafter, Eagle3BatchDrafter) if name == "eagle3" else (MTPDrafter, MTPBatchDrafter)
+    ps = prompts()
+    plain = [plain_generate(alone, p, 110, set()).tokens for p in ps]
+    eos = {plain[0][4], plain[3][9]} - set(plain[1])
+    expected = [speculative_generate(alone, single_cls(head, MAX_LEN), p, 110, eos, 3) for p in ps]
+    assert len(expected[0].tokens) <= 5 and ps[1].shape[1] + len(expected[1].tokens) > 128
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward if backend == "eager" else torch._inductor.compile(gm, example_inputs)
+
+    torch._dynamo.reset()
+    drafter = batch_cls(head, MAX_LEN, len(ps), compile=True, backend=counting)
+    drafter.precompile(len(ps), 4)
+    drafter.precompile(3, 4)
+    assert len(graphs) == 16  # widths 1..4 x key windows 128 and 160 x batch sizes 4 and 3
+    outs, _ = batch_speculative_generate(ragged, drafter, ps, 110, eos, 3)
+    for got, want in zip(outs, expected):
+        assert (got.tokens, got.accepted, got.proposed) == (want.tokens, want.accepted, want.proposed)
+    outs, _ = batch_speculative_generate(ragged, drafter, ps[:3], 110, eos, 3)
+    assert [(o.tokens, o.accepted) for o in outs] == [(w.tokens, w.accepted) for w in expected[:3]]
+    assert len(graphs) == 16

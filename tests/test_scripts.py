@@ -210,3 +210,20 @@ def test_benchmark_script_runs_headstart_and_transformers_peers_and_writes_the_s
             assert report["predicted_speedup"] > 0 and "target verify" in (out / "results.md").read_text()
         else:
             assert report["predicted_speedup"] is None
+
+
+@pytest.mark.slow
+def test_benchmark_script_compiles_a_batch(tmp_path):
+    """``--compile --batch-size 2``: the batch's target forward and EAGLE-3's batched layer compiled (inductor), greedy
+    outputs equal plain greedy decoding, and the section says what ran compiled."""
+    out = tmp_path / "bench"
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "benchmark.py"), "--target", str(REPO / "configs/demo/target"),
+                           "--method", "eagle3", "--draft", str(REPO / "configs/demo/eagle3-head"), "--questions",
+                           str(REPO / "configs/demo/eval/mt_bench.jsonl"), "--limit", "2", "--max-new-tokens", "16",
+                           "--max-len", "256", "--num-speculative-tokens", "3", "--batch-size", "2", "--compile",
+                           "--no-hf-reference", "--verify-greedy", "--out", str(out), "--benchmarks", str(tmp_path / "B.md")],
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "results.json").read_text())
+    assert report["mismatches"] == [] and report["results"]["overall"]["tau"] > 1.0 and report["speedup"] > 0
+    assert "greedy, batch 2, compiled target and drafter" in (tmp_path / "B.md").read_text()

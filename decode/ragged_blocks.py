@@ -1,0 +1,109 @@
+"""A batched drafter's layer over a ragged batch, eager or compiled: what ``RaggedRunner`` does for the target, for the
+one-layer drafts (EAGLE-3, MTP) that keep their own KV cache.
+
+``step(hidden [B, m, W], tokens [B, m], positions [B, m], allowed [B, m, S], cache) -> out [B, m, ...]`` (or a tuple
+of such) runs a block of m pairs per row: row b's written at slots starts[b]... of ``cache`` (a one-layer
+``StaticRaggedKVCache``, whose ``update`` returns the first S slots), seeing what ``allowed`` says. The rows keep the
+batch's size to the end: a row the loop drops stays as a dead row (one padding pair at slot 0, never read), so the
+shapes -- and a compiled step's graphs -- never change. Compiled, a block is padded to a compiled width and attends
+over a key window (``key_window``), its mask and positions built inside the graph; prompts run eagerly.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from headstart.decode.kv_cache import StaticRaggedKVCache, key_window, ragged_allowed
+from headstart.decode.static_blocks import COMPILED_BLOCK, compile_step, padded_size
+
+
+class RaggedBlocks:
+    def __init__(self, step: Callable, max_len: int, device: torch.device, compile: bool = False,
+                 backend: str = "inductor") -> None:
+        self.step = step
+        self.max_len = max_len
+        self.device = device
+        self.cache = StaticRaggedKVCache(1, max_len, device, grow=not compile)
+        self.compiled = compile_step(self._run, device, backend) if compile else None
+        self.sizes: dict[int, set[int]] = {}  # compiled widths, by batch size
+
+    @property
+    def lengths(self) -> list[int]:
+        """Committed pairs per live row."""
+        return self.cache.lengths
+
+    def reset(self, batch: int) -> None:
+        self.cache.reset(batch)
+
+    def commit(self, counts: list[int]) -> None:
+        self.cache.commit(counts)
+
+    def select(self, rows: list[int]) -> None:
+        self.cache.select(rows)
+
+    def __call__(self, hidden: torch.Tensor, tokens: torch.Tensor, starts: list[int], valid: list[int]):
+        """The live rows' pairs (hidden [b, n, W], tokens [b, n]): row i's first valid[i] written at slots starts[i]...
+        and attending causally to every slot before them. Returns the step's output(s), [b, n, ...] each."""
+        cache = self.cache
+        n = tokens.shape[1]
+        eager = self.compiled is None or min(starts) == 0 or n > COMPILED_BLOCK
+        sizes = self.sizes.setdefault(cache.batch, set())
+        m = n if eager else padded_size(sizes, n, self.max_len - max(starts))
+        needed = max(starts) + m
+        if needed > self.max_len:
+            raise ValueError(f"draft KV cache overflow: {needed} > max_len {self.max_len} (raise --max-len)")
+        live = torch.tensor(cache.live, device=self.device)
+        full_hidden = hidden.new_zeros(cache.batch, m, hidden.shape[-1])
+        full_hidden[live, :n] = hidden
+        full_tokens = tokens.new_zeros(cache.batch, m)
+        full_tokens[live, :n] = tokens
+        row_starts, ends = [0] * cache.batch, [1] * cache.batch  # a dead row: one pair at slot 0, its own
+        for row, start, v in zip(cache.live, starts, valid):
+            row_starts[row], ends[row] = start, start + v
+        cache.begin(needed if self.compiled is None else key_window(needed, self.max_len), row_starts)
+        ends = torch.tensor(ends, device=self.device)
+        if eager:
+            out = self._run(full_hidden, full_tokens, ends)
+        else:
+            sizes.add(m)
+            if self.device.type == "cuda":
+                torch.compiler.cudagraph_mark_step_begin()
+            out = self.compiled(full_hidden, full_tokens, ends)
+        pick = lambda t: t[live, :n].clone()  # noqa: E731  (a CUDA graph reuses its outputs)
+        return tuple(map(pick, out)) if isinstance(out, tuple) else pick(out)
+
+    def _run(self, hidden: torch.Tensor, tokens: torch.Tensor, ends: torch.Tensor):
+        """The step over the whole batch's block, its mask and positions built from the cache's starts (in the graph
+        when compiled); the key window is a Python int (a graph each)."""
+        allowed, positions = ragged_allowed(self.cache.starts, ends, tokens.shape[1], self.cache.visible)
+        return self.step(hidden, tokens, positions, allowed, self.cache)
+
+    @torch.no_grad()
+    def precompile(self, batch: int, max_block: int, width: int, dtype: torch.dtype) -> None:
+        """Compile blocks of 1..``max_block`` pairs of ``width`` features for ``batch`` rows, at every key window, on
+        dummy pairs at slot 0, so nothing compiles mid-generation. Leaves the cache reset to ``batch`` empty rows."""
+        if self.compiled is None:
+            return
+        cache = self.cache
+        cache.reset(batch)
+        done = self.sizes.setdefault(batch, set())
+        windows = sorted({key_window(n, self.max_len) for n in range(1, self.max_len + 1)})
+        for m in range(1, min(max_block, COMPILED_BLOCK, self.max_len) + 1):
+            hidden = torch.zeros(batch, m, width, device=self.device, dtype=dtype)
+            tokens = torch.zeros(batch, m, dtype=torch.long, device=self.device)
+            ends = torch.full((batch,), m, device=self.device)
+            if not cache.layers[0].is_initialized:  # the buffers, eagerly: fixed addresses for CUDA graphs
+                cache.begin(self.max_len, [0] * batch)
+                self._run(hidden, tokens, ends)
+            if m in done:
+                continue
+            for window in windows:
+                if m <= window:
+                    cache.begin(window, [0] * batch)
+                    if self.device.type == "cuda":
+                        torch.compiler.cudagraph_mark_step_begin()
+                    self.compiled(hidden, tokens, ends)
+            done.add(m)
+        cache.reset(batch)
