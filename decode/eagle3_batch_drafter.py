@@ -38,7 +38,7 @@ class Eagle3BatchDrafter:
     def precompile(self, batch: int, max_block: int) -> None:
         """With ``compile``: the layer's blocks of 1..max_block pairs (a commit of k + 1, a draft step's 1) for ``batch``
         rows, compiled now."""
-        self.blocks.precompile(batch, max_block, self.head.config.hidden_size, self.head.fc.weight.dtype)
+        self.blocks.precompile(batch, range(1, max_block + 1), self.head.config.hidden_size, self.head.fc.weight.dtype)
 
     def _layer(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor,
                cache) -> torch.Tensor:

@@ -30,7 +30,7 @@ class MTPBatchDrafter:
 
     def precompile(self, batch: int, max_block: int) -> None:
         """With ``compile``: the layer's blocks of 1..max_block pairs for ``batch`` rows, compiled now."""
-        self.blocks.precompile(batch, max_block, self.head.eh_proj.out_features, self.head.eh_proj.weight.dtype)
+        self.blocks.precompile(batch, range(1, max_block + 1), self.head.eh_proj.out_features, self.head.eh_proj.weight.dtype)
 
     def _layer(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor,
                cache) -> torch.Tensor:

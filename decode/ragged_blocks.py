@@ -11,7 +11,7 @@ over a key window (``key_window``), its mask and positions built inside the grap
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 
@@ -21,11 +21,12 @@ from headstart.decode.static_blocks import COMPILED_BLOCK, compile_step, padded_
 
 class RaggedBlocks:
     def __init__(self, step: Callable, max_len: int, device: torch.device, compile: bool = False,
-                 backend: str = "inductor") -> None:
+                 backend: str = "inductor", num_layers: int = 1) -> None:
+        """``num_layers``: the cache's layers (a drafter's one; the target's all, ``RaggedRunner(compile=True)``)."""
         self.step = step
         self.max_len = max_len
         self.device = device
-        self.cache = StaticRaggedKVCache(1, max_len, device, grow=not compile)
+        self.cache = StaticRaggedKVCache(num_layers, max_len, device, grow=not compile)
         self.compiled = compile_step(self._run, device, backend) if compile else None
         self.sizes: dict[int, set[int]] = {}  # compiled widths, by batch size
 
@@ -43,9 +44,10 @@ class RaggedBlocks:
     def select(self, rows: list[int]) -> None:
         self.cache.select(rows)
 
-    def __call__(self, hidden: torch.Tensor, tokens: torch.Tensor, starts: list[int], valid: list[int]):
-        """The live rows' pairs (hidden [b, n, W], tokens [b, n]): row i's first valid[i] written at slots starts[i]...
-        and attending causally to every slot before them. Returns the step's output(s), [b, n, ...] each."""
+    def __call__(self, hidden: torch.Tensor | None, tokens: torch.Tensor, starts: list[int], valid: list[int]):
+        """The live rows' pairs (hidden [b, n, W] or None -- the target reads tokens only -- and tokens [b, n]): row i's
+        first valid[i] written at slots starts[i]... and attending causally to every slot before them. Returns the
+        step's output(s), [b, n, ...] each (None stays None)."""
         cache = self.cache
         n = tokens.shape[1]
         eager = self.compiled is None or min(starts) == 0 or n > COMPILED_BLOCK
@@ -53,16 +55,17 @@ class RaggedBlocks:
         m = n if eager else padded_size(sizes, n, self.max_len - max(starts))
         needed = max(starts) + m
         if needed > self.max_len:
-            raise ValueError(f"draft KV cache overflow: {needed} > max_len {self.max_len} (raise --max-len)")
+            raise ValueError(f"KV cache overflow: {needed} tokens > max_len {self.max_len} (raise --max-len)")
         live = torch.tensor(cache.live, device=self.device)
-        full_hidden = hidden.new_zeros(cache.batch, m, hidden.shape[-1])
-        full_hidden[live, :n] = hidden
+        full_hidden = None if hidden is None else hidden.new_zeros(cache.batch, m, hidden.shape[-1])
+        if hidden is not None:
+            full_hidden[live, :n] = hidden
         full_tokens = tokens.new_zeros(cache.batch, m)
         full_tokens[live, :n] = tokens
         row_starts, ends = [0] * cache.batch, [1] * cache.batch  # a dead row: one pair at slot 0, its own
         for row, start, v in zip(cache.live, starts, valid):
             row_starts[row], ends[row] = start, start + v
-        cache.begin(needed if self.compiled is None else key_window(needed, self.max_len), row_starts)
+        cache.begin(needed if eager else key_window(needed, self.max_len), row_starts)  # a prompt: exactly its keys
         ends = torch.tensor(ends, device=self.device)
         if eager:
             out = self._run(full_hidden, full_tokens, ends)
@@ -71,7 +74,7 @@ class RaggedBlocks:
             if self.device.type == "cuda":
                 torch.compiler.cudagraph_mark_step_begin()
             out = self.compiled(full_hidden, full_tokens, ends)
-        pick = lambda t: t[live, :n].clone()  # noqa: E731  (a CUDA graph reuses its outputs)
+        pick = lambda t: None if t is None else t[live, :n].clone()  # noqa: E731  (a CUDA graph reuses its outputs)
         return tuple(map(pick, out)) if isinstance(out, tuple) else pick(out)
 
     def _run(self, hidden: torch.Tensor, tokens: torch.Tensor, ends: torch.Tensor):
@@ -81,29 +84,30 @@ class RaggedBlocks:
         return self.step(hidden, tokens, positions, allowed, self.cache)
 
     @torch.no_grad()
-    def precompile(self, batch: int, max_block: int, width: int, dtype: torch.dtype) -> None:
-        """Compile blocks of 1..``max_block`` pairs of ``width`` features for ``batch`` rows, at every key window, on
-        dummy pairs at slot 0, so nothing compiles mid-generation. Leaves the cache reset to ``batch`` empty rows."""
+    def precompile(self, batch: int, sizes: Iterable[int], width: int | None = None, dtype: torch.dtype | None = None) -> None:
+        """Compile blocks of ``sizes`` pairs (hidden of ``width`` features in ``dtype``; None: tokens only) for ``batch``
+        rows, at every key window, on dummy pairs at slot 0, so nothing compiles mid-generation (a block runs at the
+        smallest compiled width that holds it). Leaves the cache reset to ``batch`` empty rows."""
         if self.compiled is None:
             return
         cache = self.cache
         cache.reset(batch)
         done = self.sizes.setdefault(batch, set())
         windows = sorted({key_window(n, self.max_len) for n in range(1, self.max_len + 1)})
-        for m in range(1, min(max_block, COMPILED_BLOCK, self.max_len) + 1):
-            hidden = torch.zeros(batch, m, width, device=self.device, dtype=dtype)
-            tokens = torch.zeros(batch, m, dtype=torch.long, device=self.device)
-            ends = torch.full((batch,), m, device=self.device)
-            if not cache.layers[0].is_initialized:  # the buffers, eagerly: fixed addresses for CUDA graphs
-                cache.begin(self.max_len, [0] * batch)
-                self._run(hidden, tokens, ends)
-            if m in done:
-                continue
+
+        def dummies(m: int):
+            hidden = None if width is None else torch.zeros(batch, m, width, device=self.device, dtype=dtype)
+            return hidden, torch.zeros(batch, m, dtype=torch.long, device=self.device), torch.full((batch,), m, device=self.device)
+
+        if not cache.layers[0].is_initialized:  # the buffers, eagerly: fixed addresses for CUDA graphs
+            cache.begin(self.max_len, [0] * batch)
+            self._run(*dummies(1))
+        for m in sorted(m for m in set(sizes) - done if 0 < m <= min(COMPILED_BLOCK, self.max_len)):
             for window in windows:
                 if m <= window:
                     cache.begin(window, [0] * batch)
                     if self.device.type == "cuda":
                         torch.compiler.cudagraph_mark_step_begin()
-                    self.compiled(hidden, tokens, ends)
+                    self.compiled(*dummies(m))
             done.add(m)
         cache.reset(batch)

@@ -15,8 +15,8 @@ from typing import Iterable
 
 import torch
 
-from headstart.decode.kv_cache import (PositionalKVCache, RaggedKVCache, StaticKVCache, StaticRaggedKVCache, key_window,
-                                       move_slots, ragged_allowed, ragged_block)
+from headstart.decode.kv_cache import PositionalKVCache, RaggedKVCache, StaticKVCache, move_slots, ragged_block
+from headstart.decode.ragged_blocks import RaggedBlocks
 from headstart.decode.static_blocks import COMPILED_BLOCK, causal_allowed, compile_step, padded_size, self_mask
 from headstart.models.target import Target, TargetOutput, additive_mask
 
@@ -230,19 +230,22 @@ class RaggedRunner(TargetRunner):
     ``valid[b]`` are padding (a shorter prompt, a shorter draft) that no real token attends to. Rotary positions
     are per row, so a row's logits are the ones it would get decoded alone.
 
-    ``compile``: blocks after the prompts run through ``torch.compile`` (CUDA graphs on a GPU) over a
-    ``StaticRaggedKVCache``, padded to a compiled width, their mask and positions built inside the graph from the
-    rows' write slots, attending over a key window of 128, 256, ... slots (``key_window``: a graph each), not all
-    ``max_len``. The batch keeps its size to the end: a finished row stays as a dead row (the graph's shapes
+    ``compile``: blocks after the prompts run through ``torch.compile`` (CUDA graphs on a GPU) as ``RaggedBlocks``
+    (decode/ragged_blocks.py) over a ``StaticRaggedKVCache``: padded to a compiled width, their mask and positions built
+    inside the graph from the rows' write slots, attending over a key window of 128, 256, ... slots (a graph each),
+    not all ``max_len``. The batch keeps its size to the end: a finished row stays as a dead row (the graph's shapes
     do not change, so nothing recompiles), at the cost of computing it; prompts run eagerly on the same cache."""
 
     def __init__(self, target: Target, max_len: int, with_aux: bool = True, compile: bool = False,
                  backend: str = "inductor") -> None:
         super().__init__(target, max_len, with_aux)
-        self.cache = StaticRaggedKVCache(target.num_layers, max_len, self.device) if compile else \
-            RaggedKVCache(target.num_layers, max_len)
-        self._ragged = compile_step(self._run_ragged, self.device, backend) if compile else None
-        self._ragged_sizes: dict[int, set[int]] = {}  # compiled block widths, by batch size (a graph each)
+        self._blocks = None
+        if compile:  # the compiled batch: decode/ragged_blocks.py over every layer's static cache
+            self._blocks = RaggedBlocks(self._step, max_len, self.device, compile=True, backend=backend,
+                                        num_layers=target.num_layers)
+            self.cache = self._blocks.cache
+        else:
+            self.cache = RaggedKVCache(target.num_layers, max_len)
 
     @property
     def length(self) -> int:
@@ -270,10 +273,13 @@ class RaggedRunner(TargetRunner):
         B, n = input_ids.shape
         device = input_ids.device
         valid = valid or [n] * B
-        if self._ragged is not None:
+        if self._blocks is not None:
             if starts is not None:
                 raise ValueError("a compiled RaggedRunner writes each row's block after its committed tokens (no starts=)")
-            return self._forward_static(input_ids, valid, last_only)
+            # The live rows' block in the whole static batch (finished rows stay as dead rows), compiled but for prompts.
+            last, aux = self._blocks(None, input_ids, self.cache.lengths, valid)
+            states = TargetOutput(aux_hidden_states=aux, last_hidden_state=last)
+            return self._last_logits(last, valid) if last_only else self.target.logits(last), states
         starts = self.cache.lengths if starts is None else starts
         allowed, position_ids = ragged_block(starts, valid, n, device)
         mask = self._mask(allowed, position_ids, torch.arange(allowed.shape[-1], device=device))  # key slot = position
@@ -287,70 +293,17 @@ class RaggedRunner(TargetRunner):
         rows = torch.arange(hidden.shape[0], device=hidden.device)
         return self.target.logits(hidden[rows, torch.tensor(valid, device=hidden.device) - 1])
 
-    def _forward_static(self, input_ids: torch.Tensor, valid: list[int], last_only: bool) -> tuple[torch.Tensor, TargetOutput]:
-        """The compiled runner's forward: the live rows' block placed in the whole batch's [B_all, m] (dead rows: one
-        padding token at slot 0), m a compiled width; a prompt (a row at length 0) or a block wider than
-        ``COMPILED_BLOCK`` runs eagerly. Returns the live rows' first n columns."""
-        cache = self.cache
-        b, n = input_ids.shape
-        eager = min(cache.lengths) == 0 or n > COMPILED_BLOCK
-        sizes = self._ragged_sizes.setdefault(cache.batch, set())
-        m = n if eager else padded_size(sizes, n, self.max_len - max(cache.lengths))
-        needed = max(cache.lengths) + m
-        if needed > self.max_len:
-            raise ValueError(f"KV cache overflow: {needed} tokens > max_len {self.max_len} (raise --max-len)")
-        live = torch.tensor(cache.live, device=self.device)
-        ids = input_ids.new_zeros(cache.batch, m)
-        ids[live, :n] = input_ids
-        ends = [1] * cache.batch  # a dead row: one real token, its own
-        for row, length, v in zip(cache.live, cache.lengths, valid):
-            ends[row] = length + v
-        cache.begin(needed if eager else key_window(needed, self.max_len))
-        ends = torch.tensor(ends, device=self.device)
-        if eager:
-            logits, aux, last = self._run_ragged(ids, ends, logits=not last_only)
-        else:
-            sizes.add(m)
-            if self.device.type == "cuda":
-                torch.compiler.cudagraph_mark_step_begin()
-            logits, aux, last = self._ragged(ids, ends)
-        pick = lambda t: None if t is None else t[live, :n].clone()  # noqa: E731  (a CUDA graph reuses its outputs)
-        states = TargetOutput(aux_hidden_states=pick(aux), last_hidden_state=pick(last))
-        if last_only:
-            return self._last_logits(states.last_hidden_state, valid), states
-        return pick(logits), states
-
     @torch.no_grad()
     def precompile(self, batch: int, sizes: Iterable[int]) -> None:
         """With ``compile``: compile the forward of ``batch`` rows for blocks of ``sizes`` tokens now (plain decoding's
-        1, a chain's k + 1), on dummy tokens at slot 0, so no width compiles mid-generation (a block runs at the
-        smallest compiled width that holds it). Leaves the cache reset to ``batch`` empty rows."""
-        if self._ragged is None:
-            return
-        cache = self.cache
-        cache.reset(batch)
-        cache.begin(self.max_len)
-        ones = torch.ones(batch, dtype=torch.long, device=self.device)
-        self._run_ragged(torch.zeros(batch, 1, dtype=torch.long, device=self.device), ones)  # the buffers, eagerly
-        done = self._ragged_sizes.setdefault(batch, set())
-        windows = sorted({key_window(n, self.max_len) for n in range(1, self.max_len + 1)})
-        for m in sorted(m for m in set(sizes) - done if 0 < m <= min(COMPILED_BLOCK, self.max_len)):
-            for window in windows:
-                if m <= window:
-                    cache.begin(window)
-                    if self.device.type == "cuda":
-                        torch.compiler.cudagraph_mark_step_begin()
-                    self._ragged(torch.zeros(batch, m, dtype=torch.long, device=self.device), ones * m)
-            done.add(m)
-        cache.reset(batch)
+        1, a chain's k + 1), so no width compiles mid-generation. Leaves the cache reset to ``batch`` empty rows."""
+        if self._blocks is not None:
+            self._blocks.precompile(batch, sizes)
 
-    def _run_ragged(self, input_ids: torch.Tensor, ends: torch.Tensor, logits: bool = True):
-        """The target over a [B, m] block written from the cache's ``starts``, row b's real tokens ending at slot
-        ends[b], its mask and positions built here (inside the graph when compiled): (logits or None, aux, last)."""
-        starts, visible = self.cache.starts, self.cache.visible  # visible: a Python int, a graph each
-        allowed, positions = ragged_allowed(starts, ends, input_ids.shape[1], visible)
-        mask = self._mask(allowed, positions, torch.arange(visible, device=input_ids.device))
-        out = self.target(input_ids, attention_mask=mask, position_ids=positions, past_key_values=self.cache,
+    def _step(self, hidden: torch.Tensor | None, input_ids: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor, cache):
+        """``RaggedBlocks``' step: the target over a [B, m] block -> (final hidden state, aux states or None). The logits
+        are left out of the graph: a prompt needs only its rows' last ones, [B, T, V] for a long prompt is gigabytes."""
+        mask = self._mask(allowed, positions, torch.arange(allowed.shape[-1], device=input_ids.device))
+        out = self.target(input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                           with_aux=self.with_aux)
-        last = out.last_hidden_state
-        return (self.target.logits(last) if logits else None), out.aux_hidden_states, last
+        return out.last_hidden_state, out.aux_hidden_states

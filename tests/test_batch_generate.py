@@ -386,3 +386,10 @@ def test_compiled_batch_drafters_draft_as_alone_and_compile_nothing_mid_generati
     outs, _ = batch_speculative_generate(ragged, drafter, ps[:3], 110, eos, 3)
     assert [(o.tokens, o.accepted) for o in outs] == [(w.tokens, w.accepted) for w in expected[:3]]
     assert len(graphs) == 16
+
+
+def test_a_compiled_batch_past_its_cache_is_refused_by_name(world):
+    _, target, _, _ = world
+    runner = RaggedRunner(target, 40, compile=True, backend="eager")
+    with pytest.raises(ValueError, match=r"KV cache overflow: 41 tokens > max_len 40 \(raise --max-len\)"):
+        batch_plain_generate(runner, prompts()[:2], 40, set())
