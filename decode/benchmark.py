@@ -283,7 +283,7 @@ def _run_batched(runner: RaggedRunner, make_drafter: Callable[[int], BatchDrafte
                     for start in range(0, len(questions), batch_size)
                     for turn in range(max(len(q["turns"]) for q in questions[start : start + batch_size]))})
     for size in sizes:
-        runner.precompile(size, [1, k + 1])
+        runner.precompile_batch(size, [1, k + 1])
         drafter = make_drafter(size)
         if hasattr(drafter, "precompile"):  # a compiled batched draft layer: commits of 1..k + 1, steps of 1
             drafter.precompile(size, k + 1)

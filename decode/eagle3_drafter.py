@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from headstart.decode.static_blocks import ChainGraph, StaticBlocks, TreeGraph, causal_allowed, static_address
+from headstart.decode.kv_cache import static_address
+from headstart.decode.static_blocks import ChainGraph, StaticBlocks, TreeGraph, causal_allowed
 from headstart.decode.tree import DynamicTree, ExpandedNodes, grow_static_tree
 from headstart.models.eagle3 import Eagle3Draft
 from headstart.models.target import TargetOutput

@@ -189,7 +189,7 @@ class RaggedKVCache(Cache):
 class StaticRaggedKVLayer(PositionalKVLayer):
     """A ``RaggedKVLayer`` with static shapes, for a compiled batched forward: [B, heads, max_len, head_dim] buffers,
     row b's block written from ``starts[b]`` (a device tensor the cache fills: changing it recompiles nothing), and the
-    whole buffer returned, the caller's mask hiding every slot a row has not committed or is not writing."""
+    first ``visible`` slots returned, the caller's mask hiding every slot a row has not committed or is not writing."""
 
     is_compileable = True
 
@@ -200,17 +200,13 @@ class StaticRaggedKVLayer(PositionalKVLayer):
         self.grow = grow  # eager use: buffers start at 256 slots and grow, as a long context's max_len would not fit
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        if self.grow:
-            B, heads, _, dim = key_states.shape
-            slots = min(self.max_len, max(256, self.visible))
-            self.keys = key_states.new_zeros(B, heads, slots, dim)
-            self.values = value_states.new_zeros(B, heads, slots, value_states.shape[-1])
-            self.is_initialized = True
-            return
-        super().lazy_initialization(key_states, value_states)
-        if not torch.compiler.is_compiling():  # fixed addresses: what CUDA graphs replay against
-            torch._dynamo.mark_static_address(self.keys)
-            torch._dynamo.mark_static_address(self.values)
+        B, heads, _, dim = key_states.shape
+        slots = min(self.max_len, max(256, self.visible)) if self.grow else self.max_len
+        self.keys = key_states.new_zeros(B, heads, slots, dim)
+        self.values = value_states.new_zeros(B, heads, slots, value_states.shape[-1])
+        self.is_initialized = True
+        if not self.grow:
+            static_address(self.keys, self.values)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
@@ -224,6 +220,14 @@ class StaticRaggedKVLayer(PositionalKVLayer):
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.visible, 0
+
+
+def static_address(*buffers: torch.Tensor) -> None:
+    """Buffers a compiled step writes in place keep fixed addresses: what CUDA graphs replay against (outside a
+    compiled graph only: inside one ``mark_static_address`` cannot run)."""
+    if not torch.compiler.is_compiling():
+        for buffer in buffers:
+            torch._dynamo.mark_static_address(buffer)
 
 
 def key_window(needed: int, max_len: int) -> int:
@@ -240,14 +244,15 @@ class StaticRaggedKVCache(Cache):
     """A ``RaggedKVCache`` for a compiled runner: the same per-row ``lengths``, ``commit`` and ``select``, over
     buffers whose shapes never change. A finished row is not dropped (that would change the batch, and recompile):
     it stays in the buffers as a dead row that writes its padding at slot 0 and is never read. ``live`` maps the
-    caller's rows (the unfinished ones, in order) to buffer rows."""
+    caller's rows (the unfinished ones, in order) to buffer rows. ``compact`` (eager use): buffers of 256 slots grown
+    on demand rather than ``max_len`` (a long-context model's whole window for every row), and a finished row dropped
+    from them, as ``RaggedKVCache`` does."""
 
-    def __init__(self, num_layers: int, max_len: int, device: torch.device, grow: bool = False) -> None:
-        """``grow``: for eager use, buffers of 256 slots grown on demand rather than ``max_len`` (a long-context model's
-        whole window for every row); a compiled user needs them whole and fixed."""
-        super().__init__(layers=[StaticRaggedKVLayer(max_len, grow) for _ in range(num_layers)])
+    def __init__(self, num_layers: int, max_len: int, device: torch.device, compact: bool = False) -> None:
+        super().__init__(layers=[StaticRaggedKVLayer(max_len, grow=compact) for _ in range(num_layers)])
         self.max_len = max_len
         self.device = device
+        self.compact = compact
         self.lengths: list[int] = []  # per live row
         self.live: list[int] = []
         self.starts = torch.zeros(0, dtype=torch.long, device=device)
@@ -258,31 +263,28 @@ class StaticRaggedKVCache(Cache):
         return self.starts.shape[0]
 
     def reset(self, batch: int) -> None:
-        """Empty rows for a batch of this size. Each size keeps its own buffers (and its own graphs): a benchmark whose
-        last batch is smaller goes back and forth without reallocating, which a CUDA graph would record again."""
+        """Empty rows for a batch of this size. Compiled, each size keeps its own buffers (and its own graphs): a
+        benchmark whose last batch is smaller goes back and forth without reallocating, which a CUDA graph would record
+        again."""
         self.lengths, self.live = [0] * batch, list(range(batch))
         if batch == self.batch:
             return
-        if self.layers[0].is_initialized:
+        if self.layers[0].is_initialized and not self.compact:
             self._kept[self.batch] = (self.starts, [(layer.keys, layer.values) for layer in self.layers])
         if batch in self._kept:
             self.starts, buffers = self._kept.pop(batch)
         else:
             self.starts, buffers = torch.zeros(batch, dtype=torch.long, device=self.device), None
-            torch._dynamo.mark_static_address(self.starts)
+            if not self.compact:
+                static_address(self.starts)
         for i, layer in enumerate(self.layers):
             layer.starts, layer.is_initialized = self.starts, buffers is not None
             if buffers is not None:
                 layer.keys, layer.values = buffers[i]
 
-    def begin(self, visible: int, starts: list[int] | None = None) -> None:
-        """Before a forward: each live row writes after its committed tokens, a dead row at slot 0 (or, given, every
-        buffer row at ``starts``: a drafter's speculative steps write past the committed ones); attention reads the
-        first ``visible`` slots."""
-        if starts is None:
-            starts = [0] * self.batch
-            for row, length in zip(self.live, self.lengths):
-                starts[row] = length
+    def begin(self, visible: int, starts: list[int]) -> None:
+        """Before a forward: buffer row b writes from slot starts[b] (a dead row: 0) and attention reads the first
+        ``visible`` slots."""
         self.starts.copy_(torch.tensor(starts), non_blocking=True)  # in place: the compiled graph reads this tensor
         for layer in self.layers:
             layer.visible = visible
@@ -295,9 +297,18 @@ class StaticRaggedKVCache(Cache):
         self.lengths = [n + c for n, c in zip(self.lengths, counts)]
 
     def select(self, rows: list[int]) -> None:
-        """Keep only these live rows, in this order; the others become dead rows (nothing is copied)."""
+        """Keep only these live rows, in this order: the others become dead rows (nothing is copied), or with
+        ``compact`` leave the buffers."""
         self.live = [self.live[r] for r in rows]
         self.lengths = [self.lengths[r] for r in rows]
+        if self.compact:
+            index = torch.tensor(self.live, dtype=torch.long, device=self.device)
+            self.starts = torch.zeros(len(rows), dtype=torch.long, device=self.device)
+            for layer in self.layers:
+                layer.starts = self.starts
+                if layer.is_initialized:
+                    layer.keys, layer.values = layer.keys[index], layer.values[index]
+            self.live = list(range(len(rows)))
 
 
 class StaticKVLayer(PositionalKVLayer):
@@ -313,9 +324,7 @@ class StaticKVLayer(PositionalKVLayer):
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
-        if not torch.compiler.is_compiling():  # fixed addresses: what CUDA graphs replay against
-            torch._dynamo.mark_static_address(self.keys)
-            torch._dynamo.mark_static_address(self.values)
+        static_address(self.keys, self.values)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:

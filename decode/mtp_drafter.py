@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from headstart.decode.kv_cache import PositionalKVCache, StaticKVCache
-from headstart.decode.static_blocks import ChainGraph, StaticBlocks, TreeGraph, causal_allowed, self_mask, static_address
+from headstart.decode.kv_cache import PositionalKVCache, StaticKVCache, static_address
+from headstart.decode.static_blocks import ChainGraph, StaticBlocks, TreeGraph, causal_allowed, self_mask
 from headstart.models.target import additive_mask
 from headstart.decode.tree import ExpandedNodes, grow_static_tree
 from headstart.models.mtp import MTPHead

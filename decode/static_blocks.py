@@ -55,13 +55,6 @@ def causal_allowed(positions: torch.Tensor, keys: int) -> torch.Tensor:
     return torch.arange(keys, device=positions.device)[None, :] <= positions.view(-1, 1)
 
 
-def static_address(*buffers: torch.Tensor) -> None:
-    """Buffers a compiled step writes in place keep fixed addresses: what CUDA graphs replay against."""
-    if not torch.compiler.is_compiling():
-        for buffer in buffers:
-            torch._dynamo.mark_static_address(buffer)
-
-
 class StaticBlocks:
     """Runs ``step(hidden [1, m, W], tokens [1, m], positions [1, m], allowed [m, max_len]) -> out [1, m, ...]`` (or a
     tuple of such) compiled at padded block sizes (prompts eagerly, at their own length), and returns the block's rows

@@ -242,7 +242,7 @@ class RaggedRunner(TargetRunner):
         self._blocks = None
         if compile:  # the compiled batch: decode/ragged_blocks.py over every layer's static cache
             self._blocks = RaggedBlocks(self._step, max_len, self.device, compile=True, backend=backend,
-                                        num_layers=target.num_layers)
+                                        num_layers=target.num_layers, name="target")
             self.cache = self._blocks.cache
         else:
             self.cache = RaggedKVCache(target.num_layers, max_len)
@@ -294,7 +294,7 @@ class RaggedRunner(TargetRunner):
         return self.target.logits(hidden[rows, torch.tensor(valid, device=hidden.device) - 1])
 
     @torch.no_grad()
-    def precompile(self, batch: int, sizes: Iterable[int]) -> None:
+    def precompile_batch(self, batch: int, sizes: Iterable[int]) -> None:
         """With ``compile``: compile the forward of ``batch`` rows for blocks of ``sizes`` tokens now (plain decoding's
         1, a chain's k + 1), so no width compiles mid-generation. Leaves the cache reset to ``batch`` empty rows."""
         if self._blocks is not None:

@@ -116,7 +116,7 @@ def main() -> int:
     max_len = args.max_len or (min(1024, target.context_length) if args.compile else target.context_length)
     vocab_size = target.lm_head.weight.shape[0]
     reads_aux = args.method in HEADS and HEADS[args.method].cls.needs.aux_hidden_states
-    batched = args.batch_size > 1  # the batch's own runner; with --compile its target forward compiles, drafters eager
+    batched = args.batch_size > 1  # the batch's own runner (decode/batch_generate.py), compiled with --compile
     runner = (RaggedRunner if batched else TargetRunner)(target, max_len=max_len, with_aux=reads_aux, compile=args.compile)
     tree = None
     shared_batch = None  # with --compile and --batch-size > 1: the head's one batched drafter

@@ -337,9 +337,10 @@ def test_a_compiled_batch_decodes_each_prompt_as_alone_and_finished_rows_recompi
 
     torch._dynamo.reset()
     compiled = RaggedRunner(target, MAX_LEN, compile=True, backend=counting)
-    compiled.precompile(len(ps), [1, 4])
+    compiled.precompile_batch(len(ps), [1, 4])
     assert len(graphs) == 4  # widths 1 and 4, key windows 128 and 160 (MAX_LEN)
-    compiled.precompile(3, [1, 4])  # a smaller last batch: its own buffers and graphs, the first size's kept
+    buffer = compiled.cache.layers[0].keys
+    compiled.precompile_batch(3, [1, 4])  # a smaller last batch: its own buffers and graphs, the first size's kept
     assert len(graphs) == 8
     outs, _ = batch_speculative_generate(compiled, make_batch(len(ps)), ps, 110, eos, 3)
     for got, want in zip(outs, expected):
@@ -350,7 +351,8 @@ def test_a_compiled_batch_decodes_each_prompt_as_alone_and_finished_rows_recompi
     assert [o.tokens for o in again] == [w.tokens for w in expected]
     # nothing compiled mid-generation: shorter drafts ran padded to the verify's width, finished rows stayed as dead
     # rows, and each batch size went back to its own buffers
-    assert len(graphs) == 8 and not compiled.cache.lengths
+    assert len(graphs) == 8
+    assert compiled.cache.layers[0].keys is buffer and buffer.shape[0] == 4  # its own buffers again, dead rows kept
 
 
 @pytest.mark.parametrize("name,backend", [("eagle3", "eager"), ("mtp", "eager"),
@@ -380,12 +382,46 @@ def test_compiled_batch_drafters_draft_as_alone_and_compile_nothing_mid_generati
     drafter.precompile(len(ps), 4)
     drafter.precompile(3, 4)
     assert len(graphs) == 16  # widths 1..4 x key windows 128 and 160 x batch sizes 4 and 3
-    outs, _ = batch_speculative_generate(ragged, drafter, ps, 110, eos, 3)
+    runner = RaggedRunner(target, MAX_LEN, compile=True, backend=counting)  # the target compiled too, as --compile runs
+    runner.precompile_batch(len(ps), [1, 4])
+    runner.precompile_batch(3, [1, 4])
+    assert len(graphs) == 24
+    outs, _ = batch_speculative_generate(runner, drafter, ps, 110, eos, 3)
     for got, want in zip(outs, expected):
         assert (got.tokens, got.accepted, got.proposed) == (want.tokens, want.accepted, want.proposed)
     outs, _ = batch_speculative_generate(ragged, drafter, ps[:3], 110, eos, 3)
     assert [(o.tokens, o.accepted) for o in outs] == [(w.tokens, w.accepted) for w in expected[:3]]
-    assert len(graphs) == 16
+    assert len(graphs) == 24 and drafter.blocks.cache.layers[0].keys.shape[0] == 3  # dead rows kept, nothing recompiled
+    eager = batch_cls(head, MAX_LEN, len(ps))
+    outs, _ = batch_speculative_generate(ragged, eager, ps, 110, eos, 3)
+    assert [o.tokens for o in outs] == [w.tokens for w in expected]
+    assert eager.blocks.cache.layers[0].keys.shape[0] == 0  # eagerly, finished rows left the buffers
+
+
+def test_compiled_ragged_blocks_raise_dynamos_recompile_limit_to_what_they_compile():
+    """Every ``RaggedBlocks`` compiles the same ``_run``: two of them with many widths and key windows need more
+    graphs than dynamo's default limit of 64 per function, past which it would quietly run the rest eagerly."""
+    from headstart.decode.ragged_blocks import RaggedBlocks
+
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def step(hidden, tokens, positions, allowed, cache):
+        kv = (tokens[:, None, :, None] + positions[:, None, :, None]).float()  # [B, 1, m, 1]
+        keys, _ = cache.update(kv, kv, 0)
+        return kv[:, 0, :, 0] + allowed.sum(-1) + keys.sum()  # [B, m]
+
+    torch._dynamo.reset()
+    # two steps (a target's and a drafter's): blocks with the same step function would share their graphs
+    blocks = [RaggedBlocks(fn, 2048, torch.device("cpu"), compile=True, backend=counting)
+              for fn in (step, lambda *args: step(*args) * 2)]
+    for b in blocks:
+        for batch in (2, 3):
+            b.precompile(batch, range(1, 8))
+    assert len(graphs) == 2 * 2 * 7 * 5  # blocks x batch sizes x widths 1..7 x key windows 128 .. 2048
 
 
 def test_a_compiled_batch_past_its_cache_is_refused_by_name(world):
