@@ -315,7 +315,8 @@ def test_batch_caches_grow_past_their_first_allocation(world):
     assert drafter.blocks.cache.layers[0].keys.shape[2] > 256 and ragged.cache.layers[0].keys.shape[2] > 256  # both grew
 
 
-@pytest.mark.parametrize("method,backend", [("ngram", "eager"), ("eagle3-batched", "eager"), ("mtp-batched", "eager"),
+@pytest.mark.parametrize("method,backend", [("ngram", "eager"), ("eagle3-batched", "eager"),
+                                            pytest.param("mtp-batched", "eager", marks=pytest.mark.slow),
                                             pytest.param("eagle3-batched", "inductor", marks=pytest.mark.slow)])
 def test_a_compiled_batch_decodes_each_prompt_as_alone_and_finished_rows_recompile_nothing(world, method, backend):
     """``RaggedRunner(compile=True)``: rows that finish early stay as dead rows of the static batch, so after
