@@ -2,7 +2,7 @@
 
 The same steps as the one-sequence drafter (decode/eagle3_drafter.py) -- a committed pair (f_j, x_{j+1}) per
 position in the draft's own KV cache, draft step i >= 1 at rotary position t + i attending to the committed keys
-and its own earlier steps -- with each row's committed length its own, as in the target's ``RaggedKVCache``: row
+and its own earlier steps -- with each row's committed length its own, as in the target's ``StaticRaggedKVCache``: row
 b writes at its own slots, its padding (a shorter prompt, fewer accepted tokens) attends only to itself and is
 never attended to, and its speculative slots past its length are overwritten by its next commit. The layer runs
 through ``RaggedBlocks`` (decode/ragged_blocks.py): eagerly, or with ``compile`` as compiled graphs.

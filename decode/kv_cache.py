@@ -92,15 +92,9 @@ def grown(buffer: torch.Tensor, needed: int, limit: int) -> torch.Tensor:
     return out
 
 
-def ragged_block(starts: list[int], valid: list[int], n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Where a batch's next n tokens per row go and what they see: row b's at slots (= positions) starts[b] + i.
-    Returns (allowed [B, n, S] bool over the S = max(starts) + n slots, positions [B, n])."""
-    start = torch.tensor(starts, device=device)
-    return ragged_allowed(start, start + torch.tensor(valid, device=device), n, max(starts) + n)
-
-
 def ragged_allowed(start: torch.Tensor, end: torch.Tensor, n: int, keys: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``ragged_block`` from device tensors (what a compiled step builds inside its graph): row b's block of n at
+    """Where a batch's next n tokens per row go and what they see, from device tensors (a compiled step builds it inside
+    its graph): row b's block of n at
     slots from start[b] [B], its real tokens ending at end[b] [B], over ``keys`` slots. Query i of row b sees the
     row's slots before start[b] and its own block up to itself, never past end[b]; a padding query sees at least
     itself (a query with no key, past a sliding window, would be NaN, and its NaN key would reach real queries
@@ -117,77 +111,8 @@ def write_rows(buffer: torch.Tensor, slots: torch.Tensor, states: torch.Tensor) 
     buffer[rows, :, slots] = states.transpose(1, 2)  # the indexed view is [B, n, heads, head_dim]
 
 
-class RaggedKVLayer(PositionalKVLayer):
-    """One layer of a ``RaggedKVCache``: row b's n new tokens go to its own slots [starts[b], starts[b] + n)."""
-
-    def __init__(self, max_len: int) -> None:
-        super().__init__(max_len)
-        self.starts: torch.Tensor | None = None  # [B] on the cache's device (set by the cache)
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        B, heads, n, _ = key_states.shape
-        slots = min(self.max_len, max(256, self.start + n))
-        self.keys = key_states.new_zeros(B, heads, slots, key_states.shape[-1])
-        self.values = value_states.new_zeros(B, heads, slots, value_states.shape[-1])
-        self.is_initialized = True
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        n = key_states.shape[-2]
-        end = self.start + n  # self.start: the longest row's length, so [:end] holds every row's keys
-        if end > self.max_len:
-            raise ValueError(f"KV cache overflow: {end} tokens > max_len {self.max_len}")
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        if end > self.keys.shape[2]:
-            self.keys, self.values = grown(self.keys, end, self.max_len), grown(self.values, end, self.max_len)
-        slots = self.starts[:, None] + torch.arange(n, device=self.starts.device)  # [B, n]
-        write_rows(self.keys, slots, key_states)
-        write_rows(self.values, slots, value_states)
-        return self.keys[:, :, :end], self.values[:, :, :end]
-
-
-class RaggedKVCache(Cache):
-    """A batch whose rows hold different numbers of committed tokens (``lengths``, one per row).
-
-    A forward over n new tokens per row writes row b's at slots [lengths[b], lengths[b] + n) and returns keys up to
-    the longest row's end; the caller's mask hides every row's slots past its own tokens. Committing is moving a
-    row's length, so a chain's rejected drafts need no rollback: the next forward overwrites them. Rows that finish
-    are dropped (``select``), so the batch never pays for them again."""
-
-    def __init__(self, num_layers: int, max_len: int) -> None:
-        super().__init__(layers=[RaggedKVLayer(max_len) for _ in range(num_layers)])
-        self.max_len = max_len
-        self.lengths: list[int] = []
-
-    def reset(self, batch: int) -> None:
-        self.lengths = [0] * batch
-        for layer in self.layers:
-            if layer.is_initialized and layer.keys.shape[0] != batch:
-                layer.is_initialized = False  # reallocated for this batch size by the next forward
-
-    def begin(self, device: torch.device, starts: list[int] | None = None) -> None:
-        """Before a forward: row b's new tokens go to slots from starts[b] (default: right after its committed ones;
-        a drafter's speculative steps write further on)."""
-        starts = self.lengths if starts is None else starts
-        on_device = torch.tensor(starts, device=device)
-        for layer in self.layers:
-            layer.starts, layer.start = on_device, max(starts)
-
-    def commit(self, counts: list[int]) -> None:
-        """Keep the first counts[b] tokens of row b's last block."""
-        self.lengths = [n + c for n, c in zip(self.lengths, counts)]
-
-    def select(self, rows: list[int]) -> None:
-        """Keep only these rows (in this order): finished sequences leave the batch."""
-        for layer in self.layers:
-            if layer.is_initialized:
-                index = torch.tensor(rows, dtype=torch.long, device=layer.keys.device)
-                layer.keys, layer.values = layer.keys[index], layer.values[index]
-        self.lengths = [self.lengths[r] for r in rows]
-
-
 class StaticRaggedKVLayer(PositionalKVLayer):
-    """A ``RaggedKVLayer`` with static shapes, for a compiled batched forward: [B, heads, max_len, head_dim] buffers,
+    """One layer of a batch whose rows hold different numbers of tokens, with static shapes for a compiled forward: [B, heads, max_len, head_dim] buffers,
     row b's block written from ``starts[b]`` (a device tensor the cache fills: changing it recompiles nothing), and the
     first ``visible`` slots returned, the caller's mask hiding every slot a row has not committed or is not writing."""
 
@@ -241,12 +166,13 @@ def key_window(needed: int, max_len: int) -> int:
 
 
 class StaticRaggedKVCache(Cache):
-    """A ``RaggedKVCache`` for a compiled runner: the same per-row ``lengths``, ``commit`` and ``select``, over
-    buffers whose shapes never change. A finished row is not dropped (that would change the batch, and recompile):
+    """A batch whose rows hold different numbers of committed tokens (``lengths``, one per row): row b's block is
+    written from its own slot, committing is moving a row's length (a chain's rejected drafts are simply overwritten),
+    and the buffers' shapes never change (a compiled runner's). A finished row is not dropped (that would change the batch, and recompile):
     it stays in the buffers as a dead row that writes its padding at slot 0 and is never read. ``live`` maps the
     caller's rows (the unfinished ones, in order) to buffer rows. ``compact`` (eager use): buffers of 256 slots grown
     on demand rather than ``max_len`` (a long-context model's whole window for every row), and a finished row dropped
-    from them, as ``RaggedKVCache`` does."""
+    from them."""
 
     def __init__(self, num_layers: int, max_len: int, device: torch.device, compact: bool = False) -> None:
         super().__init__(layers=[StaticRaggedKVLayer(max_len, grow=compact) for _ in range(num_layers)])

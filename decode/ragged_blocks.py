@@ -7,7 +7,7 @@ of such) runs a block of m pairs per row: row b's written at slots starts[b]... 
 keep the batch's size to the end: a row the loop drops stays as a dead row (one padding pair at slot 0, never read), so
 the shapes -- and the graphs -- never change; a block is padded to a compiled width and attends over a key window
 (``key_window``), its mask and positions built inside the graph; prompts run eagerly. Eager, a dropped row leaves the
-buffers (as ``RaggedKVCache`` does) and a block attends over exactly the keys it needs.
+buffers and a block attends over exactly the keys it needs.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Run the target over new tokens against a ``PositionalKVCache`` (batch size 1), or a batch of chains of
-different lengths against a ``RaggedKVCache`` (``RaggedRunner``).
+different lengths against a ``StaticRaggedKVCache`` (``RaggedRunner``).
 
 ``forward`` scores a block of n new tokens placed after the committed cache: a chain (causal) or a
 tree (``tree_mask[i, j]``: token i may attend to token j, its ancestors and itself; position ids by
@@ -15,7 +15,7 @@ from typing import Iterable
 
 import torch
 
-from headstart.decode.kv_cache import PositionalKVCache, RaggedKVCache, StaticKVCache, move_slots, ragged_block
+from headstart.decode.kv_cache import PositionalKVCache, StaticKVCache, move_slots
 from headstart.decode.ragged_blocks import RaggedBlocks
 from headstart.decode.static_blocks import COMPILED_BLOCK, causal_allowed, compile_step, padded_size, self_mask
 from headstart.models.target import Target, TargetOutput, additive_mask
@@ -224,7 +224,7 @@ class TargetRunner:
 
 
 class RaggedRunner(TargetRunner):
-    """The target over a batch of sequences of different lengths (decode/kv_cache.py ``RaggedKVCache``).
+    """The target over a batch of sequences of different lengths, through ``RaggedBlocks`` (decode/ragged_blocks.py).
 
     ``forward`` scores a chain block [B, n] placed after each row's own committed tokens; row b's tokens past
     ``valid[b]`` are padding (a shorter prompt, a shorter draft) that no real token attends to. Rotary positions
@@ -239,13 +239,9 @@ class RaggedRunner(TargetRunner):
     def __init__(self, target: Target, max_len: int, with_aux: bool = True, compile: bool = False,
                  backend: str = "inductor") -> None:
         super().__init__(target, max_len, with_aux)
-        self._blocks = None
-        if compile:  # the compiled batch: decode/ragged_blocks.py over every layer's static cache
-            self._blocks = RaggedBlocks(self._step, max_len, self.device, compile=True, backend=backend,
-                                        num_layers=target.num_layers, name="target")
-            self.cache = self._blocks.cache
-        else:
-            self.cache = RaggedKVCache(target.num_layers, max_len)
+        self._blocks = RaggedBlocks(self._step, max_len, self.device, compile=compile, backend=backend,
+                                    num_layers=target.num_layers, name="target")
+        self.cache = self._blocks.cache
 
     @property
     def length(self) -> int:
@@ -271,22 +267,10 @@ class RaggedRunner(TargetRunner):
         earlier uncommitted ones, which they attend to). ``last_only``: logits [B, V] at each row's last real token
         only (a prompt needs no more, and [B, T, V] for a long prompt and a large vocab is gigabytes)."""
         B, n = input_ids.shape
-        device = input_ids.device
         valid = valid or [n] * B
-        if self._blocks is not None:
-            if starts is not None:
-                raise ValueError("a compiled RaggedRunner writes each row's block after its committed tokens (no starts=)")
-            # The live rows' block in the whole static batch (finished rows stay as dead rows), compiled but for prompts.
-            last, aux = self._blocks(None, input_ids, self.cache.lengths, valid)
-            states = TargetOutput(aux_hidden_states=aux, last_hidden_state=last)
-            return self._last_logits(last, valid) if last_only else self.target.logits(last), states
-        starts = self.cache.lengths if starts is None else starts
-        allowed, position_ids = ragged_block(starts, valid, n, device)
-        mask = self._mask(allowed, position_ids, torch.arange(allowed.shape[-1], device=device))  # key slot = position
-        self.cache.begin(device, starts)
-        out = self.target(input_ids, attention_mask=mask, position_ids=position_ids, past_key_values=self.cache,
-                          with_aux=self.with_aux)
-        return self._last_logits(out.last_hidden_state, valid) if last_only else self.target.logits(out.last_hidden_state), out
+        last, aux = self._blocks(None, input_ids, self.cache.lengths if starts is None else starts, valid)
+        states = TargetOutput(aux_hidden_states=aux, last_hidden_state=last)
+        return self._last_logits(last, valid) if last_only else self.target.logits(last), states
 
     def _last_logits(self, hidden: torch.Tensor, valid: list[int]) -> torch.Tensor:
         """Logits [B, V] at each row's last real token."""
@@ -297,8 +281,7 @@ class RaggedRunner(TargetRunner):
     def precompile_batch(self, batch: int, sizes: Iterable[int]) -> None:
         """With ``compile``: compile the forward of ``batch`` rows for blocks of ``sizes`` tokens now (plain decoding's
         1, a chain's k + 1), so no width compiles mid-generation. Leaves the cache reset to ``batch`` empty rows."""
-        if self._blocks is not None:
-            self._blocks.precompile(batch, sizes)
+        self._blocks.precompile(batch, sizes)
 
     def _step(self, hidden: torch.Tensor | None, input_ids: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor, cache):
         """``RaggedBlocks``' step: the target over a [B, m] block -> (final hidden state, aux states or None). The logits
