@@ -35,8 +35,9 @@ def assert_survived(result: dict, min_landed: int, writing: list[str]) -> None:
 def test_training_survives_sigkill_anywhere(tmp_path):
     base = make_setup(tmp_path) + ["--train.max_steps=8", "--train.save_every=2", "--train.eval_every=2",
                                    "--train.batch_size=1", "--train.grad_accum=2"]
-    # Random kills fall within 60% of the uninterrupted run's time as measured on this machine (window=None): a
-    # fixed window outlasted a resumed run on a faster machine, and a missed kill ends the plan.
+    # Random kills fall within 90% of a warm launch's start-up as measured on this machine (window=None): a fixed
+    # window outlasted a resumed run on a faster machine, 60% of the cold uninterrupted run outlasted one in CI, and
+    # a missed kill ends the plan.
     result = soak.soak_training([a for a in base if not a.startswith("--output_dir")], tmp_path, 5, seed=0)
     assert_survived(result, 4, [".tmp-.best-staging", "checkpoints/.tmp-step_*", ".tmp-final"])
 
@@ -44,10 +45,11 @@ def test_training_survives_sigkill_anywhere(tmp_path):
 def test_the_feature_job_and_regeneration_survive_sigkill_anywhere(tmp_path):
     base = make_setup(tmp_path) + ["--features.samples_per_shard=2", "--features.batch_size=1"]
     # A shard here is a few KiB written in milliseconds: the kill plan aims at the moment it is written, but
-    # hitting it is not required (training's checkpoint and export directories live long enough to be).
-    result = soak.soak_features([a for a in base if not a.startswith("--output_dir")], tmp_path, 3, seed=1, window=(3.0, 9.0))
-    assert_survived(result, 1, [])
+    # hitting it is not required (training's checkpoint and export directories live long enough to be); the two random
+    # kills fall within a warm launch's start-up (window=None), so both land.
+    result = soak.soak_features([a for a in base if not a.startswith("--output_dir")], tmp_path, 3, seed=1)
+    assert_survived(result, 2, [])
     regen = ["--target", str(tmp_path / "target"), "--data", str(tmp_path / "chat.jsonl"), "--limit", "8",
              "--max-new-tokens", "6", "--rows-per-shard", "1", "--batch-size", "1"]
-    result = soak.soak_regenerate(regen, tmp_path, 3, seed=2, window=(2.0, 6.0))
-    assert_survived(result, 1, [])
+    result = soak.soak_regenerate(regen, tmp_path, 3, seed=2)
+    assert_survived(result, 2, [])
