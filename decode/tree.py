@@ -119,6 +119,19 @@ def next_level(frontier_scores: torch.Tensor, child_logits: torch.Tensor, k: int
     return child.indices.reshape(-1), scores, scores.topk(min(k, scores.numel())).indices
 
 
+def add_level(tokens: list[torch.Tensor], scores: list[torch.Tensor], parents: list[torch.Tensor],
+              frontier: torch.Tensor, child_logits: torch.Tensor, k: int, expanded: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Append the level below the ``frontier`` candidates (expanded as nodes ``expanded``.., children's logits
+    [m, V]) to the per-level ``tokens``, ``scores`` and ``parents`` lists, and return the next frontier: its candidate
+    indices and its nodes' parents' expanded indices. Both tree builders below grow their levels through this."""
+    candidates = sum(t.numel() for t in tokens)
+    child_tokens, child_scores, best = next_level(torch.cat(scores)[frontier], child_logits, k)
+    tokens.append(child_tokens)
+    scores.append(child_scores)
+    parents.append(frontier.repeat_interleave(k))
+    return candidates + best, expanded + best // k
+
+
 def keep_best(tokens: list[torch.Tensor], scores: list[torch.Tensor], parents: list[torch.Tensor], total: int
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """EAGLE-2's re-ranking: of every level's candidates (draft ids, cumulative scores, parent candidate index; levels
@@ -161,7 +174,7 @@ def grow_static_tree(expand: Callable[[int, torch.Tensor, torch.Tensor, torch.Te
     tree_slots = committed + torch.arange(expanded, device=device)
     context = torch.arange(max_len, device=device) < committed
     for level in range(depth - 1):
-        level_tokens, level_scores = torch.cat(tokens), torch.cat(scores)
+        level_tokens = torch.cat(tokens)
         nodes = level * k + torch.arange(k, device=device)
         rows = ancestors[frontier_parent + 1].clone()
         rows[torch.arange(k, device=device), nodes] = True
@@ -171,12 +184,7 @@ def grow_static_tree(expand: Callable[[int, torch.Tensor, torch.Tensor, torch.Te
         out, child_logits = expand(level, outs[frontier_parent + 1].unsqueeze(0), level_tokens[frontier].view(1, k),
                                    (committed + level).expand(1, k), allowed)
         outs[1 + level * k:1 + (level + 1) * k] = out[0]
-        child_tokens, child_scores, best = next_level(level_scores[frontier], child_logits, k)
-        tokens.append(child_tokens)
-        scores.append(child_scores)
-        parents.append(frontier.repeat_interleave(k))
-        frontier_parent = level * k + best // k
-        frontier = level_tokens.numel() + best
+        frontier, frontier_parent = add_level(tokens, scores, parents, frontier, child_logits, k, level * k)
     kept, kept_parents, levels = keep_best(tokens, scores, parents, total)
     return kept, kept_parents, levels, ancestor_mask(kept_parents, depth)
 
@@ -205,15 +213,9 @@ def build_dynamic_tree(drafter: TreeDrafter, spec: DynamicTree, max_depth: int) 
     frontier_expanded_parent = torch.full((k,), -1, dtype=torch.long, device=root.device)
     expanded = 0  # nodes expanded so far
     for d in range(2, depth + 1):
-        level_tokens, level_scores = torch.cat(tokens), torch.cat(scores)
-        logits = drafter.tree_expand(frontier_expanded_parent, level_tokens[frontier], d - 1)  # [m, V]
+        logits = drafter.tree_expand(frontier_expanded_parent, torch.cat(tokens)[frontier], d - 1)  # [m, V]
         m = frontier.numel()
-        child_tokens, child_scores, best = next_level(level_scores[frontier], logits, k)
-        tokens.append(child_tokens)
-        scores.append(child_scores)
-        parents.append(frontier.repeat_interleave(k))
-        frontier_expanded_parent = expanded + best // k
-        frontier = level_tokens.numel() + best
+        frontier, frontier_expanded_parent = add_level(tokens, scores, parents, frontier, logits, k, expanded)
         expanded += m
     kept, kept_parents, levels = keep_best(tokens, scores, parents, spec.total_tokens)
     return DraftTree(drafter.to_target(kept), kept_parents, levels, depth)
