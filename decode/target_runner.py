@@ -153,11 +153,12 @@ class TargetRunner:
         return logits, TargetOutput(aux_hidden_states=aux, last_hidden_state=last)
 
     @torch.no_grad()
-    def precompile(self, sizes: Iterable[int], masked: Iterable[int] = ()) -> None:
+    def precompile(self, sizes: Iterable[int], masked: Iterable[int] = (), keeps: bool = False) -> None:
         """With ``compile``: compile the forward for causal blocks of ``sizes`` (plain decoding, chains) and masked
         blocks of ``masked`` (trees) now, on dummy tokens at slot 0 (call it before a prompt, whose forward
         overwrites them), so no block compiles mid-generation: a block then runs the smallest compiled size of its
-        kind that holds it (a 30-layer target's graph takes ~30 s to compile on a CPU)."""
+        kind that holds it (a 30-layer target's graph takes ~30 s to compile on a CPU). ``keeps``: also the cache's
+        move of a tree's accepted path (the target's; a draft model's runner never keeps a path)."""
         if self._compiled is None:
             return
         if self.cache.length:
@@ -179,7 +180,7 @@ class TargetRunner:
             mask = self._mask(self_mask(m, self.max_len, self.device), slots, torch.arange(self.max_len, device=self.device))
             self._compiled(torch.zeros(1, m, dtype=torch.long, device=self.device), mask, slots.view(1, m))
             self._sizes.add(m)
-        if masked:  # a tree's accepted path: the move of one slot and of several (dummy slots, as above)
+        if keeps:  # a tree's accepted path: the move of one slot and of several (dummy slots, as above)
             for m in (1, 2):
                 self.cache.keep(torch.zeros(m, dtype=torch.long, device=self.device))
         self.cache.rollback(0)

@@ -140,7 +140,8 @@ def main() -> int:
     elif tree is None:
         runner.precompile([1, args.num_speculative_tokens + 1])
     else:
-        runner.precompile([1], masked=[1 + (tree.total_tokens if isinstance(tree, DynamicTree) else len(tree.paths))])
+        runner.precompile([1], masked=[1 + (tree.total_tokens if isinstance(tree, DynamicTree) else len(tree.paths))],
+                          keeps=True)
     if args.method in HEADS:
         if not args.draft:
             p.error(f"--method {args.method} needs --draft (the head's directory)")
