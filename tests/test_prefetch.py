@@ -38,7 +38,12 @@ def test_prefetched_features_train_the_same_steps(tmp_path, source):
     served = []
     take = ahead.prefetch.take
     ahead.prefetch.take = lambda key: _record(served, take, key)
+    collated = []
+    batch = ahead.batch
+    ahead.batch = lambda data, rows: collated.append(list(rows)) or batch(data, rows)
     a, b = _steps(plain, 3), _steps(ahead, 3)
+    # Each of the 6 micro-batches collated once: the worker's is the one the step trains on (was 11 times).
+    assert collated == [plain.plan.rows(s, m) for s in range(3) for m in range(2)]
     # Every micro-batch but the first came from the worker: (step, micro) 0,1 1,0 1,1 2,0 2,1.
     assert served == [prefetch_key(plain.batch(plain.train_data, plain.plan.rows(s, m)))
                       for s, m in ((0, 1), (1, 0), (1, 1), (2, 0), (2, 1))]

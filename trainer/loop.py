@@ -85,6 +85,8 @@ class Trainer:
             warnings.warn("train.prefetch is off: parallel.shard_target makes the target's forward collective, and "
                           "collectives stay on the training thread", stacklevel=2)
         self.prefetch = FeaturePrefetch(info.device) if t.prefetch and not sharded_target else None
+        self._step_batches: list[dict[str, torch.Tensor]] = []  # this step's micro-batches, for the prefetch worker
+        self._next_first: tuple[int, dict[str, torch.Tensor]] | None = None  # (step, its first micro-batch) prefetched
         self.target_fingerprint: dict | None = None  # set by build_trainer: checkpoints record it
 
     # -- checkpoints ----------------------------------------------------------------------------
@@ -151,7 +153,10 @@ class Trainer:
     def train_step(self) -> dict[str, float]:
         accum = self.config.train.grad_accum
         with record_function("step: data"):
-            batches = [self.batch(self.train_data, self.plan.rows(self.step, micro)) for micro in range(accum)]
+            held, self._next_first = self._next_first, None  # collated once: by _prefetch_after, during the last step
+            batches = [held[1] if micro == 0 and held and held[0] == self.step
+                       else self.batch(self.train_data, self.plan.rows(self.step, micro)) for micro in range(accum)]
+            self._step_batches = batches
         self._check_sources(batches)
         # The loss is the global batch's token mean (see models.head.loss_denominator): count its trained
         # positions over every micro-batch and rank before the first backward.
@@ -179,7 +184,11 @@ class Trainer:
         step, micro = (self.step, micro + 1) if micro + 1 < self.config.train.grad_accum else (self.step + 1, 0)
         if step >= self.config.train.max_steps:
             return
-        batch = self.batch(self.train_data, self.plan.rows(step, micro))  # collated here: the plan stays one thread's
+        if step == self.step:
+            batch = self._step_batches[micro]
+        else:  # collated here, so the plan stays one thread's; kept for the next step's train_step
+            batch = self.batch(self.train_data, self.plan.rows(step, micro))
+            self._next_first = (step, batch)
         self.prefetch.start(prefetch_key(batch), lambda: self.features(batch))
 
     def logs(self, step: int) -> bool:
