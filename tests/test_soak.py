@@ -35,7 +35,7 @@ def assert_survived(result: dict, min_landed: int, writing: list[str]) -> None:
 def test_training_survives_sigkill_anywhere(tmp_path):
     base = make_setup(tmp_path) + ["--train.max_steps=8", "--train.save_every=2", "--train.eval_every=2",
                                    "--train.batch_size=1", "--train.grad_accum=2"]
-    # Random kills fall within 90% of a warm launch's start-up as measured on this machine (window=None): a fixed
+    # Random kills fall within 10-50% of a warm launch's start-up as measured on this machine (window=None): a fixed
     # window outlasted a resumed run on a faster machine, 60% of the cold uninterrupted run outlasted one in CI, and
     # a missed kill ends the plan.
     result = soak.soak_training([a for a in base if not a.startswith("--output_dir")], tmp_path, 5, seed=0)
