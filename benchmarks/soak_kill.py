@@ -152,7 +152,7 @@ def differences(a: Path, b: Path, files: list[str]) -> list[str]:
     return out
 
 
-def start_up_floor(job, whole: Path, log: Path, timeout: float = 900) -> float:
+def start_up_floor(job, whole: Path, log: Path) -> float:
     """Seconds a ``--resume`` launch takes when nothing is left to do (on a copy of the finished ``whole``): the
     least any launch of the killed run takes, measured warm, as every launch after the first is."""
     import shutil
@@ -162,14 +162,7 @@ def start_up_floor(job, whole: Path, log: Path, timeout: float = 900) -> float:
     shutil.copytree(whole, floor)
     try:
         start = time.monotonic()
-        proc = _launch([*job(floor), "--resume"], log)
-        try:
-            code = proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            _kill_all(proc)
-            raise TimeoutError(f"resuming a finished run ran past {timeout} s; see {log}") from None
-        if code != 0:
-            raise RuntimeError(f"resuming a finished run exited with {code}; see {log}")
+        run_with_kills([*job(floor), "--resume"], floor, [], log)  # its timeout and exit-code check
         return time.monotonic() - start
     finally:
         shutil.rmtree(floor, ignore_errors=True)
