@@ -30,6 +30,10 @@ def mode(args: dict) -> str:
         ", compiled target and drafter" if args.get("compiled_drafter") else ", compiled target"
     if args.get("dtype"):  # an explicit --dtype (runs without one used their device's default)
         compiled += f", {args['dtype']}"
+    if args.get("confidence_threshold"):
+        compiled += f", stop under p {args['confidence_threshold']:g}"
+    if args.get("tune_blocks"):
+        compiled += ", blocks padded to the cheapest size"
     if not args.get("temperature"):
         return "greedy" + compiled
     return f"T={args['temperature']}" + (f" top-p {args['top_p']}" if args.get("top_p", 1.0) < 1.0 else "") + compiled

@@ -8,6 +8,7 @@ lap, paid only by runs that ask for the split. ``UNTIMED`` costs nothing.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -46,3 +47,18 @@ class _Untimed:
 
 
 UNTIMED = _Untimed()
+
+
+def median_seconds(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
+    """Median seconds of ``fn`` over ``repeats`` calls (after one warm-up), synchronised on a GPU."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
+from headstart.decode.confidence import confident
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import ExpandedNodes
 from headstart.models.target import Target
@@ -57,6 +58,7 @@ class DraftModelDrafter:
         self._device = self.runner.device
         self.last_logits: torch.Tensor | None = None  # [V]: the next token after the committed ones
         self.chain_fed = 0  # drafts of the last chain run through the model, in slots committed.. (0 after a tree)
+        self.confidence_threshold = 0.0  # > 0: a chain stops after a draft it is less sure of (decode/confidence.py)
 
     def precompile(self, max_block: int, trees: bool = True) -> None:
         """With a compiled runner: compile its forward for every causal block (prompt reads, chain steps) of up to
@@ -117,9 +119,11 @@ class DraftModelDrafter:
         logits, tokens = self.tree_root(), []
         for i in range(k):
             tokens.append(pick(logits).view(1))
+            if not confident(logits, tokens[-1], self.confidence_threshold):
+                break
             if i + 1 < k:
                 logits = self._chain_step(tokens[-1], i + 1)
-        self.chain_fed = max(0, k - 1)  # d_1..d_{k-1} ran, at slots committed.. in order
+        self.chain_fed = max(0, len(tokens) - 1)  # d_1..d_{k'-1} ran, at slots committed.. in order
         return torch.cat(tokens) if tokens else torch.empty(0, dtype=torch.long, device=self._device)
 
     @torch.no_grad()

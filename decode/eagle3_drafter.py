@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from headstart.decode.confidence import confident
 from headstart.decode.kv_cache import static_address
 from headstart.decode.static_blocks import ChainGraph, StaticBlocks, TreeGraph, causal_allowed
 from headstart.decode.tree import DynamicTree, ExpandedNodes, grow_static_tree
@@ -43,6 +44,7 @@ class Eagle3Drafter:
         self.length = 0  # committed draft positions
         self.last_hidden: torch.Tensor | None = None  # [1, 1, H] output at the last committed position
         self.last_logits: torch.Tensor | None = None  # [1, V_d]
+        self.confidence_threshold = 0.0  # > 0: a chain stops after a draft it is less sure of (decode/confidence.py)
 
     @torch.no_grad()
     def precompile(self, max_block: int, trees: bool = True) -> None:
@@ -178,8 +180,8 @@ class Eagle3Drafter:
         self._commit(states.aux_hidden_states, tokens)
 
     def _draft(self, k: int, pick) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """k draft steps from the last committed position; ``pick(logits [1, V_d]) -> draft id [1]``.
-        Returns target ids [k] and the draft logits of each step."""
+        """Up to k draft steps from the last committed position (fewer where ``confidence_threshold`` stops the chain);
+        ``pick(logits [1, V_d]) -> draft id [1]``. Returns target ids [k'] and the draft logits of each step."""
         tokens, step_logits = [], []
         hidden, logits = self.last_hidden, self.last_logits
         for i in range(k):
@@ -188,14 +190,17 @@ class Eagle3Drafter:
                 hidden = self._step(hidden, tokens[-1].view(1, 1), self.length - 1 + i)
                 logits = self._logits(hidden)[:, -1]
             step_logits.append(logits)
-            tokens.append(self.to_target(pick(logits)))
+            draft = pick(logits)
+            tokens.append(self.to_target(draft))
+            if not confident(logits, draft, self.confidence_threshold):
+                break
         if not tokens:
             return torch.empty(0, dtype=torch.long, device=self.keys.device), []
         return torch.cat(tokens), step_logits
 
     @torch.no_grad()
     def propose(self, k: int) -> torch.Tensor:
-        if self._chain is not None and self._chain.fits(self.length, k):
+        if self._chain is not None and self._chain.fits(self.length, k) and not self.confidence_threshold:
             self.write_at.fill_(self.length - 1)
             return self._chain(self.last_hidden, self.last_logits, k, self.length)
         return self._draft(k, lambda logits: logits.argmax(-1))[0]

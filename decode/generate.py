@@ -41,7 +41,9 @@ class Drafter(Protocol):
         """Up to k draft tokens [k'] continuing the sequence (deterministic: q is one-hot).
 
         A drafter that samples also has ``propose_sampled(k, sampling, generator) -> (tokens [k'],
-        q [k', V])`` giving the distributions its drafts were drawn from."""
+        q [k', V])`` giving the distributions its drafts were drawn from. A model drafter also has a
+        ``confidence_threshold`` (0 by default): above 0 its chain stops after the first draft it gives a lower
+        probability (decode/confidence.py)."""
 
     def update(self, emitted: list[int], states: TargetOutput) -> None:
         """Tokens appended after verification, and the target's states of the positions that

@@ -22,7 +22,9 @@ from headstart.decode.generate import Generation, Sampling
 
 class HFSpeculation:
     def __init__(self, model: PreTrainedModel, k: int, assistant: PreTrainedModel | None = None,
-                 prompt_lookup: bool = False, pad_token_id: int = 0) -> None:
+                 prompt_lookup: bool = False, pad_token_id: int = 0, confidence_threshold: float = 0.0) -> None:
+        """``confidence_threshold``: assisted generation's ``assistant_confidence_threshold`` (0: no early stop of a
+        draft; transformers' own default is 0.4, which it also tunes as it goes when scikit-learn is installed)."""
         if (assistant is None) == (not prompt_lookup):
             raise ValueError("HFSpeculation runs either assisted generation (assistant=) or prompt lookup, one of them")
         self.model, self.k, self.assistant, self.prompt_lookup, self.pad = model, k, assistant, prompt_lookup, pad_token_id
@@ -30,7 +32,7 @@ class HFSpeculation:
             # A fixed k, as headstart's chains: transformers' default grows and shrinks it by a heuristic.
             assistant.generation_config.num_assistant_tokens = k
             assistant.generation_config.num_assistant_tokens_schedule = "constant"
-            assistant.generation_config.assistant_confidence_threshold = 0.0  # no early stop of a draft
+            assistant.generation_config.assistant_confidence_threshold = confidence_threshold
         self.calls, self.first_input = 0, 0
 
     def _count(self, module, args, kwargs, output) -> None:

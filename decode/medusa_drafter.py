@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from headstart.decode.confidence import confident_prefix
 from headstart.decode.generate import plain_generate
 from headstart.decode.static_blocks import compile_step
 from headstart.decode.target_runner import TargetRunner
@@ -32,6 +33,7 @@ class MedusaDrafter:
         self.num_heads = heads.config.num_heads
         self.token_map = heads.token_map  # [V'] target ids of a truncated vocab, or None
         self.logits: torch.Tensor | None = None  # [K, V']: head i's logits for the token after the next one
+        self.confidence_threshold = 0.0  # > 0: a chain stops after a draft its head is less sure of (decode/confidence.py)
 
     @torch.no_grad()
     def precompile(self, max_block: int = 1, trees: bool = True) -> None:
@@ -53,8 +55,11 @@ class MedusaDrafter:
         self._read(states)
 
     def propose(self, k: int) -> torch.Tensor:
-        """The top-1 of heads 1..min(k, K), as target ids."""
-        return self.to_target(self.logits[: min(k, self.num_heads)].argmax(-1))
+        """The top-1 of heads 1..min(k, K), as target ids, cut after the first a head is unsure of
+        (``confidence_threshold``)."""
+        logits = self.logits[: min(k, self.num_heads)]
+        drafts = logits.argmax(-1)
+        return self.to_target(drafts[: confident_prefix(logits, drafts, self.confidence_threshold)])
 
     # -- trees (decode/tree.py) ------------------------------------------------------------------
     def to_target(self, ids: torch.Tensor) -> torch.Tensor:

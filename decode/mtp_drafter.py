@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from headstart.decode.confidence import confident
 from headstart.decode.kv_cache import PositionalKVCache, StaticKVCache, static_address
 from headstart.decode.static_blocks import ChainGraph, StaticBlocks, TreeGraph, causal_allowed, self_mask
 from headstart.models.target import additive_mask
@@ -40,6 +41,7 @@ class MTPDrafter:
             static_address(self._committed)
         self.last_hidden: torch.Tensor | None = None  # [1, 1, H] the layer's output at the last committed pair
         self.last_logits: torch.Tensor | None = None  # [V]
+        self.confidence_threshold = 0.0  # > 0: a chain stops after a draft it is less sure of (decode/confidence.py)
 
     @torch.no_grad()
     def precompile(self, max_block: int, trees: bool = True) -> None:
@@ -146,10 +148,11 @@ class MTPDrafter:
 
     @torch.no_grad()
     def propose(self, k: int) -> torch.Tensor:
-        """k greedy drafts: step i feeds back step i-1's output and draft."""
+        """Up to k greedy drafts (fewer where ``confidence_threshold`` stops the chain): step i feeds back step i-1's
+        output and draft."""
         tokens, hidden, logits = [], self.last_hidden, self.last_logits
         length = self.cache.length
-        if self._chain is not None and self._chain.fits(length, k):
+        if self._chain is not None and self._chain.fits(length, k) and not self.confidence_threshold:
             self.cache.begin(length - 1)
             return self._chain(hidden, logits, k, length)
         for i in range(k):
@@ -157,6 +160,8 @@ class MTPDrafter:
                 hidden = self._step(hidden, tokens[-1].view(1, 1), length - 1 + i)
                 logits = self.head.logits(hidden)[0, -1]
             tokens.append(logits.argmax(-1).view(1))
+            if not confident(logits, tokens[-1], self.confidence_threshold):
+                break
         return torch.cat(tokens) if tokens else torch.empty(0, dtype=torch.long, device=self.device)
 
     # -- trees (decode/tree.py) ------------------------------------------------------------------

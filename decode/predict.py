@@ -12,27 +12,10 @@ from its seconds per token.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
 import torch
 
+from headstart.decode.clock import median_seconds
 from headstart.decode.target_runner import TargetRunner
-
-
-def _timed(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
-    """Median seconds of ``fn`` over ``repeats`` calls (after one warm-up)."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
 
 
 def measure_step_times(runner: TargetRunner, drafter, prompt_ids: torch.Tensor, max_k: int = 8,
@@ -46,8 +29,8 @@ def measure_step_times(runner: TargetRunner, drafter, prompt_ids: torch.Tensor, 
     first = int(logits[0, -1].argmax())
     drafter.begin(prompt_ids, states, first)
     block = torch.full((1, max_k + 1), first, device=device)
-    verify = [_timed(lambda n=n: runner.forward(block[:, :n]), repeats, device) for n in range(1, max_k + 2)]
-    draft = [_timed(lambda k=k: drafter.propose(k), repeats, device) for k in range(1, max_k + 1)]
+    verify = [median_seconds(lambda n=n: runner.forward(block[:, :n]), repeats, device) for n in range(1, max_k + 2)]
+    draft = [median_seconds(lambda k=k: drafter.propose(k), repeats, device) for k in range(1, max_k + 1)]
     return {"verify_seconds": verify, "draft_seconds": draft}
 
 

@@ -15,10 +15,21 @@ from typing import Iterable
 
 import torch
 
+from headstart.decode.clock import median_seconds
 from headstart.decode.kv_cache import PositionalKVCache, StaticKVCache, move_slots
 from headstart.decode.ragged_blocks import RaggedBlocks
 from headstart.decode.static_blocks import COMPILED_BLOCK, causal_allowed, compile_step, padded_size, self_mask
 from headstart.models.target import Target, TargetOutput, additive_mask
+
+
+def pad_sizes(cost: dict[int, float], margin: float = 0.05) -> dict[int, int]:
+    """{n: the size a block of n tokens runs at} from measured block costs {n: seconds}: the cheapest size >= n, where
+    it is cheaper than n by more than ``margin`` (timing noise must not pad a block for nothing), else n."""
+    pads = {}
+    for n in cost:
+        best = min((m for m in cost if m >= n), key=cost.__getitem__)
+        pads[n] = best if cost[best] < (1 - margin) * cost[n] else n
+    return pads
 
 
 class TargetRunner:
@@ -43,6 +54,7 @@ class TargetRunner:
         self._causal = compile_step(self._run_causal, self.device, backend) if compile else None
         self._sizes: set[int] = set()  # masked block sizes compiled so far
         self._causal_sizes: set[int] = set()
+        self._pad_to: dict[int, int] = {}  # eager causal blocks: n tokens run padded to this size (tune_blocks)
         self._dtype = next(target.model.parameters()).dtype
         # Sliding-window attention (Gemma 2/3, Mistral, Qwen with use_sliding_window): those layers see only
         # keys less than ``window`` positions back. The mask is explicit here, so the window must be in it.
@@ -96,7 +108,12 @@ class TargetRunner:
             return self._forward_causal(input_ids, start, last_only)
         # A compiled block is padded (``padded_size``); padding attends only to itself and is never attended to, and
         # its cache slots lie past the committed length.
-        m = padded_size(self._sizes, n, self.max_len - start) if compiled else n
+        if compiled:
+            m = padded_size(self._sizes, n, self.max_len - start)
+        elif tree_mask is None and depths is None and visible is None and start + self._pad_to.get(n, n) <= self.max_len:
+            m = self._pad_to.get(n, n)  # a causal block padded to a cheaper size (tune_blocks)
+        else:
+            m = n
         if start + m > self.max_len:
             raise ValueError(f"KV cache overflow: {start + m} tokens > max_len {self.max_len} (raise --max-len)")
         keys = self.max_len if self._compiled is not None else start + m  # a static cache: every slot, the rest masked
@@ -151,6 +168,33 @@ class TargetRunner:
         if last_only:
             logits = logits[:, -1:]
         return logits, TargetOutput(aux_hidden_states=aux, last_hidden_state=last)
+
+    @torch.no_grad()
+    def time_blocks(self, max_block: int, context: int = 256, repeats: int = 5) -> dict[int, float]:
+        """Median seconds of this runner's forward over a causal block of n = 1..``max_block`` tokens after ``context``
+        dummy ones (as they run now: padded where ``tune_blocks`` set it). Resets the cache: call it before a prompt."""
+        if context + max_block > self.max_len:
+            raise ValueError(f"timing blocks needs {context + max_block} slots; the cache holds {self.max_len}")
+        self.reset()
+        ids = torch.full((1, context + max_block), 1, dtype=torch.long, device=self.device)
+        self.forward(ids[:, :context], last_only=True)
+        self.commit(context)
+        cost = {n: median_seconds(lambda n=n: self.forward(ids[:, :n]), repeats, self.device)
+                for n in range(1, max_block + 1)}
+        self.reset()
+        return cost
+
+    def tune_blocks(self, max_block: int, context: int = 256, repeats: int = 5) -> dict[int, int]:
+        """Eager runner: time causal blocks of 1..``max_block`` tokens (``time_blocks``) and from now on run a block of
+        n tokens padded to the cheapest size >= n. Why: a CPU BLAS may multiply 2 or 3 rows as 2 or 3 matrix-vector
+        products (fp32 on this project's 2-core CPU: a 3-token SmolLM2 forward 125 ms, a 5-token one 87 ms), so a
+        chain cut short or a short n-gram match would cost more than a full block. Call it before a prompt (it resets
+        the cache). Returns {n: the size n runs at}."""
+        if self._compiled is not None:
+            raise ValueError("tune_blocks is for an eager runner: a compiled one pads to its compiled sizes")
+        self._pad_to = {}
+        self._pad_to = pad_sizes(self.time_blocks(max_block, context, repeats))
+        return dict(self._pad_to)
 
     @torch.no_grad()
     def precompile(self, sizes: Iterable[int], masked: Iterable[int] = (), keeps: bool = False) -> None:

@@ -33,6 +33,7 @@ from headstart.decode.benchmark import (
     run_benchmark,
     split_table,
 )
+from headstart.decode.confidence import with_threshold
 from headstart.decode.draft_model import DraftModelDrafter, draft_model_runner
 from headstart.decode.draft_model_batch_drafter import DraftModelBatchDrafter, as_draft_target
 from headstart.decode.generate import Sampling
@@ -86,6 +87,13 @@ def main() -> int:
                         "caches (CUDA graphs on a GPU); --max-len then defaults to 1024, as every forward attends over "
                         "all of it. With --batch-size > 1 the batch's target forward and EAGLE-3's and MTP's batched "
                         "draft layers compile (finished rows stay in the batch, so nothing recompiles)")
+    p.add_argument("--confidence-threshold", type=float, default=0.0,
+                   help="chains of a model drafter (a head, --method draft-model, hf-assisted) stop after the first draft "
+                        "the drafter gives a probability below this (transformers' assistant_confidence_threshold; 0: "
+                        "always k drafts). With --compile a chain runs step by step instead of as one graph")
+    p.add_argument("--tune-blocks", action="store_true",
+                   help="eager, batch 1: time the target's forward over 1..k+1 tokens first and run each shorter block "
+                        "padded to the cheapest size that holds it (a CPU BLAS can make 2-3 rows cost more than 5)")
     p.add_argument("--batch-size", type=int, default=1,
                    help="decode this many questions' turns together (chains; tokens/s and speed-up over the batch)")
     p.add_argument("--out", required=True)
@@ -105,6 +113,17 @@ def main() -> int:
         p.error("--batch-size > 1 decodes headstart's chains: drop --tree/--tree-paths/--predict, or use a headstart "
                 "method (transformers' loops are benchmarked at batch size 1)")
 
+    if args.confidence_threshold and (args.method in ("ngram", "hf-prompt-lookup") or args.tree or args.tree_paths
+                                      or args.batch_size > 1):
+        p.error("--confidence-threshold stops the chains of a model drafter at batch size 1: not n-gram lookup, trees "
+                "(a dynamic tree already keeps its likeliest drafts) or --batch-size > 1")
+    if args.tune_blocks and (args.compile or args.batch_size > 1 or args.tree or args.tree_paths
+                             or args.method in HF_METHODS):
+        p.error("--tune-blocks pads an eager runner's chain blocks: not with --compile (it pads to its graphs), "
+                "--batch-size > 1, trees or transformers' loops")
+    if not 0 <= args.confidence_threshold < 1:
+        p.error("--confidence-threshold is a probability in [0, 1)")
+
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = args.dtype or ("bfloat16" if device == "cuda" else "float32")
     target = Target.from_pretrained(TargetConfig(path=args.target, dtype=dtype, device=device))
@@ -118,6 +137,9 @@ def main() -> int:
     reads_aux = args.method in HEADS and HEADS[args.method].cls.needs.aux_hidden_states
     batched = args.batch_size > 1  # the batch's own runner (decode/batch_generate.py), compiled with --compile
     runner = (RaggedRunner if batched else TargetRunner)(target, max_len=max_len, with_aux=reads_aux, compile=args.compile)
+    if args.tune_blocks:
+        pads = runner.tune_blocks(args.num_speculative_tokens + 1)
+        print("blocks of n tokens run at: " + ", ".join(f"{n} -> {m}" for n, m in pads.items()), flush=True)
     tree = None
     shared_batch = None  # with --compile and --batch-size > 1: the head's one batched drafter
     if args.tree_paths:
@@ -152,6 +174,7 @@ def main() -> int:
             make = lambda: shared_drafter  # noqa: E731
         else:
             make = lambda: drafter_for(head, max_len)  # noqa: E731
+        make = with_threshold(make, args.confidence_threshold)
         if args.compile and batched and HEADS[args.method].batch_drafter is not None:  # built once: compiled once
             shared_batch = batch_drafter_for(head, max_len, args.batch_size, compile=True)
             make_batch = lambda b: shared_batch  # noqa: E731  (begin resets it to each batch, of any size)
@@ -166,7 +189,7 @@ def main() -> int:
         draft_model = load_causal_lm(TargetConfig(path=args.draft, dtype=dtype, device=device))
         draft_runner = draft_model_runner(draft_model, max_len, compile=args.compile and not batched)  # built once: compiled once
         draft_runner.precompile(range(1, compiled_block + 1), masked=range(1, compiled_block + 1) if tree else ())
-        make = lambda: DraftModelDrafter(draft_runner, max_len, vocab_size)  # noqa: E731
+        make = with_threshold(lambda: DraftModelDrafter(draft_runner, max_len, vocab_size), args.confidence_threshold)
         if args.batch_size > 1:  # a Target wrapper hooks the model: only where the batch drafter runs it
             draft_target = as_draft_target(draft_model)
             make_batch = lambda b: DraftModelBatchDrafter(draft_target, max_len, vocab_size, b)  # noqa: E731
@@ -178,6 +201,7 @@ def main() -> int:
     own_loop = None
     if args.method in HF_METHODS:
         own_loop = HFSpeculation(target.model, args.num_speculative_tokens, pad_token_id=tokenizer.pad_token_id or 0,
+                                 confidence_threshold=args.confidence_threshold,
                                  **({"assistant": draft_model} if args.method == "hf-assisted" else {"prompt_lookup": True}))
     sampling = Sampling(args.temperature, args.top_k, args.top_p) if args.temperature > 0 else None
     report = run_benchmark(runner, make, tokenizer, questions, args.num_speculative_tokens, args.max_new_tokens, eos,
@@ -191,6 +215,10 @@ def main() -> int:
              f"static tree of {len(tree.paths)} paths" if isinstance(tree, StaticTree) else
              f"dynamic tree depth {tree.depth} top-k {tree.topk} {tree.total_tokens} tokens")
     mode = "greedy" if sampling is None else f"sampling T={args.temperature} top-p {args.top_p} top-k {args.top_k}"
+    if args.confidence_threshold:
+        mode += f", stop under p {args.confidence_threshold:g}"
+    if args.tune_blocks:
+        mode += ", blocks padded (" + (" ".join(f"{n}->{m}" for n, m in pads.items() if m != n) or "none") + ")"
     if args.batch_size > 1:
         mode += f", batch {args.batch_size}"
     if dtype != ("bfloat16" if device == "cuda" else "float32"):  # the device's default dtype goes unsaid

@@ -8,6 +8,7 @@ import pytest
 import torch
 from tiny_models import tiny_causal_lm
 
+from headstart.decode.confidence import with_threshold
 from headstart.decode.draft_model import DraftModelDrafter
 from headstart.decode.eagle3_drafter import Eagle3Drafter
 from headstart.decode.generate import Sampling, speculative_generate
@@ -98,6 +99,24 @@ def test_speculative_samples_follow_the_target(world, drafter):
     make = {"eagle3": lambda: Eagle3Drafter(head, 32), "medusa": lambda: MedusaDrafter(heads),
             "mtp": lambda: MTPDrafter(mtp, 32), "ngram": NgramDrafter}[drafter]
     stat, critical = chi2_vs(sample_pairs(runner, make, 2500, seed=0), exact_joint(model))
+    assert stat < critical
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("drafter", "threshold"), [("eagle3", 0.15), ("draft-model", 0.125)])
+def test_samples_follow_the_target_when_unsure_chains_stop(world, drafter, threshold):
+    """Chains cut where the drafter's own probability of its sampled draft is under ``threshold`` (decode/confidence.py;
+    these random drafters are near uniform over 8 tokens, so the thresholds sit just above 1/8): the length depends on
+    the drafter's side only, so the samples still follow the target."""
+    model, runner, head = world
+    small = tiny_causal_lm("llama", num_hidden_layers=2, vocab_size=V)
+    make = {"eagle3": lambda: Eagle3Drafter(head, 32), "draft-model": lambda: DraftModelDrafter(small, 32, V)}[drafter]
+    cut = with_threshold(make, threshold)
+    g = torch.Generator().manual_seed(3)
+    firsts = [speculative_generate(runner, cut(), PROMPT, 8, set(), k=3, sampling=SAMPLING, generator=g).proposed[0]
+              for _ in range(40)]  # a first round may draft 3: fewer is the rule's cut
+    assert 0 < sum(n < 3 for n in firsts) < len(firsts), f"first rounds' drafts {firsts}: the rule is not under test"
+    stat, critical = chi2_vs(sample_pairs(runner, cut, 2500, seed=0), exact_joint(model))
     assert stat < critical
 
 

@@ -212,6 +212,26 @@ def test_benchmark_script_runs_headstart_and_transformers_peers_and_writes_the_s
             assert report["predicted_speedup"] is None
 
 
+def test_benchmark_script_stops_unsure_chains_on_tuned_blocks_and_refuses_the_rule_where_it_has_no_meaning(tmp_path):
+    """``--confidence-threshold`` with ``--tune-blocks`` end to end: greedy-exact, the run records both and its section
+    says them; n-gram lookup (no probabilities) is refused by name."""
+    bench = [sys.executable, str(REPO / "scripts" / "benchmark.py"), "--target", str(REPO / "configs/demo/target"),
+             "--questions", str(REPO / "configs/demo/eval/mt_bench.jsonl"), "--limit", "1", "--max-new-tokens", "24",
+             "--no-hf-reference", "--verify-greedy"]
+    out = tmp_path / "mtp"
+    proc = subprocess.run(bench + ["--method", "mtp", "--draft", str(REPO / "configs/demo/mtp-head"), "--confidence-threshold",
+                                   "0.6", "--tune-blocks", "--out", str(out), "--benchmarks", str(tmp_path / "B.md")],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads((out / "results.json").read_text())
+    assert report["mismatches"] == [] and report["args"]["confidence_threshold"] == 0.6
+    assert "blocks of n tokens run at: 1 -> " in proc.stdout
+    assert "greedy, stop under p 0.6, blocks padded" in (tmp_path / "B.md").read_text()
+    refused = subprocess.run(bench + ["--method", "ngram", "--confidence-threshold", "0.4", "--out", str(tmp_path / "n")],
+                             capture_output=True, text=True, timeout=600)
+    assert refused.returncode != 0 and "--confidence-threshold stops the chains of a model drafter" in refused.stderr
+
+
 @pytest.mark.slow
 def test_benchmark_script_compiles_a_batch(tmp_path):
     """``--compile --batch-size 2``: the batch's target forward and EAGLE-3's batched layer compiled (inductor), greedy

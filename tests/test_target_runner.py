@@ -152,3 +152,41 @@ def test_keeping_a_tree_path_moves_what_a_compiled_runner_moves_in_one_call(path
         assert counts == [0, 0]  # nothing to move
     else:
         assert counts[0] >= 4 * 8 and counts[1] <= 4  # 4 ops a layer eagerly; one call compiled
+
+
+def test_tuned_blocks_run_padded_to_the_cheapest_size_and_score_the_same(monkeypatch):
+    """tune_blocks times blocks of 1..5 tokens (here: costs handed in, in that order) and pads each block to the
+    cheapest size that holds it; a padded block's logits and states equal the unpadded ones, and decoding through
+    the padded runner is still the target's greedy decoding."""
+    from headstart.decode import target_runner
+    from headstart.decode.generate import greedy_generate, speculative_generate
+    from headstart.decode.ngram import NgramDrafter
+
+    costs = iter([1.0, 5.0, 4.0, 2.0, 3.0])  # blocks of 2 and 3 cost more than 4: run them as 4
+    monkeypatch.setattr(target_runner, "median_seconds", lambda fn, repeats, device: (fn(), next(costs))[1])
+    runner, model = runner_for("llama", max_len=96)
+    plain = TargetRunner(runner.target, max_len=96)
+    assert runner.tune_blocks(5, context=32) == {1: 1, 2: 4, 3: 4, 4: 4, 5: 5}
+    assert runner.length == 0  # tuning leaves the cache empty
+    assert target_runner.pad_sizes({1: 1.0, 2: 1.0, 3: 0.97}) == {1: 1, 2: 2, 3: 3}  # within the noise margin: unpadded
+    assert target_runner.pad_sizes({1: 0.5, 2: 1.0, 3: 0.9}) == {1: 1, 2: 3, 3: 3}
+
+    run_sizes = []
+    real_run = runner._run
+    monkeypatch.setattr(runner, "_run", lambda ids, *a: (run_sizes.append(ids.shape[1]), real_run(ids, *a))[1])
+    prompt = torch.randint(3, 128, (1, 9), generator=torch.Generator().manual_seed(1))
+    for r in (runner, plain):
+        r.forward(prompt)
+        r.commit(9)
+    block = torch.randint(3, 128, (1, 2), generator=torch.Generator().manual_seed(2))
+    logits, states = runner.forward(block)
+    want_logits, want_states = plain.forward(block)
+    assert run_sizes[-1] == 4 and logits.shape[1] == 2
+    torch.testing.assert_close(logits, want_logits, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(states.aux_hidden_states, want_states.aux_hidden_states, rtol=1e-4, atol=1e-4)
+
+    prompt = torch.tensor([[5, 6, 7, 5, 6, 7, 5, 6]])  # repeats: n-gram drafts of every length
+    spec = speculative_generate(runner, NgramDrafter(), prompt, 40, set(), k=4)
+    assert spec.tokens == greedy_generate(plain, prompt, 40, set()).tokens
+    assert {1, 2} & set(spec.proposed), spec.proposed  # verify blocks of 2-3 tokens were asked for ...
+    assert not {2, 3} & set(run_sizes), run_sizes  # ... and every one ran padded to 4
