@@ -13,8 +13,11 @@ Acceptance by position is not available (the rounds' lengths are not exposed).
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from transformers import PreTrainedModel
+from transformers.utils import is_sklearn_available
 
 from headstart.decode.clock import UNTIMED, RoundClock
 from headstart.decode.generate import Generation, Sampling
@@ -33,6 +36,9 @@ class HFSpeculation:
             assistant.generation_config.num_assistant_tokens = k
             assistant.generation_config.num_assistant_tokens_schedule = "constant"
             assistant.generation_config.assistant_confidence_threshold = confidence_threshold
+            if confidence_threshold and is_sklearn_available():
+                warnings.warn("scikit-learn is installed: transformers retunes assistant_confidence_threshold as it "
+                              f"goes, so assisted generation does not keep {confidence_threshold} (headstart's drafters do)")
         self.calls, self.first_input = 0, 0
 
     def _count(self, module, args, kwargs, output) -> None:

@@ -55,6 +55,7 @@ class TargetRunner:
         self._sizes: set[int] = set()  # masked block sizes compiled so far
         self._causal_sizes: set[int] = set()
         self._pad_to: dict[int, int] = {}  # eager causal blocks: n tokens run padded to this size (tune_blocks)
+        self.block_costs: dict[int, float] = {}  # what tune_blocks measured: seconds of a block of n tokens
         self._dtype = next(target.model.parameters()).dtype
         # Sliding-window attention (Gemma 2/3, Mistral, Qwen with use_sliding_window): those layers see only
         # keys less than ``window`` positions back. The mask is explicit here, so the window must be in it.
@@ -110,8 +111,10 @@ class TargetRunner:
         # its cache slots lie past the committed length.
         if compiled:
             m = padded_size(self._sizes, n, self.max_len - start)
-        elif tree_mask is None and depths is None and visible is None and start + self._pad_to.get(n, n) <= self.max_len:
-            m = self._pad_to.get(n, n)  # a causal block padded to a cheaper size (tune_blocks)
+        elif (tree_mask is None and depths is None and visible is None and not last_only
+              and start + self._pad_to.get(n, n) <= self.max_len):
+            m = self._pad_to.get(n, n)  # a causal block padded to a cheaper size (tune_blocks); not a last-only read,
+            # whose one row of logits would be the last padding token's
         else:
             m = n
         if start + m > self.max_len:
@@ -189,11 +192,12 @@ class TargetRunner:
         n tokens padded to the cheapest size >= n. Why: a CPU BLAS may multiply 2 or 3 rows as 2 or 3 matrix-vector
         products (fp32 on this project's 2-core CPU: a 3-token SmolLM2 forward 125 ms, a 5-token one 87 ms), so a
         chain cut short or a short n-gram match would cost more than a full block. Call it before a prompt (it resets
-        the cache). Returns {n: the size n runs at}."""
+        the cache). Returns {n: the size n runs at}; ``block_costs`` keeps the seconds measured."""
         if self._compiled is not None:
             raise ValueError("tune_blocks is for an eager runner: a compiled one pads to its compiled sizes")
         self._pad_to = {}
-        self._pad_to = pad_sizes(self.time_blocks(max_block, context, repeats))
+        self.block_costs = self.time_blocks(max_block, context, repeats)
+        self._pad_to = pad_sizes(self.block_costs)
         return dict(self._pad_to)
 
     @torch.no_grad()

@@ -121,6 +121,8 @@ def main() -> int:
                              or args.method in HF_METHODS):
         p.error("--tune-blocks pads an eager runner's chain blocks: not with --compile (it pads to its graphs), "
                 "--batch-size > 1, trees or transformers' loops")
+    if args.confidence_threshold and args.predict:
+        p.error("--predict times full chains of k = 1..8 drafts; run it without --confidence-threshold")
     if not 0 <= args.confidence_threshold < 1:
         p.error("--confidence-threshold is a probability in [0, 1)")
 
@@ -138,7 +140,10 @@ def main() -> int:
     batched = args.batch_size > 1  # the batch's own runner (decode/batch_generate.py), compiled with --compile
     runner = (RaggedRunner if batched else TargetRunner)(target, max_len=max_len, with_aux=reads_aux, compile=args.compile)
     if args.tune_blocks:
-        pads = runner.tune_blocks(args.num_speculative_tokens + 1)
+        try:
+            pads = runner.tune_blocks(args.num_speculative_tokens + 1)
+        except ValueError as e:
+            p.error(f"--tune-blocks: {e} (raise --max-len)")
         print("blocks of n tokens run at: " + ", ".join(f"{n} -> {m}" for n, m in pads.items()), flush=True)
     tree = None
     shared_batch = None  # with --compile and --batch-size > 1: the head's one batched drafter
@@ -170,7 +175,8 @@ def main() -> int:
         head = load_head(args.method, args.draft, target, args.allow_other_target).to(device=device, dtype=target.lm_head_weight.dtype)
         if args.compile and not batched:  # one drafter for every prompt (begin starts it afresh): compiled once, up front
             shared_drafter = drafter_for(head, max_len, compile=True)
-            shared_drafter.precompile(compiled_block, trees=tree is not None)
+            # a threshold drafts step by step through the masked step's graphs, as trees do
+            shared_drafter.precompile(compiled_block, trees=tree is not None or args.confidence_threshold > 0)
             make = lambda: shared_drafter  # noqa: E731
         else:
             make = lambda: drafter_for(head, max_len)  # noqa: E731
@@ -261,6 +267,8 @@ def main() -> int:
                            f"{times['verify_seconds'][r['k']] * 1e3:.2f} | {b['speedup']:.2f}x | {r['speedup']:.2f}x |"
                            for r, b in zip(rows, bare))
         table += f"\n\nRecommended k: **{report['prediction']['recommended_k']}**."
+    if args.tune_blocks:  # what the run measured and padded: the mode column only says that it did
+        report["blocks"] = {"padded_to": pads, "seconds": runner.block_costs}
     (out / "results.json").write_text(json.dumps({"args": {**vars(args), "compiled_drafter": compiled_drafter},
                                                   "machine": machine(), **report}, indent=2))
     (out / "results.md").write_text(table + "\n")

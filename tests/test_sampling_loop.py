@@ -149,19 +149,30 @@ def test_tree_speculative_samples_follow_the_target(world, drafter, tree):
     assert stat < critical
 
 
-def test_draft_model_keeps_the_accepted_drafts_it_already_ran_and_equals_a_full_rerun():
+def test_draft_model_keeps_the_accepted_drafts_it_already_ran_and_equals_a_full_rerun(monkeypatch):
     """After a chain round the draft model keeps the KV of the accepted drafts it ran (no re-run): its next logits
-    equal those of a drafter that reads the whole sequence afresh, for any number accepted."""
+    equal those of a drafter that reads the whole sequence afresh, for any number accepted -- also after a chain that
+    stopped early at an unsure draft (``confidence_threshold``: fewer drafts ran through the model; here the rule is
+    made to stop after draft ``stop``, so every cut position is tested whatever the random model's probabilities)."""
+    from headstart.decode import draft_model
+
     small = tiny_causal_lm("llama", num_hidden_layers=2, vocab_size=V).eval()
     prompt = torch.randint(0, V, (1, 9))
-    for accepted in range(0, 5):  # 0..k drafts accepted (k = 4), then the bonus token
-        drafter = DraftModelDrafter(small, 64, V)
-        drafter.begin(prompt, None, 7)
-        drafts = drafter.propose(4).tolist()
-        emitted = drafts[:accepted] + [int(torch.randint(0, V, ()))]
-        drafter.update(emitted, None)
-        assert drafter.runner.length == prompt.shape[1] + 1 + len(emitted)
-        fresh = DraftModelDrafter(small, 64, V)
-        fresh.begin(torch.cat([prompt, torch.tensor([[7] + emitted[:-1]])], dim=1), None, emitted[-1])
-        torch.testing.assert_close(drafter.last_logits, fresh.last_logits, rtol=1e-4, atol=1e-4)
-        assert drafter.propose(3).tolist() == fresh.propose(3).tolist()
+    for stop in (None, 1, 2, 3):  # None: the full chain of k = 4
+        calls = []
+        monkeypatch.setattr(draft_model, "confident",
+                            lambda logits, draft, threshold: calls.append(draft) or len(calls) != stop)
+        for accepted in range(0, (stop or 4) + 1):  # 0..k' drafts accepted, then the bonus token
+            calls.clear()
+            drafter = DraftModelDrafter(small, 64, V)
+            drafter.begin(prompt, None, 7)
+            drafts = drafter.propose(4).tolist()
+            assert len(drafts) == (stop or 4)
+            calls.append("done")  # the rule stops nothing after this chain
+            emitted = drafts[:accepted] + [int(torch.randint(0, V, ()))]
+            drafter.update(emitted, None)
+            assert drafter.runner.length == prompt.shape[1] + 1 + len(emitted)
+            fresh = DraftModelDrafter(small, 64, V)
+            fresh.begin(torch.cat([prompt, torch.tensor([[7] + emitted[:-1]])], dim=1), None, emitted[-1])
+            torch.testing.assert_close(drafter.last_logits, fresh.last_logits, rtol=1e-4, atol=1e-4)
+            assert drafter.propose(3).tolist() == fresh.propose(3).tolist()

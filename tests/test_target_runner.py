@@ -182,9 +182,13 @@ def test_tuned_blocks_run_padded_to_the_cheapest_size_and_score_the_same(monkeyp
     logits, states = runner.forward(block)
     want_logits, want_states = plain.forward(block)
     assert run_sizes[-1] == 4 and logits.shape[1] == 2
+    last, _ = runner.forward(block, last_only=True)  # a last-only read is not padded: its one row is the real last
+    assert run_sizes[-1] == 2
+    torch.testing.assert_close(last, want_logits[:, -1:], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(logits, want_logits, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(states.aux_hidden_states, want_states.aux_hidden_states, rtol=1e-4, atol=1e-4)
 
+    run_sizes.clear()
     prompt = torch.tensor([[5, 6, 7, 5, 6, 7, 5, 6]])  # repeats: n-gram drafts of every length
     spec = speculative_generate(runner, NgramDrafter(), prompt, 40, set(), k=4)
     assert spec.tokens == greedy_generate(plain, prompt, 40, set()).tokens
