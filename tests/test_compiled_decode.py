@@ -331,3 +331,26 @@ def test_a_compiled_dynamic_tree_is_one_graph_and_the_level_by_level_tree(target
             drafter.update(emitted, states)
     shallow = build_dynamic_tree(compiled, spec, 2)  # the last rounds' budget: level by level
     assert shallow.max_depth == 2 and _root_paths(shallow) == _root_paths(build_dynamic_tree(eager, spec, 2))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_compiled_drafters_stop_unsure_chains_as_eager(target, backend, monkeypatch):
+    """With a confidence threshold a compiled drafter leaves its one-graph chain for its compiled steps and stops where
+    the eager drafter stops: the same proposals round by round and the same output. The rule is made to depend on
+    the draft id (a random head's probabilities are all tiny), so both see the same cuts if they draft the same."""
+    from headstart.decode import draft_model, eagle3_drafter, mtp_drafter
+
+    for module in (eagle3_drafter, mtp_drafter, draft_model):
+        monkeypatch.setattr(module, "confident", lambda logits, draft, threshold: int(draft.reshape(-1)[0]) % 3 != 0)
+    torch._dynamo.reset()
+    runner = TargetRunner(target, 128)
+    for name, (make, compiled) in drafters(target, 128, backend).items():
+        if name == "medusa":  # its parallel heads cut by confident_prefix, with no chain graph to leave
+            continue
+        compiled.precompile(5)
+        eager = make()
+        eager.confidence_threshold = compiled.confidence_threshold = 0.5
+        want = speculative_generate(runner, eager, prompt(), 30, set(), k=4)
+        got = speculative_generate(runner, compiled, prompt(), 30, set(), k=4)
+        assert got.proposed == want.proposed and got.tokens == want.tokens, name
+        assert any(n < 4 for n in want.proposed[:-2]), f"{name}: no chain was cut"
