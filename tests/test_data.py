@@ -139,3 +139,33 @@ def test_second_run_reads_the_cache(tmp_path, chatml_tokenizer, monkeypatch):
     write_jsonl(tmp_path / "chat.jsonl", [ROWS["messages"]])
     with pytest.raises(AssertionError, match="tokenized again"):
         build_dataset(config, chatml_tokenizer)
+
+
+def test_a_row_slice_reads_those_rows_and_names_bad_rows_by_their_row_in_the_file(tmp_path, chatml_tokenizer):
+    rows = [{"messages": [{"role": "user", "content": f"question {i}?"}, {"role": "assistant", "content": f"answer {i}."}]}
+            for i in range(6)]
+    path = write_jsonl(tmp_path / "chat.jsonl", rows)
+    assert data_mod.split_rows(path + "[2:4]") == (path, 2, 4)
+    assert data_mod.split_rows(path + "[3:]") == (path, 3, None)
+    assert data_mod.split_rows(path) == (path, 0, None)
+    whole, _ = build_dataset(DataConfig(files=(path,)), chatml_tokenizer)
+    part, summary = build_dataset(DataConfig(files=(path + "[2:4]",)), chatml_tokenizer)
+    assert part["input_ids"] == whole["input_ids"][2:4] and summary.rows_read == 2
+    tail, _ = build_dataset(DataConfig(files=(path + "[4:]",)), chatml_tokenizer)
+    assert tail["input_ids"] == whole["input_ids"][4:]
+    # Two slices of one file are two cache entries, not one.
+    assert data_mod.cache_key(DataConfig(files=(path + "[2:4]",)), chatml_tokenizer) != \
+        data_mod.cache_key(DataConfig(files=(path + "[4:]",)), chatml_tokenizer)
+    with pytest.raises(ValueError, match=r"has 6 rows, none from row 9"):
+        build_dataset(DataConfig(files=(path + "[9:]",)), chatml_tokenizer)
+    with pytest.raises(ValueError, match="empty row range 4:2"):
+        build_dataset(DataConfig(files=(path + "[4:2]",)), chatml_tokenizer)
+    with pytest.raises(FileNotFoundError, match=r"nope\.jsonl$"):
+        build_dataset(DataConfig(files=(str(tmp_path / "nope.jsonl") + "[1:2]",)), chatml_tokenizer)
+    rows[4] = {"messages": [{"role": "user", "content": "a"}, {"role": "bot", "content": "b"}]}
+    write_jsonl(tmp_path / "chat.jsonl", rows)
+    with pytest.raises(ValueError, match=r"chat\.jsonl row 4: turn 1 has unknown role 'bot'"):
+        build_dataset(DataConfig(files=(path + "[3:6]",)), chatml_tokenizer)
+    # A file whose name really ends in a bracketed range is read as written.
+    literal = write_jsonl(tmp_path / "odd.jsonl[1:2]", rows[:3])
+    assert data_mod.split_rows(literal) == (literal, 0, None)

@@ -309,3 +309,14 @@ def test_two_ranks_under_torchrun_write_what_one_process_writes(setup, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "[rank 1] regenerated 2 rows" in done.stderr  # rank 1 did its share: shard 1 of the 3 (rows 2, 3)
     assert rows_of(tmp_path / "two") == rows_of(tmp_path / "one")
+
+
+def test_a_row_slice_keeps_each_rows_number_and_seed(tmp_path):
+    from headstart.trainer.regenerate import read_sources, row_seed
+
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps({"messages": c}) + "\n" for c in CHATS))
+    whole = read_sources([str(path)])
+    part = read_sources([f"{path}[1:]"])
+    assert [(s.file, s.row, s.messages) for s in part] == [(s.file, s.row, s.messages) for s in whole[1:]]
+    assert [row_seed(0, s, 0) for s in part] == [row_seed(0, s, 0) for s in whole[1:]]

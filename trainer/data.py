@@ -34,7 +34,8 @@ class DataConfig:
     """How conversation files become training sequences."""
 
     files: tuple[str, ...] = ()
-    """Local .json/.jsonl/.parquet files."""
+    """Local .json/.jsonl/.parquet files; ``path[a:b]`` reads only rows a..b-1 of one (a slice, as in Python and in
+    ``datasets``' split syntax: ``data.jsonl[1000:]``), so held-out rows stay out without copying the file."""
     format: str | None = None
     """Row format for every file (sharegpt|messages|instruction|gsm8k|text); None detects it per file."""
     max_length: int = 2048
@@ -89,18 +90,40 @@ class DataSummary:
         return "\n".join(lines)
 
 
+_ROW_SLICE = re.compile(r"^(?P<file>.+)\[(?P<start>\d*):(?P<stop>\d*)\]$")
+
+
+def split_rows(path: str) -> tuple[str, int, int | None]:
+    """``"data.jsonl[250:500]"`` -> ``("data.jsonl", 250, 500)``; a plain path (or one that exists as written,
+    brackets and all) -> ``(path, 0, None)``."""
+    m = _ROW_SLICE.match(path)
+    if m is None or Path(path).is_file():
+        return path, 0, None
+    start, stop = int(m["start"] or 0), int(m["stop"]) if m["stop"] else None
+    if stop is not None and stop <= start:
+        raise ValueError(f"{path}: empty row range {start}:{stop}")
+    return m["file"], start, stop
+
+
 def read_rows(path: str) -> datasets.Dataset:
-    """Load one local file as a Dataset, with a clear error for a missing or unreadable file."""
-    p = Path(path)
+    """Load one local file (or its ``[a:b]`` rows) as a Dataset, with a clear error for a missing or unreadable
+    file or a range past its end."""
+    file, start, stop = split_rows(path)
+    p = Path(file)
     if not p.is_file():
-        raise FileNotFoundError(f"data file not found: {path}")
+        raise FileNotFoundError(f"data file not found: {file}")
     reader = _READERS.get(p.suffix.lower())
     if reader is None:
-        raise ValueError(f"{path}: unsupported file type {p.suffix!r}; use .json, .jsonl or .parquet")
+        raise ValueError(f"{file}: unsupported file type {p.suffix!r}; use .json, .jsonl or .parquet")
     try:
-        return datasets.load_dataset(reader, data_files=str(p), split="train")
+        rows = datasets.load_dataset(reader, data_files=str(p), split="train")
     except Exception as err:
-        raise ValueError(f"{path}: could not be read as {reader} rows: {err}") from err
+        raise ValueError(f"{file}: could not be read as {reader} rows: {err}") from err
+    if (start, stop) == (0, None):
+        return rows
+    if start >= len(rows):
+        raise ValueError(f"{path}: the file has {len(rows)} rows, none from row {start}")
+    return rows.select(range(start, min(stop or len(rows), len(rows))))
 
 
 def _row_to_tokens(row: dict[str, Any], *, fmt: str, tokenizer, config: DataConfig) -> dict[str, Any]:
@@ -128,11 +151,12 @@ def _tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
 
 
 def _file_sha256(path: str) -> str:
+    file, start, stop = split_rows(path)
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open(file, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
-    return h.hexdigest()
+    return h.hexdigest() + ("" if (start, stop) == (0, None) else f"[{start}:{stop}]")
 
 
 def cache_key(config: DataConfig, tokenizer: PreTrainedTokenizerBase) -> str:
@@ -182,7 +206,8 @@ def _tokenize_file(path: str, config: DataConfig, tokenizer, summary: DataSummar
     errors = out["error"]
     bad = [(i, e) for i, e in enumerate(errors) if e and not e.startswith("no trainable tokens")]
     if bad and not config.skip_bad_rows:
-        shown = "\n".join(f"  {path} row {i}: {e}" for i, e in bad[:5])
+        file, first, _ = split_rows(path)  # rows are numbered in the file, not in its slice
+        shown = "\n".join(f"  {file} row {first + i}: {e}" for i, e in bad[:5])
         more = f"\n  ... and {len(bad) - 5} more" if len(bad) > 5 else ""
         raise ValueError(
             f"{len(bad)} bad row(s) in {path} (rows counted from 0):\n{shown}{more}\n"
@@ -204,8 +229,8 @@ def build_dataset(config: DataConfig, tokenizer: PreTrainedTokenizerBase) -> tup
     if not config.files:
         raise ValueError("no data files given")
     for f in config.files:
-        if not Path(f).is_file():
-            raise FileNotFoundError(f"data file not found: {f}")
+        if not Path(split_rows(f)[0]).is_file():
+            raise FileNotFoundError(f"data file not found: {split_rows(f)[0]}")
     cache = Path(config.cache_dir) if config.cache_dir else default_cache_dir() / "tokenized"
     entry = cache / cache_key(config, tokenizer)
     if (entry / "summary.json").is_file():

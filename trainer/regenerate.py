@@ -39,7 +39,7 @@ from typing import Callable
 from headstart.trainer.progress import progress_bar
 
 from headstart.trainer.conversations import RowError, detect_format, to_messages
-from headstart.trainer.data import read_rows
+from headstart.trainer.data import read_rows, split_rows
 from headstart.trainer.reply_backends import Failure, Message, Reply, SamplingSettings
 
 PLAN_VERSION = 1
@@ -88,6 +88,7 @@ def read_sources(files: list[str], fmt: str | None = None, skip_bad_rows: bool =
     sources = []
     for path in files:
         rows = read_rows(path)
+        file, first, _ = split_rows(path)  # a source is its row in the file, so a slice's seeds are the whole file's
         if rows_per_file is not None:
             rows = rows.select(range(min(rows_per_file, len(rows))))
         try:
@@ -98,10 +99,10 @@ def read_sources(files: list[str], fmt: str | None = None, skip_bad_rows: bool =
             raise ValueError(f"{path}: 'text' rows have no turns to regenerate; give conversations")
         for i, row in enumerate(rows):
             try:
-                sources.append(Source(path, i, to_messages(row, row_fmt)))
+                sources.append(Source(file, first + i, to_messages(row, row_fmt)))
             except RowError as err:
                 if not skip_bad_rows:
-                    raise ValueError(f"{path} row {i}: {err} (or pass --skip-bad-rows)") from None
+                    raise ValueError(f"{file} row {first + i}: {err} (or pass --skip-bad-rows)") from None
                 if skipped is not None:
                     skipped[str(err)] = skipped.get(str(err), 0) + 1
     return sources
