@@ -39,6 +39,10 @@ class DraftConfig:
     the LK loss -log(sum_v min(p, q)), the negative log of the acceptance rate itself (arXiv 2602.23881)."""
     options: Any = None
     """The head's own fields (e.g. ``Eagle3Options``); None: that dataclass's defaults."""
+    init_from: str | None = None
+    """A published head's directory (``scripts/publish_head.py``'s, or any export of this head type headstart reads)
+    to start from instead of a fresh initialisation: fine-tuning a head on new data, with its vocab map kept and a
+    fresh optimizer and schedule. It must be for the same target and of this recipe's shape."""
 
     def __post_init__(self) -> None:
         if self.loss not in DIVERGENCES:

@@ -135,7 +135,26 @@ def draft_fields(draft: DraftConfig) -> dict[str, Any]:
 
 
 def build_head(config: DraftConfig, target, token_counts: torch.Tensor) -> DraftHead:
-    return head_spec(config.head).build(config, target, token_counts)
+    head = head_spec(config.head).build(config, target, token_counts)
+    if config.init_from is not None:
+        start_from(head, config.head, config.init_from, target)
+    return head
+
+
+def start_from(head: DraftHead, name: str, directory: str, target) -> None:
+    """Copy the weights of the published head in ``directory`` (an export headstart reads) into the freshly built
+    ``head``: fine-tuning it on new data. Its vocab map comes along (a draft lm_head's rows mean nothing under
+    another); a head of another type or target is refused by ``load_head``, one of another shape by name here."""
+    source = load_head(name, directory, target).state_dict()
+    own = head.state_dict()
+    wrong = [f"{k}: {tuple(source[k].shape)} there, {tuple(v.shape)} in this recipe"
+             for k, v in own.items() if k in source and source[k].shape != v.shape]
+    missing, extra = sorted(set(own) - set(source)), sorted(set(source) - set(own))
+    if wrong or missing or extra:
+        raise ValueError(f"draft.init_from={directory} does not fit this recipe's {name} head (set the draft options it "
+                         f"was trained with):\n  " + "\n  ".join(wrong + [f"{k}: not in it" for k in missing]
+                                                                      + [f"{k}: not in this recipe's head" for k in extra]))
+    head.load_state_dict(source)
 
 
 def drafter_for(head: nn.Module, max_len: int, compile: bool = False, backend: str = "inductor"):

@@ -17,7 +17,7 @@ from tiny_models import tiny_causal_lm
 from headstart.models.export import convert_head, export_head
 from headstart.models.head import DraftConfig, DraftHead
 from headstart.models.head_check import detect_layout
-from headstart.models.provenance import fingerprint
+from headstart.models.provenance import OtherTargetError, fingerprint
 from headstart.models.registry import HEADS, SHARED_FIELDS, build_head, drafter_for, load_head, spec_of
 from headstart.models.target import Target, TargetConfig
 
@@ -61,6 +61,39 @@ def test_each_head_builds_exports_is_detected_loads_and_decodes_through_its_entr
     assert all(callable(getattr(drafter, m, None)) for m in ("begin", "propose", "update"))
     compiled = drafter_for(loaded, 64, compile=True)  # the contract's compiled drafter (compiles when first run:
     assert callable(getattr(compiled, "precompile", None))  # tests/test_compiled_decode.py runs each kind)
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_a_head_started_from_a_published_one_has_its_weights_and_vocab(name, target_dir, tmp_path):
+    target = Target.from_pretrained(TargetConfig(path=str(target_dir), dtype="float32"))
+    spec = HEADS[name]
+    sized = "draft_vocab_size" in {f.name for f in dataclasses.fields(spec.options)}
+    options = spec.options(**({"draft_vocab_size": 48} if sized else {}))
+    torch.manual_seed(1)
+    published = build_head(DraftConfig(head=name, options=options), target,
+                           torch.arange(target.config.vocab_size, dtype=torch.float32))
+    export_head(published, tmp_path / "pub", name, fingerprint(target_dir))
+    want = load_head(name, str(tmp_path / "pub"), target).state_dict()
+    # Other token counts and seed: a fresh head would differ in every weight and (with a draft vocab) in its map.
+    torch.manual_seed(2)
+    counts = torch.arange(target.config.vocab_size, dtype=torch.float32).flip(0)
+    fresh = build_head(DraftConfig(head=name, options=options), target, counts).state_dict()
+    started = build_head(DraftConfig(head=name, options=options, init_from=str(tmp_path / "pub")), target, counts)
+    got = started.state_dict()
+    assert set(got) == set(want)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    assert any(not torch.equal(fresh[k], want[k]) for k in want)
+    trained = [n for n, p in build_head(DraftConfig(head=name, options=options), target, counts).named_parameters()
+               if p.requires_grad]  # loading keeps what trains and what stays frozen (the target's embeddings)
+    assert [n for n, p in started.named_parameters() if p.requires_grad] == trained
+    other = dict(fingerprint(target_dir), config_sha256="0" * 16, name_or_path="/models/another")
+    export_head(published, tmp_path / "other", name, other)
+    with pytest.raises(OtherTargetError, match="another"):  # a head trained for another target is refused
+        build_head(DraftConfig(head=name, options=options, init_from=str(tmp_path / "other")), target, counts)
+    if sized:  # another shape is refused, naming the tensors
+        with pytest.raises(ValueError, match=r"does not fit this recipe's .* head[\s\S]*\(48, .*there"):
+            build_head(DraftConfig(head=name, options=spec.options(draft_vocab_size=32), init_from=str(tmp_path / "pub")),
+                       target, counts)
 
 
 def test_converting_a_head_with_one_layout_is_refused_by_name(target_dir, tmp_path):
