@@ -28,6 +28,9 @@ def test_recipe_loads_and_its_shipped_data_is_readable(recipe, monkeypatch):
     monkeypatch.chdir(REPO)
     config = load_config(str(recipe))
     assert config.data.files, recipe
+    start_from = config.draft.init_from  # a published head, shipped or made by a command in the recipe's header
+    if start_from is not None:
+        assert Path(start_from, "config.json").is_file() or f"--out {start_from}" in recipe.read_text(), recipe
     for path in config.data.files:
         file, start, stop = split_rows(path)
         if not Path(file).is_file():  # made by a step the recipe names (regeneration); nothing to read here

@@ -201,7 +201,7 @@ def test_config_errors(tmp_path):
     (tmp_path / "m.yaml").write_text("draft:\n  head: medusa\n  num_heads: 3\n  ttt_steps: 5\n  draft_vocab_size: 8\n")
     with pytest.raises(ValueError, match=r"draft.draft_vocab_size, draft.ttt_steps: not a field of the medusa head; its "
                                          r"fields are \['num_heads', 'num_layers', 'truncated_vocab_size', 'labels', "
-                                         r"'step_weight'\], and \['head', 'config', 'loss_chunk_tokens', 'loss'\] for every head"):
+                                         r"'step_weight'\], and \['head', 'config', 'loss_chunk_tokens', 'loss', 'init_from'\] for every head"):
         load_config(str(tmp_path / "m.yaml"))
     with pytest.raises(ValueError, match="draft.num_heads: not a field of the eagle3 head"):
         load_config(None, ["--draft.num_heads=2"])
@@ -225,7 +225,7 @@ def test_draft_section_is_flat_in_a_recipe_and_typed_per_head(tmp_path):
     assert config.draft.options == MedusaOptions(num_heads=3, step_weight=1.0)
     assert isinstance(config.draft.options.step_weight, float) and config.draft.loss_chunk_tokens == 64
     flat = to_dict(config)["draft"]  # what run_config.json records: the recipe's own shape, every default filled in
-    assert flat == {"head": "medusa", "config": None, "loss_chunk_tokens": 64, "loss": "kl", "num_heads": 3, "num_layers": 1,
+    assert flat == {"head": "medusa", "config": None, "loss_chunk_tokens": 64, "loss": "kl", "init_from": None, "num_heads": 3, "num_layers": 1,
                     "truncated_vocab_size": None, "labels": "target", "step_weight": 1.0}
     (tmp_path / "again.yaml").write_text(yaml.safe_dump({"draft": flat}))
     assert load_config(str(tmp_path / "again.yaml")).draft == config.draft
