@@ -228,9 +228,9 @@ def build_dataset(config: DataConfig, tokenizer: PreTrainedTokenizerBase) -> tup
     """Tokenize ``config.files`` (or load them from the cache) and return the dataset and its summary."""
     if not config.files:
         raise ValueError("no data files given")
-    for f in config.files:
-        if not Path(split_rows(f)[0]).is_file():
-            raise FileNotFoundError(f"data file not found: {split_rows(f)[0]}")
+    for file in (split_rows(f)[0] for f in config.files):
+        if not Path(file).is_file():
+            raise FileNotFoundError(f"data file not found: {file}")
     cache = Path(config.cache_dir) if config.cache_dir else default_cache_dir() / "tokenized"
     entry = cache / cache_key(config, tokenizer)
     if (entry / "summary.json").is_file():
