@@ -320,3 +320,15 @@ def test_a_row_slice_keeps_each_rows_number_and_seed(tmp_path):
     part = read_sources([f"{path}[1:]"])
     assert [(s.file, s.row, s.messages) for s in part] == [(s.file, s.row, s.messages) for s in whole[1:]]
     assert [row_seed(0, s, 0) for s in part] == [row_seed(0, s, 0) for s in whole[1:]]
+
+
+def test_the_script_regenerates_a_row_slice_and_a_resume_with_another_slice_is_refused(setup, tmp_path, capsys):
+    out = tmp_path / "part"
+    args = ["--target", str(setup / "target"), "--output", str(out), "--max-new-tokens", "6", "--no-progress"]
+    assert regenerate_data.main([*args, "--data", f"{setup / 'chats.jsonl'}[1:3]"]) == 0
+    rows = rows_of(out)
+    assert [r["source"] for r in rows] == [{"file": str(setup / "chats.jsonl"), "row": i} for i in (1, 2)]
+    assert [r["messages"][0] for r in rows] == [c[0] for c in CHATS[1:3]]
+    # the finished shards belong to rows 1-2: other rows of the same file are other settings
+    assert regenerate_data.main([*args, "--data", f"{setup / 'chats.jsonl'}[0:2]", "--resume"]) != 0
+    assert "chats.jsonl[0:2]" in capsys.readouterr().err

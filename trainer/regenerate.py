@@ -147,10 +147,11 @@ def regenerate_rows(sources: list[Source], generate: Callable[[list[list[Message
 
 
 def files_sha256(files: list[str]) -> str:
+    """A short digest of the data files' contents and names, a ``[a:b]`` row slice included in its name."""
     h = hashlib.sha256()
     for path in files:
         h.update(Path(path).name.encode())
-        with open(path, "rb") as f:
+        with open(split_rows(path)[0], "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 h.update(block)
     return h.hexdigest()[:16]
