@@ -5,7 +5,9 @@ probability of its draft estimates that. With a threshold p > 0 a chain stops af
 is below p: that draft is still verified (one more token in a verify forward costs a fraction of the forward, and it
 is accepted with about that probability), the steps after it are not run. The rule reads only the drafter's side, so
 greedy output stays the target's greedy decoding and sampling stays lossless: how many drafts a round verifies may
-depend on anything but the target's verdicts on them.
+depend on anything but the target's verdicts on them. When sampling, the probability read is the draft's under the
+warped q it was drawn from (as transformers reads its assistant's processed scores): at a low temperature a draft the
+raw softmax doubts is all but certain to be drawn, and accepted as often as the target's own q agrees.
 """
 
 from __future__ import annotations
@@ -13,13 +15,15 @@ from __future__ import annotations
 import torch
 
 
-def confident(logits: torch.Tensor, draft: torch.Tensor, threshold: float) -> bool:
-    """Whether the drafter gave its draft (one id) a probability of at least ``threshold`` under ``logits`` (the one
-    row [V] or [1, V] it was picked from). One host sync; always True at threshold 0 (no sync)."""
+def confident(logits: torch.Tensor, draft: torch.Tensor, threshold: float, probs: torch.Tensor | None = None) -> bool:
+    """Whether the drafter gave its draft (one id) a probability of at least ``threshold``: under ``probs`` (the
+    distribution it was sampled from, [V] or [1, V]) where given, else under ``logits``' softmax (the one row [V] or
+    [1, V] a greedy draft was picked from). One host sync; always True at threshold 0 (no sync)."""
     if threshold <= 0:
         return True
-    probs = torch.softmax(logits.float().reshape(-1), dim=0)
-    return bool(probs[draft.reshape(())] >= threshold)
+    if probs is None:
+        probs = torch.softmax(logits.float().reshape(-1), dim=0)
+    return bool(probs.reshape(-1)[draft.reshape(())] >= threshold)
 
 
 def confident_prefix(logits: torch.Tensor, drafts: torch.Tensor, threshold: float) -> int:

@@ -118,8 +118,9 @@ class DraftModelDrafter:
     def _chain(self, k: int, pick) -> torch.Tensor:
         logits, tokens = self.tree_root(), []
         for i in range(k):
-            tokens.append(pick(logits).view(1))
-            if not confident(logits, tokens[-1], self.confidence_threshold):
+            draft, q = pick(logits)  # q: the distribution a sampled draft was drawn from (None: argmax)
+            tokens.append(draft.view(1))
+            if not confident(logits, tokens[-1], self.confidence_threshold, q):
                 break
             if i + 1 < k:
                 logits = self._chain_step(tokens[-1], i + 1)
@@ -128,7 +129,7 @@ class DraftModelDrafter:
 
     @torch.no_grad()
     def propose(self, k: int) -> torch.Tensor:
-        return self._chain(k, lambda logits: logits.argmax(-1))
+        return self._chain(k, lambda logits: (logits.argmax(-1), None))
 
     @torch.no_grad()
     def propose_sampled(self, k: int, sampling, generator: torch.Generator | None = None):
@@ -137,7 +138,7 @@ class DraftModelDrafter:
 
         def pick(logits: torch.Tensor) -> torch.Tensor:
             q_steps.append(sampling.probs(logits))
-            return torch.multinomial(q_steps[-1], 1, generator=generator)
+            return torch.multinomial(q_steps[-1], 1, generator=generator), q_steps[-1]
 
         tokens = self._chain(k, pick)
         q = torch.stack(q_steps) if q_steps else torch.zeros(0, self.vocab_size, device=self._device)

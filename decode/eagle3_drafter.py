@@ -181,7 +181,8 @@ class Eagle3Drafter:
 
     def _draft(self, k: int, pick) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Up to k draft steps from the last committed position (fewer where ``confidence_threshold`` stops the chain);
-        ``pick(logits [1, V_d]) -> draft id [1]``. Returns target ids [k'] and the draft logits of each step."""
+        ``pick(logits [1, V_d]) -> (draft id [1], the q it was sampled from or None for argmax)``. Returns target ids
+        [k'] and the draft logits of each step."""
         tokens, step_logits = [], []
         hidden, logits = self.last_hidden, self.last_logits
         for i in range(k):
@@ -190,9 +191,9 @@ class Eagle3Drafter:
                 hidden = self._step(hidden, tokens[-1].view(1, 1), self.length - 1 + i)
                 logits = self._logits(hidden)[:, -1]
             step_logits.append(logits)
-            draft = pick(logits)
+            draft, q = pick(logits)
             tokens.append(self.to_target(draft))
-            if not confident(logits, draft, self.confidence_threshold):
+            if not confident(logits, draft, self.confidence_threshold, q):
                 break
         if not tokens:
             return torch.empty(0, dtype=torch.long, device=self.keys.device), []
@@ -203,7 +204,7 @@ class Eagle3Drafter:
         if self._chain is not None and self._chain.fits(self.length, k) and not self.confidence_threshold:
             self.write_at.fill_(self.length - 1)
             return self._chain(self.last_hidden, self.last_logits, k, self.length)
-        return self._draft(k, lambda logits: logits.argmax(-1))[0]
+        return self._draft(k, lambda logits: (logits.argmax(-1), None))[0]
 
     @torch.no_grad()
     def propose_sampled(self, k: int, sampling, generator: torch.Generator | None = None):
@@ -213,7 +214,7 @@ class Eagle3Drafter:
 
         def pick(logits: torch.Tensor) -> torch.Tensor:
             q_steps.append(sampling.probs(logits))  # [1, V_d]
-            return torch.multinomial(q_steps[-1], 1, generator=generator).view(1)
+            return torch.multinomial(q_steps[-1], 1, generator=generator).view(1), q_steps[-1]
 
         tokens, _ = self._draft(k, pick)
         q = torch.zeros(len(q_steps), self.head.config.vocab_size, device=self.keys.device)

@@ -341,7 +341,7 @@ def test_compiled_drafters_stop_unsure_chains_as_eager(target, backend, monkeypa
     from headstart.decode import draft_model, eagle3_drafter, mtp_drafter
 
     for module in (eagle3_drafter, mtp_drafter, draft_model):
-        monkeypatch.setattr(module, "confident", lambda logits, draft, threshold: int(draft.reshape(-1)[0]) % 3 != 0)
+        monkeypatch.setattr(module, "confident", lambda logits, draft, threshold, probs=None: int(draft.reshape(-1)[0]) % 3 != 0)
     torch._dynamo.reset()
     runner = TargetRunner(target, 128)
     for name, (make, compiled) in drafters(target, 128, backend).items():

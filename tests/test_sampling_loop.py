@@ -120,6 +120,25 @@ def test_samples_follow_the_target_when_unsure_chains_stop(world, drafter, thres
     assert stat < critical
 
 
+@pytest.mark.parametrize("drafter", ["eagle3", "draft-model"])
+def test_a_sampled_chain_reads_the_probability_of_the_q_its_draft_was_drawn_from(world, drafter):
+    """These random drafters are near uniform over 8 tokens: their raw softmax never reaches 0.5, so greedy chains stop
+    after one draft. Sampled at temperature 1e-4, the drawn draft has q near 1 and the chain runs to k -- the rule
+    reads the distribution the draft came from (as transformers reads its assistant's processed scores)."""
+    model, runner, head = world
+    small = tiny_causal_lm("llama", num_hidden_layers=2, vocab_size=V)
+    make = {"eagle3": lambda: Eagle3Drafter(head, 32), "draft-model": lambda: DraftModelDrafter(small, 32, V)}[drafter]
+    cut = with_threshold(make, 0.5)
+    g = torch.Generator().manual_seed(0)
+    greedy = [speculative_generate(runner, cut(), PROMPT, 8, set(), k=3).proposed[0]]
+    sharp = [speculative_generate(runner, cut(), PROMPT, 8, set(), k=3, sampling=Sampling(temperature=1e-4),
+                                  generator=g).proposed[0] for _ in range(5)]
+    flat = [speculative_generate(runner, cut(), PROMPT, 8, set(), k=3, sampling=Sampling(temperature=1.0),
+                                 generator=g).proposed[0] for _ in range(5)]
+    assert greedy == [1] and flat == [1] * 5  # unwarped q is the raw softmax: under 0.5, cut after the first draft
+    assert sharp == [3] * 5
+
+
 class MisreportingDrafter(Eagle3Drafter):
     """Samples its drafts from q but reports a uniform q: verification then accepts too often."""
 
@@ -161,7 +180,7 @@ def test_draft_model_keeps_the_accepted_drafts_it_already_ran_and_equals_a_full_
     for stop in (None, 1, 2, 3):  # None: the full chain of k = 4
         calls = []
         monkeypatch.setattr(draft_model, "confident",
-                            lambda logits, draft, threshold: calls.append(draft) or len(calls) != stop)
+                            lambda logits, draft, threshold, probs=None: calls.append(draft) or len(calls) != stop)
         for accepted in range(0, (stop or 4) + 1):  # 0..k' drafts accepted, then the bonus token
             calls.clear()
             drafter = DraftModelDrafter(small, 64, V)
