@@ -103,12 +103,14 @@ def test_speculative_samples_follow_the_target(world, drafter):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("drafter", "threshold"), [("eagle3", 0.15), ("draft-model", 0.125)])
+@pytest.mark.parametrize(("drafter", "threshold"), [("eagle3", 0.3), ("draft-model", 0.17)])
 def test_samples_follow_the_target_when_unsure_chains_stop(world, drafter, threshold):
-    """Chains cut where the drafter's own probability of its sampled draft is under ``threshold`` (decode/confidence.py;
-    these random drafters are near uniform over 8 tokens, so the thresholds sit just above 1/8): the length depends on
-    the drafter's side only, so the samples still follow the target."""
+    """Chains cut where the drafter's probability of its sampled draft (under the warped q it was drawn from) is under
+    ``threshold`` (decode/confidence.py; for these random drafters each threshold sits where some first rounds are cut
+    and some are not, which the test checks): the length depends on the drafter's side only, so the samples still
+    follow the target."""
     model, runner, head = world
+    torch.manual_seed(0)  # the draft model whatever ran before: its q sits near the threshold
     small = tiny_causal_lm("llama", num_hidden_layers=2, vocab_size=V)
     make = {"eagle3": lambda: Eagle3Drafter(head, 32), "draft-model": lambda: DraftModelDrafter(small, 32, V)}[drafter]
     cut = with_threshold(make, threshold)
