@@ -136,7 +136,7 @@ class DraftModelDrafter:
         """Drafts sampled from the warped draft distribution, with those distributions q [k, V]."""
         q_steps: list[torch.Tensor] = []
 
-        def pick(logits: torch.Tensor) -> torch.Tensor:
+        def pick(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             q_steps.append(sampling.probs(logits))
             return torch.multinomial(q_steps[-1], 1, generator=generator), q_steps[-1]
 

@@ -212,7 +212,7 @@ class Eagle3Drafter:
         q over the target vocab (zero outside the draft vocab)."""
         q_steps: list[torch.Tensor] = []
 
-        def pick(logits: torch.Tensor) -> torch.Tensor:
+        def pick(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             q_steps.append(sampling.probs(logits))  # [1, V_d]
             return torch.multinomial(q_steps[-1], 1, generator=generator).view(1), q_steps[-1]
 
