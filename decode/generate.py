@@ -185,7 +185,7 @@ def speculative_generate(
 
 def _tree_round(runner, drafter, tree, tokens, max_new_tokens, eos_ids, sampling, generator, out, clock):
     """One tree round: grow, verify in one target forward, keep the accepted path's KV entries."""
-    device = runner.cache.device
+    device = runner.device
     budget = max_new_tokens - len(tokens) - 1  # deepest useful node: its drafts + the bonus token fit
     build = build_dynamic_tree if isinstance(tree, DynamicTree) else build_static_tree
     draft = build(drafter, tree, budget)

@@ -310,6 +310,32 @@ def test_ngram_policy_replay_gives_the_tau_decoding_gives_and_the_script_runs(tm
     assert all(float(r[2]) >= 1.0 and float(r[4]) > 0 for r in rows)
 
 
+def test_tree_shapes_replays_every_shape_that_fits_and_ranks_them(tmp_path):
+    """benchmarks/tree_shapes.py on the demo head: every chain, n-gram lookup, and each tree the grid allows (a total
+    above what depth and top-k can hold is skipped), ranked by modelled speed-up, the best one named."""
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"question_id": 1, "category": "math", "turns": ["What is 12 times 7?"]}) + "\n")
+    bench, out = tmp_path / "BENCHMARKS.md", tmp_path / "shapes.json"
+    run("tree_shapes.py", "--target", DEMO_TARGET, "--method", "eagle3", "--draft", REPO / "configs/demo/eagle3-head",
+        "--questions", questions, "--max-new-tokens", 32, "--chains", "2,4", "--depths", "2,3", "--topks", "2,3",
+        "--totals", "4,8,20", "--repeats", 1, "--show", 3, "--out", out, "--benchmarks", bench, cwd=tmp_path)
+    rows = json.loads(out.read_text())["rows"]
+    trees = sorted((r["tree"]["depth"], r["tree"]["topk"], r["tree"]["total_tokens"]) for r in rows if r["tree"])
+    assert trees == [(2, 2, 4), (2, 3, 4), (2, 3, 8), (3, 2, 4), (3, 2, 8), (3, 3, 4), (3, 3, 8), (3, 3, 20)]
+    assert sorted((r["method"], r["shape"]) for r in rows if not r["tree"]) == [
+        ("eagle3", "chain k=2"), ("eagle3", "chain k=4"), ("ngram", "chain k=4")]
+    assert [r["speedup"] for r in rows] == sorted((r["speedup"] for r in rows), reverse=True)
+    assert all(r["tau"] >= 1.0 and r["tokens"] > 0 for r in rows)
+    assert max(r["tau"] for r in rows if r["tree"]) > 1.5  # the demo head accepts: the replay did not just reject
+    text = section(bench, "Draft shapes replayed: eagle3 chains and trees against n-gram lookup")
+    table = table_rows(text, "| method | shape | tau | ms per round: draft / update / verify / other | modelled tok/s | "
+                             "modelled speed-up |")
+    assert len(table) == 3 + 3 and [r[1] for r in table[:3]] == [r["shape"] for r in rows if r["tree"]][:3]
+    best = next(r for r in rows if r["tree"])["tree"]
+    assert (f"Best tree: `--tree --tree-depth {best['depth']} --tree-topk {best['topk']} --tree-total-tokens "
+            f"{best['total_tokens']}`") in text
+
+
 def test_drafter_launches_tables_a_compiled_drafter(tmp_path):
     """benchmarks/drafter_launches.py end to end on the demo target's Medusa heads (one small graph to compile)."""
     run("drafter_launches.py", "--target", DEMO_TARGET, "--heads", f"medusa={REPO / 'configs/demo/medusa-head'}",

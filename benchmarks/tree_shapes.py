@@ -1,0 +1,174 @@
+"""Which draft shape decodes fastest on this machine: chains of k drafts and EAGLE-2 dynamic trees (depth, top-k,
+total tokens) of a trained head, and n-gram lookup beside them -- each replayed over the target's own greedy outputs
+(decode/replay.py: the drafter runs for real, round by round, and accepts exactly what decoding would), with the
+target's verify forward costed from block sizes timed here. One greedy decode per turn serves every shape, so a sweep
+of ~50 shapes costs about as much as decoding a few of them, and shapes compare with no timing noise between runs.
+
+    python benchmarks/tree_shapes.py --target targets/SmolLM2-135M-Instruct --method eagle3 \
+        --draft runs/smollm2-eagle3-finetune-2k-head --questions configs/smollm2/data/heldout_questions.jsonl \
+        --max-new-tokens 128 --dtype bfloat16 --benchmarks BENCHMARKS.md
+
+Modelled speed-up = (tokens after the first) x a one-token forward / (the rounds' draft, update and loop time as
+measured in the replay + the verify forwards their blocks cost); prompts are left out on both sides. The replay's loop
+time includes building one-hot logits where decoding reads real ones. Check the winner with scripts/benchmark.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from headstart.decode.benchmark import first_per_category, prompt_ids, read_questions
+from headstart.decode.clock import RoundClock
+from headstart.decode.generate import speculative_generate
+from headstart.decode.ngram import NgramDrafter
+from headstart.decode.replay import ReplayRunner, Turn, record_turn
+from headstart.decode.report import append_section
+from headstart.decode.target_runner import TargetRunner
+from headstart.decode.tree import DynamicTree
+from headstart.models.registry import HEADS, drafter_for, load_head
+from headstart.models.target import Target, TargetConfig, load_tokenizer
+
+
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def tree_capacity(depth: int, topk: int) -> int:
+    """Nodes an EAGLE-2 tree can keep: top-k children of the root, then top-k of the top-k expanded per level."""
+    return topk + (depth - 1) * topk * topk
+
+
+def record_turns(runner: TargetRunner, tokenizer, questions: list[dict], max_new_tokens: int, eos: set[int]) -> list[Turn]:
+    """Every turn of every question decoded greedily, later turns after the earlier replies (as the benchmark does)."""
+    turns = []
+    for q in questions:
+        messages = []
+        for text in q["turns"]:
+            messages.append({"role": "user", "content": text})
+            turn = record_turn(runner, prompt_ids(tokenizer, messages).to(runner.device), max_new_tokens, eos)
+            turns.append(turn)
+            messages.append({"role": "assistant", "content": tokenizer.decode(turn.output, skip_special_tokens=True)})
+    return turns
+
+
+def replay_shape(turns: list[Turn], make_drafter, vocab: int, k: int, tree: DynamicTree | None,
+                 max_new_tokens: int, eos: set[int]) -> dict:
+    """Replay every turn with one shape: tokens, rounds, the blocks verified, and the drafter's measured seconds."""
+    clock = RoundClock(turns[0].prompt.device)
+    tokens = rounds = 0
+    blocks: list[tuple[int, bool]] = []
+    for turn in turns:
+        runner = ReplayRunner(turn, vocab)
+        gen = speculative_generate(runner, make_drafter(), turn.prompt, max_new_tokens, eos, k, tree=tree, clock=clock)
+        if gen.tokens != turn.output:  # by construction: anything else is a bug in the replay
+            raise RuntimeError("the replay did not reproduce the target's greedy output")
+        tokens, rounds = tokens + gen.counted_tokens, rounds + gen.target_forwards
+        blocks += runner.blocks
+    s = clock.seconds
+    return {"tokens": tokens, "rounds": rounds, "tau": tokens / max(rounds, 1), "blocks": blocks,
+            "draft_s": s["draft"], "update_s": s["update"], "other_s": s["other"]}
+
+
+def model(row: dict, cost: dict[tuple[int, bool], float], one_token_s: float) -> dict:
+    verify_s = sum(cost[b] for b in row["blocks"])
+    spec_s = row["draft_s"] + row["update_s"] + row["other_s"] + verify_s
+    r = max(row["rounds"], 1)
+    return {**{k: v for k, v in row.items() if k != "blocks"}, "verify_s": verify_s,
+            "ms_per_round": {part: 1e3 * row[f"{part}_s"] / r for part in ("draft", "update", "other")} | {"verify": 1e3 * verify_s / r},
+            "speedup": row["tokens"] * one_token_s / spec_s, "tok_s": row["tokens"] / spec_s}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", required=True)
+    p.add_argument("--method", choices=sorted(HEADS), required=True, help="the head type (its directory in --draft)")
+    p.add_argument("--draft", required=True)
+    p.add_argument("--questions", required=True)
+    p.add_argument("--per-category", type=int, default=None)
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--dtype", default=None, help="default bfloat16 on a GPU, float32 on a CPU")
+    p.add_argument("--chains", type=ints, default=[2, 3, 4, 5, 6], help="chain lengths k")
+    p.add_argument("--depths", type=ints, default=[3, 4, 5, 6])
+    p.add_argument("--topks", type=ints, default=[2, 4, 8])
+    p.add_argument("--totals", type=ints, default=[8, 12, 16, 24, 48])
+    p.add_argument("--ngram", type=ints, default=[4], help="n-gram lookup chain lengths, as the reference")
+    p.add_argument("--repeats", type=int, default=5, help="timed forwards per block size (median)")
+    p.add_argument("--show", type=int, default=12, help="tree rows in the table (the best ones)")
+    p.add_argument("--out", default=None, help="write every row to this JSON file")
+    p.add_argument("--benchmarks", default=None, help="append the table to this markdown file")
+    p.add_argument("--note", default="", help="a paragraph under the table")
+    args = p.parse_args()
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = args.dtype or ("bfloat16" if device == "cuda" else "float32")
+    target = Target.from_pretrained(TargetConfig(path=args.target, dtype=dtype, device=device))
+    tokenizer = load_tokenizer(args.target)
+    questions = read_questions(args.questions)[: args.limit]
+    if args.per_category:
+        questions = first_per_category(questions, args.per_category)
+    eos = {t for t in [tokenizer.eos_token_id, target.model.generation_config.eos_token_id] if isinstance(t, int)}
+    max_len = target.context_length
+    vocab = target.lm_head.weight.shape[0]
+    head = load_head(args.method, args.draft, target).to(device=device, dtype=target.lm_head_weight.dtype)
+    runner = TargetRunner(target, max_len=max_len, with_aux=HEADS[args.method].cls.needs.aux_hidden_states)
+    turns = record_turns(runner, tokenizer, questions, args.max_new_tokens, eos)
+    print(f"{len(turns)} turns recorded", flush=True)
+
+    shapes: list[tuple[str, str, int, DynamicTree | None]] = [("ngram", f"chain k={k}", k, None) for k in args.ngram]
+    shapes += [(args.method, f"chain k={k}", k, None) for k in args.chains]
+    shapes += [(args.method, f"tree depth {d} top-{t} {n} tokens", 0, DynamicTree(d, t, n))
+               for d in args.depths for t in args.topks for n in args.totals if n <= tree_capacity(d, t)]
+    rows = []
+    for method, shape, k, tree in shapes:
+        make = (lambda: NgramDrafter()) if method == "ngram" else (lambda: drafter_for(head, max_len))
+        row = replay_shape(turns, make, vocab, k, tree, args.max_new_tokens, eos)
+        rows.append({"method": method, "shape": shape, "tree": None if tree is None else vars(tree), **row})
+        print(f"{method} {shape}: tau {row['tau']:.2f}", flush=True)
+
+    sizes = {masked: {n for r in rows for n, m in r["blocks"] if m == masked} for masked in (False, True)}
+    sizes[False].add(1)
+    cost = {(n, masked): s for masked in (False, True) if sizes[masked]
+            for n, s in runner.time_blocks(0, sizes=sizes[masked], masked=masked, repeats=args.repeats).items()}
+    one = cost[(1, False)]
+    modelled = sorted((model(r, cost, one) | {"method": r["method"], "shape": r["shape"]} for r in rows),
+                      key=lambda r: -r["speedup"])
+    chains = [r for r in modelled if r["tree"] is None]
+    trees = [r for r in modelled if r["tree"] is not None]
+    best = trees[0] if trees else None
+    costs = ", ".join(f"{n} tokens {1e3 * s:.1f} ms" for (n, masked), s in sorted(cost.items())
+                      if masked and n in {1 + t for t in args.totals}) or "-"
+    body = (f"`{args.questions}`, {len(turns)} turns, max {args.max_new_tokens} new tokens, target `{args.target}` "
+            f"({dtype}), draft `{args.draft}`; every shape replayed over the same greedy outputs (decode/replay.py). "
+            f"Verify forwards timed here after a 256-token context (median of {args.repeats}): one token "
+            f"{1e3 * one:.1f} ms; tree blocks (root + nodes): {costs}. Modelled speed-up = tokens x one-token forward / "
+            "(draft + update + loop time measured in the replay + the verify forwards of the blocks each round sent), "
+            f"prompts left out. The {args.show} best of {len(trees)} trees, then every chain:\n\n"
+            "| method | shape | tau | ms per round: draft / update / verify / other | modelled tok/s | modelled speed-up |\n"
+            "|---|---|---|---|---|---|\n")
+    for r in trees[: args.show] + chains:
+        ms = r["ms_per_round"]
+        body += (f"| {r['method']} | {r['shape']} | {r['tau']:.2f} | {ms['draft']:.1f} / {ms['update']:.1f} / "
+                 f"{ms['verify']:.1f} / {ms['other']:.1f} | {r['tok_s']:.1f} | {r['speedup']:.2f}x |\n")
+    if best is not None:
+        t = best["tree"]
+        body += (f"\nBest tree: `--tree --tree-depth {t['depth']} --tree-topk {t['topk']} --tree-total-tokens "
+                 f"{t['total_tokens']}` (modelled {best['speedup']:.2f}x at tau {best['tau']:.2f}).\n")
+    if args.note:
+        body += "\n" + args.note + "\n"
+    print(body)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"args": vars(args), "one_token_s": one, "rows": modelled,
+                                              "block_costs": {f"{n}{'m' if m else ''}": s for (n, m), s in cost.items()}},
+                                             indent=2))
+    if args.benchmarks:
+        append_section(args.benchmarks, f"Draft shapes replayed: {args.method} chains and trees against n-gram lookup",
+                       body)
+
+
+if __name__ == "__main__":
+    main()
