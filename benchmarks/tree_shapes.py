@@ -8,9 +8,11 @@ of ~50 shapes costs about as much as decoding a few of them, and shapes compare 
         --draft runs/smollm2-eagle3-finetune-2k-head --questions configs/smollm2/data/heldout_questions.jsonl \
         --max-new-tokens 128 --dtype bfloat16 --benchmarks BENCHMARKS.md
 
-Modelled speed-up = (tokens after the first) x a one-token forward / (the rounds' draft, update and loop time as
-measured in the replay + the verify forwards their blocks cost); prompts are left out on both sides. The replay's loop
-time includes building one-hot logits where decoding reads real ones. Check the winner with scripts/benchmark.py.
+Modelled speed-up = plain decoding's measured seconds per token (its one-token forward and loop, timed while recording
+the outputs) / the speculative seconds per token: the drafter's draft and update time and the loop's own time as
+measured in the replay, plus what the target would have cost -- each round's verify forward (block costs timed here at
+the outputs' mean context) and, for trees, the KV cache move of the accepted path (timed by slots moved). Prompts are
+left out on both sides; target and drafter run eagerly. Check the winner with scripts/benchmark.py.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 import torch
 
 from headstart.decode.benchmark import first_per_category, prompt_ids, read_questions
-from headstart.decode.clock import RoundClock
+from headstart.decode.clock import RoundClock, median_seconds
 from headstart.decode.generate import speculative_generate
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.replay import ReplayRunner, Turn, record_turn
@@ -42,25 +44,32 @@ def tree_capacity(depth: int, topk: int) -> int:
     return topk + (depth - 1) * topk * topk
 
 
-def record_turns(runner: TargetRunner, tokenizer, questions: list[dict], max_new_tokens: int, eos: set[int]) -> list[Turn]:
-    """Every turn of every question decoded greedily, later turns after the earlier replies (as the benchmark does)."""
-    turns = []
+def record_turns(runner: TargetRunner, tokenizer, questions: list[dict], max_new_tokens: int, eos: set[int],
+                 clock: RoundClock) -> tuple[list[Turn], int]:
+    """Every turn of every question decoded greedily (timed by ``clock``), later turns after the earlier replies (as
+    the benchmark does); -> (turns, plain decoding's one-token forwards)."""
+    turns, forwards = [], 0
     for q in questions:
         messages = []
         for text in q["turns"]:
             messages.append({"role": "user", "content": text})
-            turn = record_turn(runner, prompt_ids(tokenizer, messages).to(runner.device), max_new_tokens, eos)
+            turn = record_turn(runner, prompt_ids(tokenizer, messages).to(runner.device), max_new_tokens, eos, clock)
             turns.append(turn)
+            forwards += len(turn.output) - 1
             messages.append({"role": "assistant", "content": tokenizer.decode(turn.output, skip_special_tokens=True)})
-    return turns
+    return turns, forwards
 
 
 def replay_shape(turns: list[Turn], make_drafter, vocab: int, k: int, tree: DynamicTree | None,
                  max_new_tokens: int, eos: set[int]) -> dict:
-    """Replay every turn with one shape: tokens, rounds, the blocks verified, and the drafter's measured seconds."""
+    """Replay every turn with one shape: tokens, rounds, the blocks verified and slots moved, and the measured
+    seconds of the drafter, of the loop, and of the verify lap beyond building the replay's one-hot logits (a tree's
+    ancestor mask is built there)."""
     clock = RoundClock(turns[0].prompt.device)
     tokens = rounds = 0
     blocks: list[tuple[int, bool]] = []
+    moves: list[int] = []
+    fake_s = 0.0
     for turn in turns:
         runner = ReplayRunner(turn, vocab)
         gen = speculative_generate(runner, make_drafter(), turn.prompt, max_new_tokens, eos, k, tree=tree, clock=clock)
@@ -68,18 +77,41 @@ def replay_shape(turns: list[Turn], make_drafter, vocab: int, k: int, tree: Dyna
             raise RuntimeError("the replay did not reproduce the target's greedy output")
         tokens, rounds = tokens + gen.counted_tokens, rounds + gen.target_forwards
         blocks += runner.blocks
+        moves += runner.moves
+        fake_s += runner.fake_seconds
     s = clock.seconds
-    return {"tokens": tokens, "rounds": rounds, "tau": tokens / max(rounds, 1), "blocks": blocks,
-            "draft_s": s["draft"], "update_s": s["update"], "other_s": s["other"]}
+    return {"tokens": tokens, "rounds": rounds, "tau": tokens / max(rounds, 1), "blocks": blocks, "moves": moves,
+            "draft_s": s["draft"], "update_s": s["update"], "other_s": s["other"],
+            "mask_s": max(0.0, s["verify"] - fake_s)}
 
 
-def model(row: dict, cost: dict[tuple[int, bool], float], one_token_s: float) -> dict:
-    verify_s = sum(cost[b] for b in row["blocks"])
+def time_moves(runner: TargetRunner, counts: set[int], context: int, repeats: int) -> dict[int, float]:
+    """Median seconds of ``TargetRunner.keep`` moving m = each of ``counts`` slots of a tree block (path [0, 2, 4, ..]:
+    the root stays, m nodes move), after ``context`` tokens."""
+    runner.reset()
+    top = max(counts)
+    ids = torch.full((1, context + 2 * top + 1), 1, dtype=torch.long, device=runner.device)
+    runner.forward(ids[:, :context], last_only=True)
+    runner.commit(context)
+    runner.forward(ids[:, : 2 * top + 1])  # the block whose slots the moves read (not committed)
+
+    def move(m: int) -> None:
+        runner.keep([0] + [2 * i for i in range(1, m + 1)])
+        runner.cache.rollback(context)
+
+    cost = {m: median_seconds(lambda m=m: move(m), repeats, runner.device) for m in sorted(counts)}
+    runner.reset()
+    return cost
+
+
+def model(row: dict, cost: dict[tuple[int, bool], float], move_cost: dict[int, float], plain_s: float) -> dict:
+    verify_s = sum(cost[b] for b in row["blocks"]) + sum(move_cost[m] for m in row["moves"] if m) + row["mask_s"]
     spec_s = row["draft_s"] + row["update_s"] + row["other_s"] + verify_s
     r = max(row["rounds"], 1)
-    return {**{k: v for k, v in row.items() if k != "blocks"}, "verify_s": verify_s,
-            "ms_per_round": {part: 1e3 * row[f"{part}_s"] / r for part in ("draft", "update", "other")} | {"verify": 1e3 * verify_s / r},
-            "speedup": row["tokens"] * one_token_s / spec_s, "tok_s": row["tokens"] / spec_s}
+    ms = {part: 1e3 * row[f"{part}_s"] / r for part in ("draft", "update", "other")}
+    return {**{k: v for k, v in row.items() if k not in ("blocks", "moves")}, "verify_s": verify_s,
+            "ms_per_round": ms | {"verify": 1e3 * verify_s / r},
+            "speedup": row["tokens"] * plain_s / spec_s, "tok_s": row["tokens"] / spec_s}
 
 
 def main() -> None:
@@ -116,16 +148,23 @@ def main() -> None:
     vocab = target.lm_head.weight.shape[0]
     head = load_head(args.method, args.draft, target).to(device=device, dtype=target.lm_head_weight.dtype)
     runner = TargetRunner(target, max_len=max_len, with_aux=HEADS[args.method].cls.needs.aux_hidden_states)
-    turns = record_turns(runner, tokenizer, questions, args.max_new_tokens, eos)
-    print(f"{len(turns)} turns recorded", flush=True)
+    plain_clock = RoundClock(device)
+    turns, plain_forwards = record_turns(runner, tokenizer, questions, args.max_new_tokens, eos, plain_clock)
+    plain_s = (plain_clock.seconds["verify"] + plain_clock.seconds["other"]) / max(plain_forwards, 1)
+    # the verify forwards are timed at the mean context of the outputs' decoding steps
+    context = round(sum(t.prompt.shape[1] + len(t.output) / 2 for t in turns) / len(turns))
+    print(f"{len(turns)} turns recorded; plain decoding {1e3 * plain_s:.1f} ms a token", flush=True)
 
     shapes: list[tuple[str, str, int, DynamicTree | None]] = [("ngram", f"chain k={k}", k, None) for k in args.ngram]
     shapes += [(args.method, f"chain k={k}", k, None) for k in args.chains]
-    shapes += [(args.method, f"tree depth {d} top-{t} {n} tokens", 0, DynamicTree(d, t, n))
-               for d in args.depths for t in args.topks for n in args.totals if n <= tree_capacity(d, t)]
+    # a total above what depth and top-k can hold is the full tree: run it once, at its size
+    grid = sorted({(d, t, min(n, tree_capacity(d, t))) for d in args.depths for t in args.topks for n in args.totals})
+    shapes += [(args.method, f"tree depth {d} top-{t} {n} tokens", 0, DynamicTree(d, t, n)) for d, t, n in grid]
+    make_head = lambda: drafter_for(head, max_len)  # noqa: E731
+    replay_shape(turns[:1], make_head, vocab, max(args.chains or [4]), None, args.max_new_tokens, eos)  # warm-up
     rows = []
     for method, shape, k, tree in shapes:
-        make = (lambda: NgramDrafter()) if method == "ngram" else (lambda: drafter_for(head, max_len))
+        make = (lambda: NgramDrafter()) if method == "ngram" else make_head
         row = replay_shape(turns, make, vocab, k, tree, args.max_new_tokens, eos)
         rows.append({"method": method, "shape": shape, "tree": None if tree is None else vars(tree), **row})
         print(f"{method} {shape}: tau {row['tau']:.2f}", flush=True)
@@ -133,23 +172,28 @@ def main() -> None:
     sizes = {masked: {n for r in rows for n, m in r["blocks"] if m == masked} for masked in (False, True)}
     sizes[False].add(1)
     cost = {(n, masked): s for masked in (False, True) if sizes[masked]
-            for n, s in runner.time_blocks(0, sizes=sizes[masked], masked=masked, repeats=args.repeats).items()}
+            for n, s in runner.time_blocks(0, context, args.repeats, sizes=sizes[masked], masked=masked).items()}
+    counts = {m for r in rows for m in r["moves"] if m}
+    move_cost = time_moves(runner, counts, context, args.repeats) if counts else {}
     one = cost[(1, False)]
-    modelled = sorted((model(r, cost, one) | {"method": r["method"], "shape": r["shape"]} for r in rows),
+    modelled = sorted((model(r, cost, move_cost, plain_s) | {"method": r["method"], "shape": r["shape"]} for r in rows),
                       key=lambda r: -r["speedup"])
     chains = [r for r in modelled if r["tree"] is None]
-    trees = [r for r in modelled if r["tree"] is not None]
-    best = trees[0] if trees else None
+    best = next((r for r in modelled if r["tree"] is not None), None)
     costs = ", ".join(f"{n} tokens {1e3 * s:.1f} ms" for (n, masked), s in sorted(cost.items())
-                      if masked and n in {1 + t for t in args.totals}) or "-"
+                      if masked and n in {1 + t for _, _, t in grid}) or "-"
+    moved = ", ".join(f"{m} slots {1e3 * s:.2f} ms" for m, s in sorted(move_cost.items())) or "-"
     body = (f"`{args.questions}`, {len(turns)} turns, max {args.max_new_tokens} new tokens, target `{args.target}` "
-            f"({dtype}), draft `{args.draft}`; every shape replayed over the same greedy outputs (decode/replay.py). "
-            f"Verify forwards timed here after a 256-token context (median of {args.repeats}): one token "
-            f"{1e3 * one:.1f} ms; tree blocks (root + nodes): {costs}. Modelled speed-up = tokens x one-token forward / "
-            "(draft + update + loop time measured in the replay + the verify forwards of the blocks each round sent), "
-            f"prompts left out. The {args.show} best of {len(trees)} trees, then every chain:\n\n"
+            f"({dtype}, eager), draft `{args.draft}`; every shape replayed over the same greedy outputs "
+            f"(decode/replay.py). Plain decoding, timed while recording them: {1e3 * plain_s:.1f} ms a token. The "
+            f"target's costs, timed here after {context} tokens (the outputs' mean context; median of {args.repeats}): "
+            f"a one-token forward {1e3 * one:.1f} ms; tree blocks (root + nodes) {costs}; a tree path's cache move "
+            f"{moved}. Modelled speed-up = plain seconds a token / (draft + update + loop time measured in the replay + "
+            "the verify forwards, cache moves and tree masks of its rounds) a token; prompts left out. "
+            f"The {args.show} best of {len(grid)} trees, then every chain:\n\n"
             "| method | shape | tau | ms per round: draft / update / verify / other | modelled tok/s | modelled speed-up |\n"
             "|---|---|---|---|---|---|\n")
+    trees = [r for r in modelled if r["tree"] is not None]
     for r in trees[: args.show] + chains:
         ms = r["ms_per_round"]
         body += (f"| {r['method']} | {r['shape']} | {r['tau']:.2f} | {ms['draft']:.1f} / {ms['update']:.1f} / "
@@ -162,7 +206,8 @@ def main() -> None:
         body += "\n" + args.note + "\n"
     print(body)
     if args.out:
-        Path(args.out).write_text(json.dumps({"args": vars(args), "one_token_s": one, "rows": modelled,
+        Path(args.out).write_text(json.dumps({"args": vars(args), "plain_s": plain_s, "context": context,
+                                              "one_token_s": one, "move_s": move_cost, "rows": modelled,
                                               "block_costs": {f"{n}{'m' if m else ''}": s for (n, m), s in cost.items()}},
                                              indent=2))
     if args.benchmarks:

@@ -311,8 +311,9 @@ def test_ngram_policy_replay_gives_the_tau_decoding_gives_and_the_script_runs(tm
 
 
 def test_tree_shapes_replays_every_shape_that_fits_and_ranks_them(tmp_path):
-    """benchmarks/tree_shapes.py on the demo head: every chain, n-gram lookup, and each tree the grid allows (a total
-    above what depth and top-k can hold is skipped), ranked by modelled speed-up, the best one named."""
+    """benchmarks/tree_shapes.py on the demo head: every chain, n-gram lookup, and each tree of the grid (a total above
+    what depth and top-k can hold runs as the full tree), ranked by modelled speed-up, the best one named; the speed-up
+    is plain seconds a token over the speculative ones the JSON's parts add up to."""
     questions = tmp_path / "q.jsonl"
     questions.write_text(json.dumps({"question_id": 1, "category": "math", "turns": ["What is 12 times 7?"]}) + "\n")
     bench, out = tmp_path / "BENCHMARKS.md", tmp_path / "shapes.json"
@@ -321,11 +322,18 @@ def test_tree_shapes_replays_every_shape_that_fits_and_ranks_them(tmp_path):
         "--totals", "4,8,20", "--repeats", 1, "--show", 3, "--out", out, "--benchmarks", bench, cwd=tmp_path)
     rows = json.loads(out.read_text())["rows"]
     trees = sorted((r["tree"]["depth"], r["tree"]["topk"], r["tree"]["total_tokens"]) for r in rows if r["tree"])
-    assert trees == [(2, 2, 4), (2, 3, 4), (2, 3, 8), (3, 2, 4), (3, 2, 8), (3, 3, 4), (3, 3, 8), (3, 3, 20)]
+    # depth 2 top-2 holds 6 nodes, depth 2 top-3 12, depth 3 top-2 10: a larger total runs as the full tree, once
+    assert trees == [(2, 2, 4), (2, 2, 6), (2, 3, 4), (2, 3, 8), (2, 3, 12), (3, 2, 4), (3, 2, 8), (3, 2, 10),
+                     (3, 3, 4), (3, 3, 8), (3, 3, 20)]
     assert sorted((r["method"], r["shape"]) for r in rows if not r["tree"]) == [
         ("eagle3", "chain k=2"), ("eagle3", "chain k=4"), ("ngram", "chain k=4")]
     assert [r["speedup"] for r in rows] == sorted((r["speedup"] for r in rows), reverse=True)
     assert all(r["tau"] >= 1.0 and r["tokens"] > 0 for r in rows)
+    plain_s = json.loads(out.read_text())["plain_s"]
+    for r in rows:
+        spec_s = r["draft_s"] + r["update_s"] + r["other_s"] + r["verify_s"]
+        assert r["speedup"] == pytest.approx(r["tokens"] * plain_s / spec_s)
+        assert r["verify_s"] > (r["mask_s"] if r["tree"] else 0)  # the modelled forwards are in it
     assert max(r["tau"] for r in rows if r["tree"]) > 1.5  # the demo head accepts: the replay did not just reject
     text = section(bench, "Draft shapes replayed: eagle3 chains and trees against n-gram lookup")
     table = table_rows(text, "| method | shape | tau | ms per round: draft / update / verify / other | modelled tok/s | "
