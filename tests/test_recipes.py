@@ -40,12 +40,15 @@ def test_recipe_loads_and_its_shipped_data_is_readable(recipe, monkeypatch):
         assert len(rows) == (stop or len(read_rows(file))) - start, path
 
 
-def test_no_smollm2_recipe_trains_on_the_held_out_questions(monkeypatch):
+@pytest.mark.parametrize("name, rows", [("heldout_questions.jsonl", "250:254"), ("tuning_questions.jsonl", "1004:1008")])
+def test_no_smollm2_recipe_trains_on_the_held_out_questions(monkeypatch, name, rows):
+    """Neither the held-out questions (measuring heads) nor the tuning ones (choosing a tree shape, so that the held-out
+    ones measure the choice) are in any SmolLM2 recipe's data."""
     monkeypatch.chdir(REPO)
-    held_out = [json.loads(line)["turns"][0] for line in open("configs/smollm2/data/heldout_questions.jsonl")]
+    held_out = [json.loads(line)["turns"][0] for line in open(f"configs/smollm2/data/{name}")]
     assert len(held_out) == 16
-    # The matching itself: the 16 are the first user turns of rows 250-253 of the four demo files.
-    assert set(held_out) == set().union(*(first_user_turns(f"configs/demo/data/{f}[250:254]") for f in DEMO_FILES))
+    # The matching itself: the 16 are the first user turns of these rows of the four demo files.
+    assert set(held_out) == set().union(*(first_user_turns(f"configs/demo/data/{f}[{rows}]") for f in DEMO_FILES))
     # ...and they survive regeneration: the regenerated rows' questions are the demo files' first 250 rows'.
     regenerated = first_user_turns("configs/smollm2/data/regenerated.jsonl")
     assert len(regenerated & first_user_turns(f"configs/demo/data/{DEMO_FILES[0]}[:250]")) > 200
