@@ -8,23 +8,24 @@ of ~50 shapes costs about as much as decoding a few of them, and shapes compare 
         --draft runs/smollm2-eagle3-finetune-2k-head --questions configs/smollm2/data/heldout_questions.jsonl \
         --max-new-tokens 128 --dtype bfloat16 --benchmarks BENCHMARKS.md
 
-Modelled speed-up = plain decoding's measured seconds per token (its one-token forward and loop, timed while recording
-the outputs) / the speculative seconds per token: the drafter's draft and update time and the loop's own time as
-measured in the replay, plus what the target would have cost -- each round's verify forward (block costs timed here at
-the outputs' mean context) and, for trees, the KV cache move of the accepted path (timed by slots moved). Prompts are
-left out on both sides; target and drafter run eagerly. Check the winner with scripts/benchmark.py.
+Modelled speed-up = plain decoding's seconds per token (a one-token forward, timed with the blocks, plus its loop's
+own time) / the speculative seconds per token: the drafter's draft and update time and the loop's own time as measured
+in the replay, plus what the target would have cost -- each round's verify forward (block costs timed at the outputs'
+mean context) and, for trees, the KV cache move of the accepted path (timed by slots moved). Prompts are left out on
+both sides; target and drafter run eagerly. Check the winner with scripts/benchmark.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 import torch
 
 from headstart.decode.benchmark import first_per_category, prompt_ids, read_questions
-from headstart.decode.clock import RoundClock, median_seconds
+from headstart.decode.clock import RoundClock
 from headstart.decode.generate import speculative_generate
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.replay import ReplayRunner, Turn, record_turn
@@ -85,23 +86,47 @@ def replay_shape(turns: list[Turn], make_drafter, vocab: int, k: int, tree: Dyna
             "mask_s": max(0.0, s["verify"] - fake_s)}
 
 
-def time_moves(runner: TargetRunner, counts: set[int], context: int, repeats: int) -> dict[int, float]:
-    """Median seconds of ``TargetRunner.keep`` moving m = each of ``counts`` slots of a tree block (path [0, 2, 4, ..]:
-    the root stays, m nodes move), after ``context`` tokens."""
+def time_target(runner: TargetRunner, causal: set[int], masked: set[int], moves: set[int], context: int,
+                repeats: int) -> tuple[dict[tuple[int, bool], float], dict[int, float]]:
+    """Median seconds of what the replay leaves out of the target, after ``context`` tokens: verify forwards over
+    ``causal`` and ``masked`` (a tree's: explicit mask and depths) blocks of each size, and ``TargetRunner.keep``
+    moving m = each of ``moves`` slots of a tree block (path [0, 2, 4, ..]: the root stays, m nodes move). Timed
+    round-robin -- every part once a round, one untimed round first -- so that the machine's drift over the seconds
+    this takes falls on every part alike (a shared CPU's one-token forward moved 37 -> 43 ms within a minute here).
+    -> ({(tokens, masked): seconds}, {slots moved: seconds})."""
     runner.reset()
-    top = max(counts)
-    ids = torch.full((1, context + 2 * top + 1), 1, dtype=torch.long, device=runner.device)
+    top = max([*causal, *masked, 2 * max(moves, default=0) + 1])
+    ids = torch.full((1, context + top), 1, dtype=torch.long, device=runner.device)
     runner.forward(ids[:, :context], last_only=True)
     runner.commit(context)
-    runner.forward(ids[:, : 2 * top + 1])  # the block whose slots the moves read (not committed)
+    runner.forward(ids[:, :top])  # every slot the moves read is written (the block is not committed)
+
+    def tree_block(n: int):
+        tril = torch.ones(n, n, dtype=torch.bool, device=runner.device).tril()
+        return runner.forward(ids[:, :n], tree_mask=tril, depths=torch.arange(n, device=runner.device))
 
     def move(m: int) -> None:
         runner.keep([0] + [2 * i for i in range(1, m + 1)])
         runner.cache.rollback(context)
 
-    cost = {m: median_seconds(lambda m=m: move(m), repeats, runner.device) for m in sorted(counts)}
+    parts = {("causal", n): (lambda n=n: runner.forward(ids[:, :n])) for n in sorted(causal)}
+    parts |= {("masked", n): (lambda n=n: tree_block(n)) for n in sorted(masked)}
+    parts |= {("move", m): (lambda m=m: move(m)) for m in sorted(moves)}
+    times: dict[tuple[str, int], list[float]] = {key: [] for key in parts}
+    for round_ in range(repeats + 1):
+        for key, fn in parts.items():
+            if runner.device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            if runner.device.type == "cuda":
+                torch.cuda.synchronize()
+            if round_:
+                times[key].append(time.perf_counter() - t0)
     runner.reset()
-    return cost
+    median = {key: sorted(t)[len(t) // 2] for key, t in times.items()}
+    return ({(n, kind == "masked"): s for (kind, n), s in median.items() if kind != "move"},
+            {m: s for (kind, m), s in median.items() if kind == "move"})
 
 
 def model(row: dict, cost: dict[tuple[int, bool], float], move_cost: dict[int, float], plain_s: float) -> dict:
@@ -129,7 +154,7 @@ def main() -> None:
     p.add_argument("--topks", type=ints, default=[2, 4, 8])
     p.add_argument("--totals", type=ints, default=[8, 12, 16, 24, 48])
     p.add_argument("--ngram", type=ints, default=[4], help="n-gram lookup chain lengths, as the reference")
-    p.add_argument("--repeats", type=int, default=5, help="timed forwards per block size (median)")
+    p.add_argument("--repeats", type=int, default=9, help="timed rounds of the target's parts (median)")
     p.add_argument("--show", type=int, default=12, help="tree rows in the table (the best ones)")
     p.add_argument("--out", default=None, help="write every row to this JSON file")
     p.add_argument("--benchmarks", default=None, help="append the table to this markdown file")
@@ -150,10 +175,10 @@ def main() -> None:
     runner = TargetRunner(target, max_len=max_len, with_aux=HEADS[args.method].cls.needs.aux_hidden_states)
     plain_clock = RoundClock(device)
     turns, plain_forwards = record_turns(runner, tokenizer, questions, args.max_new_tokens, eos, plain_clock)
-    plain_s = (plain_clock.seconds["verify"] + plain_clock.seconds["other"]) / max(plain_forwards, 1)
+    recorded_s = (plain_clock.seconds["verify"] + plain_clock.seconds["other"]) / max(plain_forwards, 1)
     # the verify forwards are timed at the mean context of the outputs' decoding steps
     context = round(sum(t.prompt.shape[1] + len(t.output) / 2 for t in turns) / len(turns))
-    print(f"{len(turns)} turns recorded; plain decoding {1e3 * plain_s:.1f} ms a token", flush=True)
+    print(f"{len(turns)} turns recorded; plain decoding {1e3 * recorded_s:.1f} ms a token", flush=True)
 
     shapes: list[tuple[str, str, int, DynamicTree | None]] = [("ngram", f"chain k={k}", k, None) for k in args.ngram]
     shapes += [(args.method, f"chain k={k}", k, None) for k in args.chains]
@@ -170,12 +195,11 @@ def main() -> None:
         print(f"{method} {shape}: tau {row['tau']:.2f}", flush=True)
 
     sizes = {masked: {n for r in rows for n, m in r["blocks"] if m == masked} for masked in (False, True)}
-    sizes[False].add(1)
-    cost = {(n, masked): s for masked in (False, True) if sizes[masked]
-            for n, s in runner.time_blocks(0, context, args.repeats, sizes=sizes[masked], masked=masked).items()}
     counts = {m for r in rows for m in r["moves"] if m}
-    move_cost = time_moves(runner, counts, context, args.repeats) if counts else {}
+    cost, move_cost = time_target(runner, sizes[False] | {1}, sizes[True], counts, context, args.repeats)
     one = cost[(1, False)]
+    # plain decoding: a one-token forward timed with the blocks (the same minutes), plus its loop's own time a token
+    plain_s = one + plain_clock.seconds["other"] / max(plain_forwards, 1)
     modelled = sorted((model(r, cost, move_cost, plain_s) | {"method": r["method"], "shape": r["shape"]} for r in rows),
                       key=lambda r: -r["speedup"])
     chains = [r for r in modelled if r["tree"] is None]
@@ -185,11 +209,12 @@ def main() -> None:
     moved = ", ".join(f"{m} slots {1e3 * s:.2f} ms" for m, s in sorted(move_cost.items())) or "-"
     body = (f"`{args.questions}`, {len(turns)} turns, max {args.max_new_tokens} new tokens, target `{args.target}` "
             f"({dtype}, eager), draft `{args.draft}`; every shape replayed over the same greedy outputs "
-            f"(decode/replay.py). Plain decoding, timed while recording them: {1e3 * plain_s:.1f} ms a token. The "
-            f"target's costs, timed here after {context} tokens (the outputs' mean context; median of {args.repeats}): "
-            f"a one-token forward {1e3 * one:.1f} ms; tree blocks (root + nodes) {costs}; a tree path's cache move "
-            f"{moved}. Modelled speed-up = plain seconds a token / (draft + update + loop time measured in the replay + "
-            "the verify forwards, cache moves and tree masks of its rounds) a token; prompts left out. "
+            f"(decode/replay.py). The target's costs, timed round-robin after {context} tokens (the outputs' mean context; "
+            f"median of {args.repeats}): a one-token forward {1e3 * one:.1f} ms (plain decoding a token: "
+            f"{1e3 * plain_s:.1f} ms with its loop; {1e3 * recorded_s:.1f} ms as measured while recording the outputs, "
+            f"minutes apart); tree blocks (root + nodes) {costs}; a tree path's cache move {moved}. Modelled speed-up = "
+            "plain seconds a token / (draft + update + loop time measured in the replay + the verify forwards, cache "
+            "moves and tree masks of its rounds) a token; prompts left out. "
             f"The {args.show} best of {len(grid)} trees, then every chain:\n\n"
             "| method | shape | tau | ms per round: draft / update / verify / other | modelled tok/s | modelled speed-up |\n"
             "|---|---|---|---|---|---|\n")
@@ -206,7 +231,8 @@ def main() -> None:
         body += "\n" + args.note + "\n"
     print(body)
     if args.out:
-        Path(args.out).write_text(json.dumps({"args": vars(args), "plain_s": plain_s, "context": context,
+        Path(args.out).write_text(json.dumps({"args": vars(args), "plain_s": plain_s, "recorded_plain_s": recorded_s,
+                                              "context": context,
                                               "one_token_s": one, "move_s": move_cost, "rows": modelled,
                                               "block_costs": {f"{n}{'m' if m else ''}": s for (n, m), s in cost.items()}},
                                              indent=2))

@@ -8,8 +8,8 @@ the target: ``ReplayRunner`` answers the generation loop's verify forwards from 
 and its accepted counts are the real ones (decode/generate.py, unchanged); a round costs the drafter's time plus a
 lookup, so a sweep of many shapes costs a fraction of decoding each (benchmarks/tree_shapes.py).
 
-What replay leaves out: the verify forward's time and a tree's cache move (model them from measured costs,
-``TargetRunner.time_blocks``), reduced-precision near-ties (a block forward and the one-token forwards of plain
+What replay leaves out: the verify forward's time and a tree's cache move (model them from measured costs:
+benchmarks/tree_shapes.py), reduced-precision near-ties (a block forward and the one-token forwards of plain
 decoding can round a near-tie of the target's logits differently: decode/exactness.py), and what follows the output's
 last token: past an end-of-sequence token no draft is accepted, where a real run may accept drafts there that the
 output then drops (its tokens and rounds are the same; only that round's accepted count can be lower). The states the

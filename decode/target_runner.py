@@ -173,28 +173,17 @@ class TargetRunner:
         return logits, TargetOutput(aux_hidden_states=aux, last_hidden_state=last)
 
     @torch.no_grad()
-    def time_blocks(self, max_block: int, context: int = 256, repeats: int = 5, sizes: Iterable[int] | None = None,
-                    masked: bool = False) -> dict[int, float]:
-        """Median seconds of this runner's forward over a causal block of n = 1..``max_block`` tokens (or of each n in
-        ``sizes``) after ``context`` dummy ones (as they run now: padded where ``tune_blocks`` set it). ``masked``: as
-        a tree's verify runs, with an explicit mask and depths (a chain's, so the cost is the shape's alone). Resets
-        the cache: call it before a prompt."""
-        sizes = sorted(set(sizes)) if sizes is not None else list(range(1, max_block + 1))
-        if context + max(sizes) > self.max_len:
-            raise ValueError(f"timing blocks needs {context + max(sizes)} slots; the cache holds {self.max_len}")
+    def time_blocks(self, max_block: int, context: int = 256, repeats: int = 5) -> dict[int, float]:
+        """Median seconds of this runner's forward over a causal block of n = 1..``max_block`` tokens after ``context``
+        dummy ones (as they run now: padded where ``tune_blocks`` set it). Resets the cache: call it before a prompt."""
+        if context + max_block > self.max_len:
+            raise ValueError(f"timing blocks needs {context + max_block} slots; the cache holds {self.max_len}")
         self.reset()
-        ids = torch.full((1, context + max(sizes)), 1, dtype=torch.long, device=self.device)
+        ids = torch.full((1, context + max_block), 1, dtype=torch.long, device=self.device)
         self.forward(ids[:, :context], last_only=True)
         self.commit(context)
-
-        def block(n: int):
-            if not masked:
-                return self.forward(ids[:, :n])
-            depths = torch.arange(n, device=self.device)
-            return self.forward(ids[:, :n], tree_mask=torch.ones(n, n, dtype=torch.bool, device=self.device).tril(),
-                                depths=depths)
-
-        cost = {n: median_seconds(lambda n=n: block(n), repeats, self.device) for n in sizes}
+        cost = {n: median_seconds(lambda n=n: self.forward(ids[:, :n]), repeats, self.device)
+                for n in range(1, max_block + 1)}
         self.reset()
         return cost
 
