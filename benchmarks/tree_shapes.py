@@ -159,6 +159,7 @@ def main() -> None:
     p.add_argument("--out", default=None, help="write every row to this JSON file")
     p.add_argument("--benchmarks", default=None, help="append the table to this markdown file")
     p.add_argument("--note", default="", help="a paragraph under the table")
+    p.add_argument("--title", default=None, help="the BENCHMARKS.md section's title")
     args = p.parse_args()
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -237,8 +238,8 @@ def main() -> None:
                                               "block_costs": {f"{n}{'m' if m else ''}": s for (n, m), s in cost.items()}},
                                              indent=2))
     if args.benchmarks:
-        append_section(args.benchmarks, f"Draft shapes replayed: {args.method} chains and trees against n-gram lookup",
-                       body)
+        append_section(args.benchmarks, args.title or f"Draft shapes replayed: {args.method} chains and trees against "
+                       "n-gram lookup", body)
 
 
 if __name__ == "__main__":
