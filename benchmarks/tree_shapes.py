@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from headstart.decode.benchmark import first_per_category, prompt_ids, read_questions
+from headstart.decode.benchmark import decode_setup, prompt_ids
 from headstart.decode.clock import RoundClock
 from headstart.decode.generate import speculative_generate
 from headstart.decode.ngram import NgramDrafter
@@ -33,7 +33,6 @@ from headstart.decode.report import append_section
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import DynamicTree
 from headstart.models.registry import HEADS, drafter_for, load_head
-from headstart.models.target import Target, TargetConfig, load_tokenizer
 
 
 def ints(text: str) -> list[int]:
@@ -162,14 +161,9 @@ def main() -> None:
     p.add_argument("--title", default=None, help="the BENCHMARKS.md section's title")
     args = p.parse_args()
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = args.dtype or ("bfloat16" if device == "cuda" else "float32")
-    target = Target.from_pretrained(TargetConfig(path=args.target, dtype=dtype, device=device))
-    tokenizer = load_tokenizer(args.target)
-    questions = read_questions(args.questions)[: args.limit]
-    if args.per_category:
-        questions = first_per_category(questions, args.per_category)
-    eos = {t for t in [tokenizer.eos_token_id, target.model.generation_config.eos_token_id] if isinstance(t, int)}
+    setup = decode_setup(args.target, args.dtype, args.questions, args.limit, args.per_category)
+    device, dtype, target, tokenizer, questions, eos = (setup.device, setup.dtype, setup.target, setup.tokenizer,
+                                                        setup.questions, setup.eos)
     max_len = target.context_length
     vocab = target.lm_head.weight.shape[0]
     head = load_head(args.method, args.draft, target).to(device=device, dtype=target.lm_head_weight.dtype)

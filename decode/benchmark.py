@@ -23,6 +23,7 @@ from headstart.decode.exactness import GreedyCheck
 from headstart.decode.generate import Drafter, Generation, Sampling, plain_generate, speculative_generate
 from headstart.decode.target_runner import RaggedRunner, TargetRunner
 from headstart.decode.tree import DynamicTree, StaticTree
+from headstart.models.target import Target, TargetConfig, load_tokenizer
 
 
 def read_questions(path: str | Path) -> list[dict]:
@@ -47,6 +48,32 @@ def prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]
                                              return_dict=True)["input_ids"]
     text = "\n\n".join(m["content"] for m in messages) + "\n\n"
     return tokenizer(text, return_tensors="pt")["input_ids"]
+
+
+@dataclass
+class DecodeSetup:
+    device: str
+    dtype: str
+    target: Target
+    tokenizer: PreTrainedTokenizerBase
+    questions: list[dict]
+    eos: set[int]
+
+
+def decode_setup(target_path: str, dtype: str | None, questions_path: str, limit: int | None = None,
+                 per_category: int | None = None) -> DecodeSetup:
+    """What a decode benchmark starts from: the device (a GPU when there is one), the dtype (default bfloat16 on a GPU,
+    float32 on a CPU), the target and its tokenizer, the questions (the first ``limit``, then the first
+    ``per_category`` of each category) and the end-of-sequence ids of tokenizer and generation config."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = dtype or ("bfloat16" if device == "cuda" else "float32")
+    target = Target.from_pretrained(TargetConfig(path=target_path, dtype=dtype, device=device))
+    tokenizer = load_tokenizer(target_path)
+    questions = read_questions(questions_path)[:limit]
+    if per_category:
+        questions = first_per_category(questions, per_category)
+    eos = {t for t in [tokenizer.eos_token_id, target.model.generation_config.eos_token_id] if isinstance(t, int)}
+    return DecodeSetup(device, dtype, target, tokenizer, questions, eos)
 
 
 def first_per_category(questions: list[dict], n: int) -> list[dict]:

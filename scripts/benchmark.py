@@ -21,15 +21,13 @@ import json
 import sys
 from pathlib import Path
 
-import torch
 
 from headstart.decode.report import append_section, machine
 from headstart.decode.benchmark import (
-    first_per_category,
+    decode_setup,
     markdown_table,
     plot_acceptance,
     prompt_ids,
-    read_questions,
     run_benchmark,
     split_table,
 )
@@ -44,7 +42,7 @@ from headstart.decode.target_runner import RaggedRunner, TargetRunner
 from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
 from headstart.decode.tree import DynamicTree, StaticTree
 from headstart.models.registry import HEADS, batch_drafter_for, drafter_for, load_head
-from headstart.models.target import Target, TargetConfig, load_causal_lm, load_tokenizer
+from headstart.models.target import TargetConfig, load_causal_lm, load_tokenizer
 
 
 HF_METHODS = ("hf-assisted", "hf-prompt-lookup")
@@ -126,14 +124,9 @@ def main() -> int:
     if not 0 <= args.confidence_threshold < 1:
         p.error("--confidence-threshold is a probability in [0, 1)")
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = args.dtype or ("bfloat16" if device == "cuda" else "float32")
-    target = Target.from_pretrained(TargetConfig(path=args.target, dtype=dtype, device=device))
-    tokenizer = load_tokenizer(args.target)
-    questions = read_questions(args.questions)[: args.limit]
-    if args.per_category:
-        questions = first_per_category(questions, args.per_category)
-    eos = {t for t in [tokenizer.eos_token_id, target.model.generation_config.eos_token_id] if isinstance(t, int)}
+    setup = decode_setup(args.target, args.dtype, args.questions, args.limit, args.per_category)
+    device, dtype, target, tokenizer, questions, eos = (setup.device, setup.dtype, setup.target, setup.tokenizer,
+                                                        setup.questions, setup.eos)
     max_len = args.max_len or (min(1024, target.context_length) if args.compile else target.context_length)
     vocab_size = target.lm_head.weight.shape[0]
     reads_aux = args.method in HEADS and HEADS[args.method].cls.needs.aux_hidden_states
