@@ -52,6 +52,7 @@ def section(path: Path, title: str) -> str:
     return text.split(f"\n## {title}\n", 1)[1]
 
 
+@pytest.mark.slow  # a lab script run by hand; 17-31 s here, so with the slow tests (CI runs both)
 def test_ablate_recipe_trains_each_variant_and_measures_its_head(tmp_path):
     """Two variants (the recipe as it is, and one override) of a 2-step EAGLE-3 recipe on a tiny target, each
     measured by scripts/benchmark.py. The script swallows a failed training or benchmark (its row gets nan),
@@ -97,6 +98,7 @@ def test_ablate_recipe_trains_each_variant_and_measures_its_head(tmp_path):
         assert {"math", "chat"} <= set(report["results"]) and report["results"]["overall"]["tau"] == r["tau"]
 
 
+@pytest.mark.slow  # a lab script run by hand; 17-31 s here, so with the slow tests (CI runs both)
 def test_ablate_recipe_keeps_a_failed_variant_out_of_the_benchmarks_file(tmp_path):
     """A variant whose training fails (an unknown override) exits 1 naming it, and writes no row of NaNs to
     BENCHMARKS.md: with no variant measured, no section at all; next to a measured head (an existing one,
@@ -153,6 +155,7 @@ def test_bench_features_times_the_first_step_from_each_store(tmp_path):
     assert "| `five` | 5 | 24 |" in proc.stdout and "| `one` | 1 | 24 |" in proc.stdout
 
 
+@pytest.mark.slow  # a lab script run by hand; 17-31 s here, so with the slow tests (CI runs both)
 def test_bench_memory_measures_before_and_after_at_one_length(tmp_path):
     """One short length (T=16), both implementations; on CPU each is a fresh worker process measuring peak RSS
     (on a GPU the script runs its CUDA path instead, and the same checks hold). The head is the script's own
@@ -185,6 +188,7 @@ def test_bench_memory_measures_before_and_after_at_one_length(tmp_path):
     assert math.isfinite(measured["after"]["loss"]) and measured["after"]["loss"] > 0
 
 
+@pytest.mark.slow  # a lab script run by hand; 17-31 s here, so with the slow tests (CI runs both)
 def test_bench_regenerate_runs_every_backend_on_the_demo_target(tmp_path):
     """hf at batch 1 and 16 in process, and openai against `transformers serve` (which the script starts, offline,
     on the demo target): one row from each of two demo data files, 4 new tokens, greedy."""
