@@ -26,7 +26,7 @@ import torch
 
 from headstart.decode.clock import RoundClock
 from headstart.decode.generate import plain_generate
-from headstart.decode.target_runner import TargetRunner
+from headstart.decode.target_runner import TargetRunner, in_place_prefix
 from headstart.models.target import TargetOutput
 
 
@@ -45,7 +45,7 @@ def record_turn(runner: TargetRunner, prompt: torch.Tensor, max_new_tokens: int,
     output = plain_generate(runner, prompt, max_new_tokens, eos_ids, clock=clock).tokens
     runner.reset()
     full = torch.cat([prompt, torch.tensor([output], device=prompt.device)], dim=1)
-    _, states = runner.forward(full)
+    _, states = runner.forward(full, last_only=True)  # the states at every position; no [T, V] logits
     runner.reset()
     return Turn(prompt, output, states)
 
@@ -78,8 +78,7 @@ class ReplayRunner:
         self.length += n
 
     def keep(self, path: list[int]) -> None:
-        in_place = next((i for i, index in enumerate(path) if index != i), len(path))  # as TargetRunner.keep moves
-        self.moves.append(len(path) - in_place)
+        self.moves.append(len(path) - in_place_prefix(path))  # the slots TargetRunner.keep would move
         self.length += len(path)
 
     def forward(self, input_ids: torch.Tensor, tree_mask: torch.Tensor | None = None,

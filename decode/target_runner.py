@@ -32,6 +32,12 @@ def pad_sizes(cost: dict[int, float], margin: float = 0.05) -> dict[int, int]:
     return pads
 
 
+def in_place_prefix(path: list[int]) -> int:
+    """How many leading nodes of a tree's accepted ``path`` (block indices, root first) already sit where keeping the
+    path puts them (node i at block index i): those are committed as they are, the rest move."""
+    return next((i for i, index in enumerate(path) if index != i), len(path))
+
+
 class TargetRunner:
     def __init__(self, target: Target, max_len: int, with_aux: bool = True, compile: bool = False,
                  backend: str = "inductor") -> None:
@@ -80,7 +86,7 @@ class TargetRunner:
     def keep(self, path: list[int]) -> None:
         """Keep the tokens at block indices ``path`` (a tree's accepted path, root first). The leading run already in
         place (the root, and any node right after its parent in the block) is committed as it is; the rest move."""
-        in_place = next((i for i, index in enumerate(path) if index != i), len(path))
+        in_place = in_place_prefix(path)
         self.cache.rollback(self.cache.length + in_place)
         if in_place < len(path):
             self.cache.keep(self.cache.length - in_place + torch.tensor(path[in_place:], device=self.cache.device))
