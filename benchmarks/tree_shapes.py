@@ -153,6 +153,8 @@ def main() -> None:
     p.add_argument("--topks", type=ints, default=[2, 4, 8])
     p.add_argument("--totals", type=ints, default=[8, 12, 16, 24, 48])
     p.add_argument("--ngram", type=ints, default=[4], help="n-gram lookup chain lengths, as the reference")
+    p.add_argument("--ngram-trees", action="store_true",
+                   help="also replay every tree of the grid with n-gram lookup (decode/ngram.py's frequency trees)")
     p.add_argument("--repeats", type=int, default=9, help="timed rounds of the target's parts (median)")
     p.add_argument("--show", type=int, default=12, help="tree rows in the table (the best ones)")
     p.add_argument("--out", default=None, help="write every row to this JSON file")
@@ -179,7 +181,9 @@ def main() -> None:
     shapes += [(args.method, f"chain k={k}", k, None) for k in args.chains]
     # a total above what depth and top-k can hold is the full tree: run it once, at its size
     grid = sorted({(d, t, min(n, tree_capacity(d, t))) for d in args.depths for t in args.topks for n in args.totals})
-    shapes += [(args.method, f"tree depth {d} top-{t} {n} tokens", 0, DynamicTree(d, t, n)) for d, t, n in grid]
+    tree_methods = [args.method, "ngram"] if args.ngram_trees else [args.method]
+    shapes += [(m, f"tree depth {d} top-{t} {n} tokens", 0, DynamicTree(d, t, n)) for m in tree_methods
+               for d, t, n in grid]
     make_head = lambda: drafter_for(head, max_len)  # noqa: E731
     replay_shape(turns[:1], make_head, vocab, max(args.chains or [4]), None, args.max_new_tokens, eos)  # warm-up
     rows = []
@@ -198,7 +202,7 @@ def main() -> None:
     modelled = sorted((model(r, cost, move_cost, plain_s) | {"method": r["method"], "shape": r["shape"]} for r in rows),
                       key=lambda r: -r["speedup"])
     chains = [r for r in modelled if r["tree"] is None]
-    best = next((r for r in modelled if r["tree"] is not None), None)
+    best = {m: next((r for r in modelled if r["tree"] is not None and r["method"] == m), None) for m in tree_methods}
     costs = ", ".join(f"{n} tokens {1e3 * s:.1f} ms" for (n, masked), s in sorted(cost.items())
                       if masked and n in {1 + t for _, _, t in grid}) or "-"
     moved = ", ".join(f"{m} slots {1e3 * s:.2f} ms" for m, s in sorted(move_cost.items())) or "-"
@@ -210,7 +214,7 @@ def main() -> None:
             f"minutes apart); tree blocks (root + nodes) {costs}; a tree path's cache move {moved}. Modelled speed-up = "
             "plain seconds a token / (draft + update + loop time measured in the replay + the verify forwards, cache "
             "moves and tree masks of its rounds) a token; prompts left out. "
-            f"The {args.show} best of {len(grid)} trees, then every chain:\n\n"
+            f"The {args.show} best of {len(grid) * len(tree_methods)} trees, then every chain:\n\n"
             "| method | shape | tau | ms per round: draft / update / verify / other | modelled tok/s | modelled speed-up |\n"
             "|---|---|---|---|---|---|\n")
     trees = [r for r in modelled if r["tree"] is not None]
@@ -218,10 +222,11 @@ def main() -> None:
         ms = r["ms_per_round"]
         body += (f"| {r['method']} | {r['shape']} | {r['tau']:.2f} | {ms['draft']:.1f} / {ms['update']:.1f} / "
                  f"{ms['verify']:.1f} / {ms['other']:.1f} | {r['tok_s']:.1f} | {r['speedup']:.2f}x |\n")
-    if best is not None:
-        t = best["tree"]
-        body += (f"\nBest tree: `--tree --tree-depth {t['depth']} --tree-topk {t['topk']} --tree-total-tokens "
-                 f"{t['total_tokens']}` (modelled {best['speedup']:.2f}x at tau {best['tau']:.2f}).\n")
+    for method, row in best.items():
+        if row is not None:
+            t = row["tree"]
+            body += (f"\nBest {method} tree: `--method {method} --tree --tree-depth {t['depth']} --tree-topk {t['topk']} "
+                     f"--tree-total-tokens {t['total_tokens']}` (modelled {row['speedup']:.2f}x at tau {row['tau']:.2f}).\n")
     if args.note:
         body += "\n" + args.note + "\n"
     print(body)

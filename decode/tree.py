@@ -10,6 +10,8 @@ Drafters that build trees expose three calls, all without host syncs:
   ``tokens`` at ``depth``) whose parents are earlier *expanded* nodes (index in call order, -1 =
   the root) and return the distributions of their children;
   ``to_target(ids) -> ids``: map draft-vocab ids to target ids.
+A drafter without a model (n-gram lookup: decode/ngram.py) has no logits to expand; it grows a dynamic tree's
+nodes itself instead: ``grow_tree(spec, max_depth) -> DraftTree``.
 """
 
 from __future__ import annotations
@@ -193,6 +195,9 @@ def build_dynamic_tree(drafter: TreeDrafter, spec: DynamicTree, max_depth: int) 
     """The EAGLE-2 tree, at most ``max_depth`` levels deep (the length budget). A drafter with ``dynamic_tree`` builds
     the full-depth tree as one compiled graph (the same tree: decode/eagle3_drafter.py); the level-by-level form
     below otherwise, and for the shallower trees of a generation's last rounds."""
+    grow = getattr(drafter, "grow_tree", None)
+    if grow is not None:
+        return grow(spec, max_depth)
     depth = min(spec.depth, max_depth)
     whole = getattr(drafter, "dynamic_tree", None)
     if whole is not None and depth == spec.depth:

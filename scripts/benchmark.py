@@ -7,7 +7,8 @@
     python scripts/benchmark.py ... --method draft-model --draft configs/demo/draft-model --tree --temperature 0.7
 
 --tree drafts an EAGLE-2 dynamic tree (--tree-depth/--tree-topk/--tree-total-tokens) or, with --tree-paths
-FILE.json, a static tree from a list of rank paths. --temperature > 0 samples (lossless rejection sampling);
+FILE.json, a static tree from a list of rank paths; --method ngram --tree grows a tree of what followed the context's
+suffixes (decode/ngram.py). --temperature > 0 samples (lossless rejection sampling);
 the default is greedy. --batch-size B decodes B questions' turns together (chains): tau per sequence, tokens/s over the batch.
 --predict also times draft and target steps and predicts the speed-up of chains of
 k = 1..8 from the measured acceptance (run it with --num-speculative-tokens 8 so every position is measured).
@@ -97,8 +98,10 @@ def main() -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--benchmarks", default=None, help="append the table to this markdown file")
     args = p.parse_args()
-    if args.method in ("ngram", *HF_METHODS) and (args.tree or args.tree_paths):
+    if args.method in HF_METHODS and (args.tree or args.tree_paths):
         p.error(f"{args.method} proposes chains only; drop --tree")
+    if args.method == "ngram" and args.tree_paths:
+        p.error("--tree-paths ranks a model's candidates; n-gram lookup grows a dynamic tree: use --tree")
     if args.method in HF_METHODS and (args.temperature > 0 or args.predict):
         p.error(f"{args.method} is benchmarked greedy and without --predict (transformers' loop is one call)")
     if args.verify_greedy and args.temperature > 0:

@@ -315,20 +315,23 @@ def test_ngram_policy_replay_gives_the_tau_decoding_gives_and_the_script_runs(tm
 
 
 def test_tree_shapes_replays_every_shape_that_fits_and_ranks_them(tmp_path):
-    """benchmarks/tree_shapes.py on the demo head: every chain, n-gram lookup, and each tree of the grid (a total above
-    what depth and top-k can hold runs as the full tree), ranked by modelled speed-up, the best one named; the speed-up
+    """benchmarks/tree_shapes.py on the demo head: every chain, n-gram lookup, and each tree of the grid for both (a total
+    above what depth and top-k can hold runs as the full tree), ranked by modelled speed-up, each one's best named; the speed-up
     is plain seconds a token over the speculative ones the JSON's parts add up to."""
     questions = tmp_path / "q.jsonl"
     questions.write_text(json.dumps({"question_id": 1, "category": "math", "turns": ["What is 12 times 7?"]}) + "\n")
     bench, out = tmp_path / "BENCHMARKS.md", tmp_path / "shapes.json"
     run("tree_shapes.py", "--target", DEMO_TARGET, "--method", "eagle3", "--draft", REPO / "configs/demo/eagle3-head",
         "--questions", questions, "--max-new-tokens", 32, "--chains", "2,4", "--depths", "2,3", "--topks", "2,3",
-        "--totals", "4,8,20", "--repeats", 1, "--show", 3, "--out", out, "--benchmarks", bench, cwd=tmp_path)
+        "--totals", "4,8,20", "--repeats", 1, "--show", 3, "--ngram-trees", "--out", out, "--benchmarks", bench,
+        cwd=tmp_path)
     rows = json.loads(out.read_text())["rows"]
-    trees = sorted((r["tree"]["depth"], r["tree"]["topk"], r["tree"]["total_tokens"]) for r in rows if r["tree"])
-    # depth 2 top-2 holds 6 nodes, depth 2 top-3 12, depth 3 top-2 10: a larger total runs as the full tree, once
-    assert trees == [(2, 2, 4), (2, 2, 6), (2, 3, 4), (2, 3, 8), (2, 3, 12), (3, 2, 4), (3, 2, 8), (3, 2, 10),
-                     (3, 3, 4), (3, 3, 8), (3, 3, 20)]
+    for method in ("eagle3", "ngram"):
+        trees = sorted((r["tree"]["depth"], r["tree"]["topk"], r["tree"]["total_tokens"]) for r in rows
+                       if r["tree"] and r["method"] == method)
+        # depth 2 top-2 holds 6 nodes, depth 2 top-3 12, depth 3 top-2 10: a larger total runs as the full tree, once
+        assert trees == [(2, 2, 4), (2, 2, 6), (2, 3, 4), (2, 3, 8), (2, 3, 12), (3, 2, 4), (3, 2, 8), (3, 2, 10),
+                         (3, 3, 4), (3, 3, 8), (3, 3, 20)]
     assert sorted((r["method"], r["shape"]) for r in rows if not r["tree"]) == [
         ("eagle3", "chain k=2"), ("eagle3", "chain k=4"), ("ngram", "chain k=4")]
     assert [r["speedup"] for r in rows] == sorted((r["speedup"] for r in rows), reverse=True)
@@ -343,9 +346,10 @@ def test_tree_shapes_replays_every_shape_that_fits_and_ranks_them(tmp_path):
     table = table_rows(text, "| method | shape | tau | ms per round: draft / update / verify / other | modelled tok/s | "
                              "modelled speed-up |")
     assert len(table) == 3 + 3 and [r[1] for r in table[:3]] == [r["shape"] for r in rows if r["tree"]][:3]
-    best = next(r for r in rows if r["tree"])["tree"]
-    assert (f"Best tree: `--tree --tree-depth {best['depth']} --tree-topk {best['topk']} --tree-total-tokens "
-            f"{best['total_tokens']}`") in text
+    for method in ("eagle3", "ngram"):
+        best = next(r for r in rows if r["tree"] and r["method"] == method)["tree"]
+        assert (f"Best {method} tree: `--method {method} --tree --tree-depth {best['depth']} --tree-topk {best['topk']} "
+                f"--tree-total-tokens {best['total_tokens']}`") in text
 
 
 def test_drafter_launches_tables_a_compiled_drafter(tmp_path):

@@ -170,6 +170,15 @@ def test_tree_speculative_samples_follow_the_target(world, drafter, tree):
     assert stat < critical
 
 
+@pytest.mark.slow
+def test_ngram_tree_samples_follow_the_target(world):
+    """n-gram lookup's trees (decode/ngram.py): deterministic children, verified by one sample per node."""
+    model, runner, _ = world
+    pairs = sample_pairs(runner, NgramDrafter, 2500, seed=0, tree=DynamicTree(depth=3, topk=3, total_tokens=8))
+    stat, critical = chi2_vs(pairs, exact_joint(model))
+    assert stat < critical
+
+
 def test_draft_model_keeps_the_accepted_drafts_it_already_ran_and_equals_a_full_rerun(monkeypatch):
     """After a chain round the draft model keeps the KV of the accepted drafts it ran (no re-run): its next logits
     equal those of a drafter that reads the whole sequence afresh, for any number accepted -- also after a chain that

@@ -1,0 +1,77 @@
+"""n-gram lookup: its counts of what followed each suffix, the trees it grows from them, and decoding with them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import tiny_causal_lm
+
+from headstart.decode.generate import greedy_generate, speculative_generate
+from headstart.decode.ngram import NgramDrafter
+from headstart.decode.target_runner import TargetRunner
+from headstart.decode.tree import DynamicTree
+from headstart.models.target import Target
+
+
+def drafter_over(context: list[int], max_ngram: int = 3) -> NgramDrafter:
+    drafter = NgramDrafter(max_ngram)
+    drafter.begin(torch.tensor([context[:-1]]), None, context[-1])
+    return drafter
+
+
+def test_children_come_from_the_longest_suffix_seen_before_by_count_then_recency():
+    drafter = drafter_over([1, 2, 3, 1, 2, 4, 1, 2])
+    # (4, 1, 2) never came before; (1, 2) was followed by 3, then by 4 (more recent)
+    assert drafter.children((), 4) == [(4, 0.5), (3, 0.5)]
+    assert drafter.children((), 1) == [(4, 0.5)]
+    assert drafter.children((4,), 4) == [(1, 1.0)]  # (1, 2, 4) -> 1
+    assert drafter.children((9,), 4) == []  # nothing ever followed 9
+    drafter.update([3, 1, 2], None)
+    assert drafter.children((), 4) == [(4, 1.0)]  # (3, 1, 2) came once before, followed by 4: the longest match wins
+    assert drafter_over([1, 2, 3, 1, 2, 4, 1, 2, 3, 5, 2], max_ngram=1).children((), 4) == [(3, 2 / 3), (4, 1 / 3)]
+
+
+def test_the_tree_keeps_the_likeliest_nodes_best_first_within_its_limits():
+    drafter = drafter_over([1, 2, 3, 1, 2, 4, 1, 2])
+    tree = drafter.grow_tree(DynamicTree(depth=3, topk=2, total_tokens=4), max_depth=10)
+    # root children 4 and 3 (p 1/2 each, 4 the more recent), then each one's only child 1 (p 1/2 on its path)
+    assert tree.tokens.tolist() == [4, 3, 1, 1]
+    assert tree.parents.tolist() == [-1, -1, 0, 1]
+    assert tree.depths.tolist() == [1, 1, 2, 2] and tree.max_depth == 2
+    whole = drafter.grow_tree(DynamicTree(depth=3, topk=2, total_tokens=40), max_depth=10)
+    assert whole.max_depth == 3 and whole.size == 6  # 4 -> 1 -> 2 and 3 -> 1 -> 2: every path ends at depth 3
+    assert whole.tokens.tolist()[:4] == [4, 3, 1, 1]
+    assert drafter.grow_tree(DynamicTree(depth=3, topk=2, total_tokens=40), max_depth=1).tokens.tolist() == [4, 3]
+    assert drafter.grow_tree(DynamicTree(depth=3, topk=1, total_tokens=40), max_depth=10).tokens.tolist() == [4, 1, 2]
+    assert drafter_over([5, 6, 7]).grow_tree(DynamicTree(), max_depth=10).size == 0  # no suffix ever repeats
+
+
+def test_a_grown_tree_is_topological_with_distinct_siblings_and_scores_that_never_rise():
+    g = torch.Generator().manual_seed(0)
+    drafter = drafter_over(torch.randint(0, 6, (300,), generator=g).tolist())  # a small alphabet: a bushy tree
+    tree = drafter.grow_tree(DynamicTree(depth=5, topk=3, total_tokens=30), max_depth=10)
+    tokens, parents, depths = tree.tokens.tolist(), tree.parents.tolist(), tree.depths.tolist()
+    assert len(tokens) == 30 and max(depths) <= 5
+    paths: list[tuple[int, ...]] = []
+    logps = []
+    for token, parent, depth in zip(tokens, parents, depths):
+        assert parent < len(paths)  # a parent comes before its children
+        path = (paths[parent] if parent >= 0 else ()) + (token,)
+        assert depth == len(path)
+        prob = dict(drafter.children(path[:-1], 3))[token]  # each node is one of its parent's top-3 continuations
+        logps.append((logps[parent] if parent >= 0 else 0.0) + torch.tensor(prob).log().item())
+        paths.append(path)
+    assert len(set(paths)) == len(paths)  # siblings are distinct tokens
+    assert all(a >= b - 1e-9 for a, b in zip(logps, logps[1:]))  # added best first
+
+
+@pytest.mark.parametrize("tree", [None, DynamicTree(depth=4, topk=3, total_tokens=10)])
+def test_ngram_decoding_in_chains_and_trees_is_the_targets_greedy_decoding(tree):
+    target = Target(tiny_causal_lm("llama", num_hidden_layers=8))
+    runner = TargetRunner(target, max_len=160)
+    prompt = torch.tensor([[5, 6, 7, 8, 5, 6, 9, 8, 5, 6, 7, 10, 5, 6]])
+    want = greedy_generate(runner, prompt, 60, set()).tokens
+    out = speculative_generate(runner, NgramDrafter(), prompt, 60, set(), k=4, tree=tree)
+    assert out.tokens == want
+    assert sum(out.accepted) > 10  # drafts were accepted, not only rejected
+    assert out.target_forwards < len(want) - 1
