@@ -24,6 +24,15 @@ def shape(args: dict) -> str:
     return f"chain k={args['num_speculative_tokens']}{ngram}"
 
 
+def draft(args: dict) -> str:
+    """The draft's directory, or n-gram lookup's datastore files (decode/ngram_store.py), or '-'."""
+    if args.get("draft"):
+        return f"`{args['draft']}`"
+    if args.get("ngram_store"):
+        return "store: " + ", ".join(f"`{path}`" for path in args["ngram_store"])
+    return "`-`"
+
+
 def mode(args: dict) -> str:
     # Runs from before the drafters compiled (results.json without "compiled_drafter") compiled the target only.
     compiled = "" if not args.get("compile") else \
@@ -59,7 +68,7 @@ def table(runs: list[Path]) -> str:
         report = json.loads((run / "results.json").read_text())
         a, r = report["args"], report["results"]["overall"]
         acc = " ".join("-" if x is None else f"{x:.2f}" for x in r["acceptance_by_position"][:6]) or "-"
-        lines.append(f"| {a['method']} | `{a.get('draft') or '-'}` | {shape(a)} | {mode(a)} | {a.get('batch_size', 1)} | "
+        lines.append(f"| {a['method']} | {draft(a)} | {shape(a)} | {mode(a)} | {a.get('batch_size', 1)} | "
                      f"{r['tau']:.2f} | {acc} | "
                      f"{r['spec_tokens_per_s']:.1f} | {r['plain_tokens_per_s']:.1f} | {r['speedup']:.2f}x | {split(r)} |")
     return "\n".join(lines)

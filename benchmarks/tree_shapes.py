@@ -3,6 +3,8 @@ total tokens) of a trained head, and n-gram lookup beside them -- each replayed 
 (decode/replay.py: the drafter runs for real, round by round, and accepts exactly what decoding would), with the
 target's verify forward costed from block sizes timed here. One greedy decode per turn serves every shape, so a sweep
 of ~50 shapes costs about as much as decoding a few of them, and shapes compare with no timing noise between runs.
+``--ngram-trees`` replays the grid's trees with n-gram lookup too; ``--ngram-store FILE...`` adds n-gram lookup with a
+datastore of replies (decode/ngram_store.py) beside it, in every n-gram shape.
 
     python benchmarks/tree_shapes.py --target targets/SmolLM2-135M-Instruct --method eagle3 \
         --draft runs/smollm2-eagle3-finetune-2k-head --questions configs/smollm2/data/heldout_questions.jsonl \
@@ -28,6 +30,7 @@ from headstart.decode.benchmark import decode_setup, prompt_ids
 from headstart.decode.clock import RoundClock
 from headstart.decode.generate import speculative_generate
 from headstart.decode.ngram import NgramDrafter
+from headstart.decode.ngram_store import NgramStore
 from headstart.decode.replay import ReplayRunner, Turn, record_turn
 from headstart.decode.report import append_section
 from headstart.decode.target_runner import TargetRunner
@@ -153,6 +156,9 @@ def main() -> None:
     p.add_argument("--topks", type=ints, default=[2, 4, 8])
     p.add_argument("--totals", type=ints, default=[8, 12, 16, 24, 48])
     p.add_argument("--ngram", type=ints, default=[4], help="n-gram lookup chain lengths, as the reference")
+    p.add_argument("--ngram-store", nargs="+", default=None, metavar="FILE",
+                   help="conversation files n-gram lookup also consults (decode/ngram_store.py): every n-gram shape runs "
+                        "both with and without it")
     p.add_argument("--ngram-trees", action="store_true",
                    help="also replay every tree of the grid with n-gram lookup (decode/ngram.py's frequency trees)")
     p.add_argument("--repeats", type=int, default=9, help="timed rounds of the target's parts (median)")
@@ -177,19 +183,24 @@ def main() -> None:
     context = round(sum(t.prompt.shape[1] + len(t.output) / 2 for t in turns) / len(turns))
     print(f"{len(turns)} turns recorded; plain decoding {1e3 * recorded_s:.1f} ms a token", flush=True)
 
-    shapes: list[tuple[str, str, int, DynamicTree | None]] = [("ngram", f"chain k={k}", k, None) for k in args.ngram]
+    makers = {args.method: lambda: drafter_for(head, max_len), "ngram": lambda: NgramDrafter()}
+    if args.ngram_store:
+        store = NgramStore.from_conversations(args.ngram_store, tokenizer)
+        print(f"n-gram store: {store.tokens} tokens of replies counted", flush=True)
+        makers["ngram+store"] = lambda: NgramDrafter(store=store)
+    ngrams = [m for m in makers if m != args.method]
+    shapes: list[tuple[str, str, int, DynamicTree | None]] = [(m, f"chain k={k}", k, None) for m in ngrams
+                                                              for k in args.ngram]
     shapes += [(args.method, f"chain k={k}", k, None) for k in args.chains]
     # a total above what depth and top-k can hold is the full tree: run it once, at its size
     grid = sorted({(d, t, min(n, tree_capacity(d, t))) for d in args.depths for t in args.topks for n in args.totals})
-    tree_methods = [args.method, "ngram"] if args.ngram_trees else [args.method]
+    tree_methods = [args.method, *ngrams] if args.ngram_trees else [args.method]
     shapes += [(m, f"tree depth {d} top-{t} {n} tokens", 0, DynamicTree(d, t, n)) for m in tree_methods
                for d, t, n in grid]
-    make_head = lambda: drafter_for(head, max_len)  # noqa: E731
-    replay_shape(turns[:1], make_head, vocab, max(args.chains or [4]), None, args.max_new_tokens, eos)  # warm-up
+    replay_shape(turns[:1], makers[args.method], vocab, max(args.chains or [4]), None, args.max_new_tokens, eos)  # warm-up
     rows = []
     for method, shape, k, tree in shapes:
-        make = (lambda: NgramDrafter()) if method == "ngram" else make_head
-        row = replay_shape(turns, make, vocab, k, tree, args.max_new_tokens, eos)
+        row = replay_shape(turns, makers[method], vocab, k, tree, args.max_new_tokens, eos)
         rows.append({"method": method, "shape": shape, "tree": None if tree is None else vars(tree), **row})
         print(f"{method} {shape}: tau {row['tau']:.2f}", flush=True)
 
@@ -222,11 +233,13 @@ def main() -> None:
         ms = r["ms_per_round"]
         body += (f"| {r['method']} | {r['shape']} | {r['tau']:.2f} | {ms['draft']:.1f} / {ms['update']:.1f} / "
                  f"{ms['verify']:.1f} / {ms['other']:.1f} | {r['tok_s']:.1f} | {r['speedup']:.2f}x |\n")
+    flags = {"ngram+store": f"--method ngram --ngram-store {' '.join(args.ngram_store or [])}"}
     for method, row in best.items():
         if row is not None:
             t = row["tree"]
-            body += (f"\nBest {method} tree: `--method {method} --tree --tree-depth {t['depth']} --tree-topk {t['topk']} "
-                     f"--tree-total-tokens {t['total_tokens']}` (modelled {row['speedup']:.2f}x at tau {row['tau']:.2f}).\n")
+            body += (f"\nBest {method} tree: `{flags.get(method, f'--method {method}')} --tree --tree-depth {t['depth']} "
+                     f"--tree-topk {t['topk']} --tree-total-tokens {t['total_tokens']}` (modelled {row['speedup']:.2f}x at "
+                     f"tau {row['tau']:.2f}).\n")
     if args.note:
         body += "\n" + args.note + "\n"
     print(body)

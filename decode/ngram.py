@@ -15,17 +15,20 @@ from collections import defaultdict
 
 import torch
 
+from headstart.decode.ngram_store import Follows, NgramStore, count_follows, likeliest
 from headstart.decode.tree import DraftTree, DynamicTree
 
 
 class NgramDrafter:
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+    """``store``: a datastore of the target's replies (decode/ngram_store.py), looked up where the request's own
+    tokens have no suffix match as long; chains then grow token by token (a tree of one branch)."""
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, store: NgramStore | None = None) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"n-gram sizes: need 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
-        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.max_ngram, self.min_ngram, self.store = max_ngram, min_ngram, store
         self.context: list[int] = []
-        # n-gram -> {next token: [times seen, last position]}, over the context (what trees look up)
-        self.follows: dict[tuple[int, ...], dict[int, list[int]]] = defaultdict(dict)
+        self.follows: Follows = defaultdict(dict)  # over the context: what trees look up
         self.device = torch.device("cpu")
 
     def begin(self, prompt_ids: torch.Tensor, states, next_token: int) -> None:
@@ -35,6 +38,8 @@ class NgramDrafter:
 
     def propose(self, k: int) -> torch.Tensor:
         """Up to k draft tokens (possibly none) continuing ``self.context``."""
+        if self.store is not None:
+            return self.grow_tree(DynamicTree(depth=max(k, 1), topk=1, total_tokens=max(k, 1)), k).tokens.cpu()
         ctx = self.context
         for n in range(min(self.max_ngram, len(ctx) - 1), self.min_ngram - 1, -1):
             suffix = ctx[-n:]
@@ -51,25 +56,23 @@ class NgramDrafter:
 
     def _extend(self, tokens: list[int]) -> None:
         """Append tokens to the context and count the n-grams each new token follows."""
-        ctx = self.context
-        old = len(ctx)
-        ctx += tokens
-        for j in range(max(old, 1), len(ctx)):  # ctx[j] follows the n-grams ending at j - 1
-            for n in range(self.min_ngram, min(self.max_ngram, j) + 1):
-                seen = self.follows[tuple(ctx[j - n : j])].setdefault(ctx[j], [0, 0])
-                seen[0] += 1
-                seen[1] = j
+        old = len(self.context)
+        self.context += tokens
+        count_follows(self.follows, self.context, old, self.min_ngram, self.max_ngram)
 
     def children(self, path: tuple[int, ...], topk: int) -> list[tuple[int, float]]:
         """The likeliest ``topk`` tokens after context + ``path``: (token, probability), from what followed the longest
-        suffix of it seen before (ties: the most recently seen first)."""
-        tail = self.context[-self.max_ngram :] + list(path)
-        for n in range(min(self.max_ngram, len(tail)), self.min_ngram - 1, -1):
-            follow = self.follows.get(tuple(tail[-n:]))
-            if follow:
-                total = sum(seen[0] for seen in follow.values())
-                best = sorted(follow.items(), key=lambda item: (-item[1][0], -item[1][1]))[:topk]
-                return [(token, seen[0] / total) for token, seen in best]
+        suffix of it seen before -- in the request itself, else in the store (at equal length the request wins)."""
+        sources = [(self.follows, self.min_ngram, self.max_ngram)]
+        if self.store is not None:
+            sources.append((self.store.follows, self.store.min_ngram, self.store.max_ngram))
+        longest = max(hi for _, _, hi in sources)
+        tail = self.context[-longest:] + list(path)
+        for n in range(min(longest, len(tail)), 0, -1):
+            key = tuple(tail[-n:])
+            for follows, lo, hi in sources:
+                if lo <= n <= hi and key in follows:
+                    return likeliest(follows[key], topk)
         return []
 
     def grow_tree(self, spec: DynamicTree, max_depth: int) -> DraftTree:

@@ -38,6 +38,7 @@ from headstart.decode.draft_model_batch_drafter import DraftModelBatchDrafter, a
 from headstart.decode.generate import Sampling
 from headstart.decode.hf_peers import HFSpeculation
 from headstart.decode.ngram import NgramDrafter
+from headstart.decode.ngram_store import NgramStore
 from headstart.decode.predict import measure_step_times, predict_speedups, recommend_k, round_overhead
 from headstart.decode.target_runner import RaggedRunner, TargetRunner
 from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
@@ -81,6 +82,9 @@ def main() -> int:
                    help="run a head whose headstart.json names another target (warns instead of refusing)")
     p.add_argument("--ngram-max", type=int, default=3,
                    help="--method ngram: the longest context suffix looked up (vLLM's prompt_lookup_max)")
+    p.add_argument("--ngram-store", nargs="+", default=None, metavar="FILE",
+                   help="--method ngram: conversation files (e.g. the target's regenerated replies) whose assistant "
+                        "turns n-gram lookup consults where the request's own tokens have no match (decode/ngram_store.py)")
     p.add_argument("--compile", action="store_true",
                    help="the target's decode forward and the drafter's step through torch.compile over static KV "
                         "caches (CUDA graphs on a GPU); --max-len then defaults to 1024, as every forward attends over "
@@ -100,6 +104,8 @@ def main() -> int:
     args = p.parse_args()
     if args.method in HF_METHODS and (args.tree or args.tree_paths):
         p.error(f"{args.method} proposes chains only; drop --tree")
+    if args.ngram_store and args.method != "ngram":
+        p.error("--ngram-store is n-gram lookup's datastore: use it with --method ngram")
     if args.method == "ngram" and args.tree_paths:
         p.error("--tree-paths ranks a model's candidates; n-gram lookup grows a dynamic tree: use --tree")
     if args.method in HF_METHODS and (args.temperature > 0 or args.predict):
@@ -198,7 +204,8 @@ def main() -> int:
         else:
             make_batch = None
     else:
-        make = lambda: NgramDrafter(args.ngram_max)  # noqa: E731
+        store = NgramStore.from_conversations(args.ngram_store, tokenizer) if args.ngram_store else None
+        make = lambda: NgramDrafter(args.ngram_max, store=store)  # noqa: E731
         make_batch = None  # one n-gram lookup per sequence
     own_loop = None
     if args.method in HF_METHODS:

@@ -212,10 +212,12 @@ def test_bench_regenerate_runs_every_backend_on_the_demo_target(tmp_path):
 
 
 def test_compare_methods_tabulates_two_benchmark_runs(tmp_path):
-    """Two tiny scripts/benchmark.py runs on the demo target (n-gram, chain of 2; the demo draft model, chain of 3,
+    """Two tiny scripts/benchmark.py runs on the demo target (n-gram with a datastore, chain of 2; the demo draft model, chain of 3,
     its two questions decoded as one batch by its batch drafter), then one table of both."""
     runs = []
-    for k, batch, method in ((2, 1, ["ngram"]), (3, 2, ["draft-model", "--draft", str(REPO / "configs/demo/draft-model")])):
+    store = f"{REPO / 'configs/demo/data/gsm8k_train.jsonl'}[0:50]"  # n-gram lookup with a datastore of replies
+    for k, batch, method in ((2, 1, ["ngram", "--ngram-store", store]),
+                             (3, 2, ["draft-model", "--draft", str(REPO / "configs/demo/draft-model")])):
         out = tmp_path / f"{method[0]}-k{k}"
         bench = subprocess.run([sys.executable, str(REPO / "scripts" / "benchmark.py"), "--target", str(DEMO_TARGET),
                                 "--method", *method, "--questions", str(REPO / "configs/demo/eval/mt_bench.jsonl"),
@@ -235,7 +237,7 @@ def test_compare_methods_tabulates_two_benchmark_runs(tmp_path):
               "speed-up | round ms: draft / update / verify / other | prompt ms per turn: speculative / plain | "
               "predicted speed-up | measured / predicted |")
     rows = table_rows(body, header)
-    assert [r[:5] for r in rows] == [["ngram", "`-`", "chain k=2", "greedy", "1"],
+    assert [r[:5] for r in rows] == [["ngram", f"store: `{store}`", "chain k=2", "greedy", "1"],
                                      ["draft-model", f"`{REPO / 'configs/demo/draft-model'}`", "chain k=3", "greedy", "2"]]
     for row, k, out in zip(rows, (2, 3), runs):
         overall = json.loads((out / "results.json").read_text())["results"]["overall"]
@@ -321,19 +323,32 @@ def test_tree_shapes_replays_every_shape_that_fits_and_ranks_them(tmp_path):
     questions = tmp_path / "q.jsonl"
     questions.write_text(json.dumps({"question_id": 1, "category": "math", "turns": ["What is 12 times 7?"]}) + "\n")
     bench, out = tmp_path / "BENCHMARKS.md", tmp_path / "shapes.json"
+    # the store: the demo target's own greedy reply to the question, as a conversation (what a regenerated set holds)
+    from headstart.decode.generate import greedy_generate
+    from headstart.decode.target_runner import TargetRunner
+    from headstart.models.target import Target, TargetConfig, load_tokenizer
+
+    tokenizer = load_tokenizer(str(DEMO_TARGET))
+    messages = [{"role": "user", "content": "What is 12 times 7?"}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    reply = greedy_generate(TargetRunner(Target.from_pretrained(TargetConfig(path=str(DEMO_TARGET))), max_len=128),
+                            ids["input_ids"], 32, set()).tokens
+    store = tmp_path / "replies.jsonl"
+    store.write_text(json.dumps({"messages": messages + [{"role": "assistant", "content": tokenizer.decode(
+        reply, skip_special_tokens=True)}]}) + "\n")
     run("tree_shapes.py", "--target", DEMO_TARGET, "--method", "eagle3", "--draft", REPO / "configs/demo/eagle3-head",
         "--questions", questions, "--max-new-tokens", 32, "--chains", "2,4", "--depths", "2,3", "--topks", "2,3",
-        "--totals", "4,8,20", "--repeats", 1, "--show", 3, "--ngram-trees", "--out", out, "--benchmarks", bench,
-        cwd=tmp_path)
+        "--totals", "4,8,20", "--repeats", 1, "--show", 3, "--ngram-trees", "--ngram-store", store, "--out", out,
+        "--benchmarks", bench, cwd=tmp_path)
     rows = json.loads(out.read_text())["rows"]
-    for method in ("eagle3", "ngram"):
+    for method in ("eagle3", "ngram", "ngram+store"):
         trees = sorted((r["tree"]["depth"], r["tree"]["topk"], r["tree"]["total_tokens"]) for r in rows
                        if r["tree"] and r["method"] == method)
         # depth 2 top-2 holds 6 nodes, depth 2 top-3 12, depth 3 top-2 10: a larger total runs as the full tree, once
         assert trees == [(2, 2, 4), (2, 2, 6), (2, 3, 4), (2, 3, 8), (2, 3, 12), (3, 2, 4), (3, 2, 8), (3, 2, 10),
                          (3, 3, 4), (3, 3, 8), (3, 3, 20)]
     assert sorted((r["method"], r["shape"]) for r in rows if not r["tree"]) == [
-        ("eagle3", "chain k=2"), ("eagle3", "chain k=4"), ("ngram", "chain k=4")]
+        ("eagle3", "chain k=2"), ("eagle3", "chain k=4"), ("ngram", "chain k=4"), ("ngram+store", "chain k=4")]
     assert [r["speedup"] for r in rows] == sorted((r["speedup"] for r in rows), reverse=True)
     assert all(r["tau"] >= 1.0 and r["tokens"] > 0 for r in rows)
     plain_s = json.loads(out.read_text())["plain_s"]
@@ -345,11 +360,14 @@ def test_tree_shapes_replays_every_shape_that_fits_and_ranks_them(tmp_path):
     text = section(bench, "Draft shapes replayed: eagle3 chains and trees against n-gram lookup")
     table = table_rows(text, "| method | shape | tau | ms per round: draft / update / verify / other | modelled tok/s | "
                              "modelled speed-up |")
-    assert len(table) == 3 + 3 and [r[1] for r in table[:3]] == [r["shape"] for r in rows if r["tree"]][:3]
-    for method in ("eagle3", "ngram"):
+    assert len(table) == 3 + 4 and [r[1] for r in table[:3]] == [r["shape"] for r in rows if r["tree"]][:3]
+    for method, flags in (("eagle3", "--method eagle3"), ("ngram", "--method ngram"),
+                          ("ngram+store", f"--method ngram --ngram-store {store}")):
         best = next(r for r in rows if r["tree"] and r["method"] == method)["tree"]
-        assert (f"Best {method} tree: `--method {method} --tree --tree-depth {best['depth']} --tree-topk {best['topk']} "
+        assert (f"Best {method} tree: `{flags} --tree --tree-depth {best['depth']} --tree-topk {best['topk']} "
                 f"--tree-total-tokens {best['total_tokens']}`") in text
+    tau = {r["method"]: r["tau"] for r in rows if r["shape"] == "chain k=4"}
+    assert tau["ngram+store"] > tau["ngram"] + 0.5  # the store's reply is the reply: its drafts are accepted
 
 
 def test_drafter_launches_tables_a_compiled_drafter(tmp_path):

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from tiny_models import tiny_causal_lm
 
 from headstart.decode.generate import greedy_generate, speculative_generate
 from headstart.decode.ngram import NgramDrafter
+from headstart.decode.ngram_store import NgramStore
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import DynamicTree
-from headstart.models.target import Target
+from headstart.models.target import Target, load_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def drafter_over(context: list[int], max_ngram: int = 3) -> NgramDrafter:
@@ -75,3 +81,64 @@ def test_ngram_decoding_in_chains_and_trees_is_the_targets_greedy_decoding(tree)
     assert out.tokens == want
     assert sum(out.accepted) > 10  # drafts were accepted, not only rejected
     assert out.target_forwards < len(want) - 1
+
+
+def test_the_store_counts_only_what_follows_into_assistant_tokens():
+    store = NgramStore(max_ngram=2, min_ngram=1)
+    store.add([1, 2, 3, 1, 2, 4], followers=[0, 0, 0, 1, 1, 1])  # a user turn 1 2 3, then the assistant says 1 2 4
+    # the n-grams before each assistant token; the user's 1 -> 2 and 2 -> 3 are not counted
+    assert set(store.follows) == {(3,), (2, 3), (1,), (3, 1), (2,), (1, 2)}
+    assert store.follows[(2,)] == {4: [1, 5]} and store.tokens == 3  # 2 -> 3 was the user's
+    with pytest.raises(ValueError, match="min_ngram <= max_ngram"):
+        NgramStore(max_ngram=2, min_ngram=3)
+
+
+def test_the_store_reads_conversations_rendered_as_the_target_sees_them(tmp_path):
+    tokenizer = load_tokenizer(str(REPO / "configs/demo/target"))
+    rows = [{"messages": [{"role": "user", "content": "Say it."}, {"role": "assistant", "content": "It is done now."}]},
+            {"messages": [{"role": "user", "content": "no reply"}]},  # no assistant turn: skipped
+            {"question": "Q?", "answer": "A."}]  # another format in the same file: the first row's is read
+    data = tmp_path / "replies.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    store = NgramStore.from_conversations([str(data)], tokenizer, max_ngram=3)
+    reply = tokenizer("It is done now.", add_special_tokens=False)["input_ids"]
+    assert store.follows[tuple(reply[:2])] == {reply[2]: [1, store.follows[tuple(reply[:2])][reply[2]][1]]}
+    said = {t for follow in store.follows.values() for t in follow}
+    user = set(tokenizer("Say it.", add_special_tokens=False)["input_ids"]) - set(reply)
+    assert said and not said & user  # no user token is ever proposed
+    text = tmp_path / "text.jsonl"
+    text.write_text(json.dumps({"text": "plain"}) + "\n")
+    with pytest.raises(ValueError, match="not 'text' rows"):
+        NgramStore.from_conversations([str(text)], tokenizer)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text(json.dumps(rows[1]) + "\n")
+    with pytest.raises(ValueError, match="empty.jsonl: no conversation"):
+        NgramStore.from_conversations([str(empty)], tokenizer)
+
+
+def test_the_request_wins_at_equal_length_and_the_store_fills_in_longer_or_missing_matches():
+    store = NgramStore(max_ngram=3, min_ngram=2)
+    store.add([7, 8, 9, 7, 8, 10, 5, 6, 11])
+    drafter = NgramDrafter(max_ngram=3, store=store)
+    drafter.begin(torch.tensor([[7, 8, 12, 5]]), None, 6)  # context 7 8 12 5 6
+    assert drafter.children((), 2) == [(11, 1.0)]  # (5, 6) never came before in the request; the store has it
+    drafter.update([7, 8], None)  # context ... 6 7 8: (6, 7, 8) nowhere; (7, 8) -> 12 here, -> 9 / 10 in the store
+    assert drafter.children((), 2) == [(12, 1.0)]
+    assert drafter.children((12,), 2) == [(5, 1.0)]
+    store.add([6, 7, 8, 13])
+    assert drafter.children((), 2) == [(13, 1.0)]  # the store's longer match (6, 7, 8) wins
+    assert drafter.propose(3).tolist() == [13]  # a chain: the tree of one branch (nothing ever followed 13)
+    assert NgramDrafter(store=store).children((), 1) == []  # no context at all: nothing to look up
+
+
+@pytest.mark.parametrize("tree", [None, DynamicTree(depth=4, topk=3, total_tokens=10)])
+def test_ngram_decoding_with_a_store_is_the_targets_greedy_decoding(tree):
+    target = Target(tiny_causal_lm("llama", num_hidden_layers=8))
+    runner = TargetRunner(target, max_len=160)
+    prompt = torch.tensor([[5, 6, 7, 8, 5, 6, 9, 8, 5, 6, 7, 10, 5, 6]])
+    want = greedy_generate(runner, prompt, 60, set()).tokens
+    store = NgramStore()
+    store.add(prompt[0].tolist() + want)  # the reply itself in the store: drafts accepted from the first round
+    out = speculative_generate(runner, NgramDrafter(store=store), prompt, 60, set(), k=4, tree=tree)
+    assert out.tokens == want
+    assert out.accepted[0] > 0 and out.target_forwards <= len(want) // 2
