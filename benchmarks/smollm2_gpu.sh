@@ -13,7 +13,7 @@
 # Knobs: REGEN_S (seconds each regeneration process may run; unfinished shards are left out, 0 = no limit),
 # REGEN_BATCH (conversations per generate call), ROWS (rows per source file; default all), MAX_NEW (tokens per regenerated
 # reply, default 256), TRAIN_ARGS (overrides for every head, e.g. --train.max_steps=500), KS (chain lengths), EXTRA (extra benchmark.py arguments),
-# COMPILED=0 (skip the compiled runs), HEADS_FROM=DIR (bench the heads in DIR/{eagle3,mtp,medusa}-head, e.g.
+# COMPILED=0 (skip the compiled runs), STORE="FILE..." (n-gram lookup's datastore), HEADS_FROM=DIR (bench the heads in DIR/{eagle3,mtp,medusa}-head, e.g.
 # configs/smollm2 for the committed CPU-trained heads, instead of this run's: STAGES="import bench" HEADS_FROM=configs/smollm2).
 # The CPU path and its numbers: README "A real target"; this path's: BENCHMARKS.md.
 set -euo pipefail
@@ -21,6 +21,9 @@ X=${1:-runs/smollm2-gpu}
 T=${TARGET:-targets/SmolLM2-135M-Instruct}
 DATA=${DATA:-configs/smollm2/data/regenerated_gpu.jsonl}
 HEADS=${HEADS:-eagle3 mtp medusa}
+# n-gram lookup's datastore (--ngram-store): SmolLM2's committed regenerated replies; its tree, picked on the CPU
+read -ra STORE <<< "${STORE:-configs/smollm2/data/regenerated.jsonl configs/smollm2/data/regenerated_2.jsonl}"
+NGRAM_TREE=(--tree --tree-depth 8 --tree-topk 8 --tree-total-tokens 8)
 mkdir -p "$X"
 has() { [[ " ${STAGES:-import regenerate train publish bench} " == *" $1 "* ]]; }
 
@@ -84,6 +87,8 @@ if has bench; then
   run mtp-k3 --method mtp --draft "$H/mtp-head" --num-speculative-tokens 3
   run medusa-k4 --method medusa --draft "$H/medusa-head" --num-speculative-tokens 4
   run ngram-k4 --method ngram --num-speculative-tokens 4
+  # n-gram lookup in a tree with a datastore of the target's replies (decode/ngram_store.py; STORE: conversation files)
+  run ngram-store-tree --method ngram --ngram-store "${STORE[@]}" "${NGRAM_TREE[@]}"
   run hf-prompt-lookup --method hf-prompt-lookup --num-speculative-tokens 4
   # --compile: the target's forward and the drafter's step compiled (CUDA graphs); COMPILED=0 skips these runs
   if [ "${COMPILED:-1}" != 0 ]; then
@@ -92,6 +97,7 @@ if has bench; then
     run mtp-k4-compiled --method mtp --draft "$H/mtp-head" --num-speculative-tokens 4 --compile --max-len 1024
     run medusa-k4-compiled --method medusa --draft "$H/medusa-head" --num-speculative-tokens 4 --compile --max-len 1024
     run ngram-k4-compiled --method ngram --num-speculative-tokens 4 --compile --max-len 1024
+    run ngram-store-tree-compiled --method ngram --ngram-store "${STORE[@]}" "${NGRAM_TREE[@]}" --compile --max-len 1024
   fi
   python benchmarks/compare_methods.py "${runs[@]}" --benchmarks "$X/BENCHMARKS.md" \
     --title "Real target on a GPU: SmolLM2-135M-Instruct" --script '`benchmarks/smollm2_gpu.sh`' --note "${NOTE:-}"
@@ -103,8 +109,8 @@ if has shapes; then
   H=${HEADS_FROM:-$X}
   python benchmarks/tree_shapes.py --target "$T" --method eagle3 --draft "$H/eagle3-head" \
     --questions configs/smollm2/data/heldout_questions.jsonl --max-new-tokens 128 --dtype bfloat16 \
-    --chains 3,4,5,6,8 --depths 4,5,6,8 --topks 4,8,10 --totals 16,32,48,64 --out "$X/shapes.json" \
-    --benchmarks "$X/BENCHMARKS.md"
+    --chains 3,4,5,6,8 --depths 4,5,6,8 --topks 4,8,10 --totals 16,32,48,64 --ngram-trees --ngram-store "${STORE[@]}" \
+    --out "$X/shapes.json" --benchmarks "$X/BENCHMARKS.md"
 fi
 
 if has batch; then

@@ -52,6 +52,10 @@ def test_compiled_chains_and_trees_equal_eager_greedy(target, backend):
     assert plain_generate(compiled, p, 40, set()).tokens == reference
     chain = speculative_generate(compiled, NgramDrafter(), p, 40, set(), k=4)
     assert chain.tokens == reference and sum(chain.accepted) > 0  # drafts were accepted: commits moved the cache
+    # n-gram lookup's trees come in any size up to the total: each block runs padded to a compiled size
+    ngram_tree = speculative_generate(compiled, NgramDrafter(), p, 40, set(), k=4,
+                                      tree=DynamicTree(depth=4, topk=2, total_tokens=6))
+    assert ngram_tree.tokens == reference and sum(ngram_tree.accepted) > 0
     head = random_eagle3_head(target)
     tree = DynamicTree(depth=3, topk=2, total_tokens=6)
     want = speculative_generate(eager, Eagle3Drafter(head, 96), p, 40, set(), k=4, tree=tree)
