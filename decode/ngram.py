@@ -15,8 +15,29 @@ from collections import defaultdict
 
 import torch
 
-from headstart.decode.ngram_store import Follows, NgramStore, count_follows, likeliest
+from headstart.decode.ngram_store import NgramStore
 from headstart.decode.tree import DraftTree, DynamicTree
+
+
+# n-gram -> {next token: [times seen, last position seen]}
+Follows = dict[tuple[int, ...], dict[int, list[int]]]
+
+
+def count_follows(follows: Follows, ids: list[int], start: int, min_ngram: int, max_ngram: int) -> None:
+    """Count, in ``follows``, every n-gram (``min_ngram <= n <= max_ngram``) of ``ids`` followed by a token at
+    position ``start`` or later."""
+    for j in range(max(start, 1), len(ids)):  # ids[j] follows the n-grams ending at j - 1
+        for n in range(min_ngram, min(max_ngram, j) + 1):
+            seen = follows[tuple(ids[j - n : j])].setdefault(ids[j], [0, 0])
+            seen[0] += 1
+            seen[1] = j
+
+
+def likeliest(follow: dict[int, list[int]], topk: int) -> list[tuple[int, float]]:
+    """The ``topk`` most frequent followers with their share of the counts (ties: the most recently seen first)."""
+    total = sum(seen[0] for seen in follow.values())
+    best = sorted(follow.items(), key=lambda item: (-item[1][0], -item[1][1]))[:topk]
+    return [(token, seen[0] / total) for token, seen in best]
 
 
 class NgramDrafter:
@@ -63,16 +84,15 @@ class NgramDrafter:
     def children(self, path: tuple[int, ...], topk: int) -> list[tuple[int, float]]:
         """The likeliest ``topk`` tokens after context + ``path``: (token, probability), from what followed the longest
         suffix of it seen before -- in the request itself, else in the store (at equal length the request wins)."""
-        sources = [(self.follows, self.min_ngram, self.max_ngram)]
-        if self.store is not None:
-            sources.append((self.store.follows, self.store.min_ngram, self.store.max_ngram))
-        longest = max(hi for _, _, hi in sources)
+        longest = max(self.max_ngram, self.store.max_ngram if self.store is not None else 0)
         tail = self.context[-longest:] + list(path)
         for n in range(min(longest, len(tail)), 0, -1):
             key = tuple(tail[-n:])
-            for follows, lo, hi in sources:
-                if lo <= n <= hi and key in follows:
-                    return likeliest(follows[key], topk)
+            if self.min_ngram <= n <= self.max_ngram and key in self.follows:
+                return likeliest(self.follows[key], topk)
+            found = self.store.lookup(key, topk) if self.store is not None else None
+            if found:
+                return found
         return []
 
     def grow_tree(self, spec: DynamicTree, max_depth: int) -> DraftTree:

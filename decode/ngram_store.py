@@ -7,50 +7,97 @@ lookup proposes what the target would say next, not what a user might type."""
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterable
 
+import torch
 from transformers import PreTrainedTokenizerBase
 
-# n-gram -> {next token: [times seen, last position seen]}
-Follows = dict[tuple[int, ...], dict[int, list[int]]]
+# An n-gram's key: two polynomial hashes mod 2^31 - 1 side by side, 62 bits (exact in int64 arithmetic: a hash times a
+# base stays below 2^62). Distinct n-grams collide with probability ~ keys^2 / 2^62: ~1e-7 for a million of them.
+_MOD = 2**31 - 1
+_BASES = (1_000_003, 2_147_480_009)
 
 
-def count_follows(follows: Follows, ids: list[int], start: int, min_ngram: int, max_ngram: int,
-                  followers: list[int] | None = None) -> None:
-    """Count, in ``follows``, every n-gram (``min_ngram <= n <= max_ngram``) of ``ids`` followed by a token at
-    position ``start`` or later; with ``followers`` (a 0/1 mask over ``ids``) only those followed by a masked token."""
-    for j in range(max(start, 1), len(ids)):  # ids[j] follows the n-grams ending at j - 1
-        if followers is not None and not followers[j]:
-            continue
-        for n in range(min_ngram, min(max_ngram, j) + 1):
-            seen = follows[tuple(ids[j - n : j])].setdefault(ids[j], [0, 0])
-            seen[0] += 1
-            seen[1] = j
+def ngram_key(tokens: Iterable[int]) -> int:
+    h1 = h2 = 0
+    for t in tokens:
+        h1 = (h1 * _BASES[0] + t + 1) % _MOD
+        h2 = (h2 * _BASES[1] + t + 1) % _MOD
+    return (h1 << 31) | h2
 
 
-def likeliest(follow: dict[int, list[int]], topk: int) -> list[tuple[int, float]]:
-    """The ``topk`` most frequent followers with their share of the counts (ties: the most recently seen first)."""
-    total = sum(seen[0] for seen in follow.values())
-    best = sorted(follow.items(), key=lambda item: (-item[1][0], -item[1][1]))[:topk]
-    return [(token, seen[0] / total) for token, seen in best]
+def window_keys(ids: torch.Tensor, n: int) -> torch.Tensor:
+    """``ngram_key`` of every n-token window of ``ids`` [L] -> [L - n + 1], vectorised."""
+    count = ids.numel() - n + 1
+    h1 = torch.zeros(count, dtype=torch.long)
+    h2 = torch.zeros(count, dtype=torch.long)
+    for i in range(n):
+        t = ids[i : i + count] + 1
+        h1 = (h1 * _BASES[0] + t) % _MOD
+        h2 = (h2 * _BASES[1] + t) % _MOD
+    return (h1 << 31) | h2
 
 
 class NgramStore:
-    """n-gram counts over a corpus, for ``NgramDrafter(store=...)``. Suffixes shorter than ``min_ngram`` are not looked
-    up here: one token of context says little about what a reply says next, the request's own context says more."""
+    """n-gram counts over a corpus, for ``NgramDrafter(store=...)``, held as sorted arrays (24 bytes per distinct
+    (n-gram, next token) pair for each n, where dicts of tuples cost ~30x that): a lookup is a binary search. Suffixes
+    shorter than ``min_ngram`` are not looked up here: one token of context says little about what a reply says next,
+    the request's own context says more."""
 
     def __init__(self, max_ngram: int = 4, min_ngram: int = 2) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"n-gram sizes: need 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
-        self.follows: Follows = defaultdict(dict)
         self.tokens = 0  # followers counted
+        self._sequences: list[tuple[torch.Tensor, torch.Tensor]] = []  # (ids, counted-follower mask)
+        self._tables: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
 
     def add(self, ids: list[int], followers: list[int] | None = None) -> None:
         """Count a token sequence; with ``followers`` (0/1 per token) only what follows into masked tokens."""
-        count_follows(self.follows, ids, 1, self.min_ngram, self.max_ngram, followers)
-        self.tokens += sum(followers[1:]) if followers is not None else max(len(ids) - 1, 0)
+        mask = torch.ones(len(ids), dtype=torch.bool) if followers is None else torch.tensor(followers, dtype=torch.bool)
+        mask[:1] = False  # the first token follows nothing
+        self._sequences.append((torch.tensor(ids, dtype=torch.long), mask))
+        self.tokens += int(mask.sum())
+        self._tables = None  # rebuilt at the next lookup
+
+    @property
+    def ngrams(self) -> int:
+        """Distinct n-grams counted (every n)."""
+        return sum(int(torch.unique_consecutive(keys).numel()) for keys, _, _ in self._built().values())
+
+    def lookup(self, key: tuple[int, ...], topk: int) -> list[tuple[int, float]] | None:
+        """The ``topk`` most frequent tokens after the n-gram ``key`` with their share of its counts (ties: the smaller
+        token id first); None when it was never seen or its length is not looked up here."""
+        if not self.min_ngram <= len(key) <= self.max_ngram:
+            return None
+        keys, tokens, counts = self._built()[len(key)]
+        h = torch.tensor([ngram_key(key)])
+        lo, hi = int(torch.searchsorted(keys, h)), int(torch.searchsorted(keys, h, right=True))
+        if lo == hi:
+            return None
+        total = int(counts[lo:hi].sum())
+        return [(int(t), int(c) / total) for t, c in zip(tokens[lo : min(hi, lo + topk)], counts[lo : min(hi, lo + topk)])]
+
+    def _built(self) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Per n: the distinct (key, next token) pairs sorted by key, then by count (descending), then token; and the
+        counts."""
+        if self._tables is None:
+            self._tables = {}
+            for n in range(self.min_ngram, self.max_ngram + 1):
+                keys, nexts = [], []
+                for ids, mask in self._sequences:
+                    if ids.numel() > n:
+                        counted = mask[n:]  # window s is followed by ids[s + n]
+                        keys.append(window_keys(ids[:-1], n)[counted])
+                        nexts.append(ids[n:][counted])
+                pairs = torch.stack([torch.cat(keys), torch.cat(nexts)], 1) if keys else torch.zeros(0, 2, dtype=torch.long)
+                order = torch.argsort(pairs[:, 1], stable=True)
+                pairs = pairs[order[torch.argsort(pairs[order, 0], stable=True)]]
+                pairs, counts = torch.unique_consecutive(pairs, dim=0, return_counts=True)
+                order = torch.argsort(-counts, stable=True)
+                order = order[torch.argsort(pairs[order, 0], stable=True)]
+                self._tables[n] = (pairs[order, 0].contiguous(), pairs[order, 1].contiguous(), counts[order])
+        return self._tables
 
     @classmethod
     def from_conversations(cls, paths: Iterable[str], tokenizer: PreTrainedTokenizerBase, max_ngram: int = 4,

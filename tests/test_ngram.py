@@ -86,11 +86,40 @@ def test_ngram_decoding_in_chains_and_trees_is_the_targets_greedy_decoding(tree)
 def test_the_store_counts_only_what_follows_into_assistant_tokens():
     store = NgramStore(max_ngram=2, min_ngram=1)
     store.add([1, 2, 3, 1, 2, 4], followers=[0, 0, 0, 1, 1, 1])  # a user turn 1 2 3, then the assistant says 1 2 4
-    # the n-grams before each assistant token; the user's 1 -> 2 and 2 -> 3 are not counted
-    assert set(store.follows) == {(3,), (2, 3), (1,), (3, 1), (2,), (1, 2)}
-    assert store.follows[(2,)] == {4: [1, 5]} and store.tokens == 3  # 2 -> 3 was the user's
+    assert store.tokens == 3
+    assert store.lookup((3,), 4) == [(1, 1.0)] and store.lookup((2, 3), 4) == [(1, 1.0)]
+    assert store.lookup((1,), 4) == [(2, 1.0)]  # once, at the assistant's 1 -> 2; the user's 1 -> 2 is not counted
+    assert store.lookup((2,), 4) == [(4, 1.0)]  # the user's 2 -> 3 is not counted
+    assert store.lookup((1, 2), 4) == [(4, 1.0)]
+    assert store.lookup((9,), 4) is None and store.lookup((1, 2, 4), 4) is None  # unseen; longer than max_ngram
+    assert store.ngrams == 6  # (3,) (2,3) (1,) (3,1) (2,) (1,2)
+    store.add([1, 2, 4])
+    store.add([1, 2, 5])
+    assert store.lookup((1, 2), 4) == [(4, 2 / 3), (5, 1 / 3)] and store.lookup((1, 2), 1) == [(4, 2 / 3)]
+    store.add([7, 1, 2, 5, 8, 1, 2, 5])
+    assert store.lookup((1, 2), 4) == [(5, 3 / 5), (4, 2 / 5)]  # by count
+    assert store.lookup((2,), 4) == [(5, 3 / 5), (4, 2 / 5)]
     with pytest.raises(ValueError, match="min_ngram <= max_ngram"):
         NgramStore(max_ngram=2, min_ngram=3)
+
+
+def test_the_store_finds_every_ngram_it_counted_and_its_counts():
+    """The store's sorted hash tables against plain counting, on random sequences over a small alphabet."""
+    g = torch.Generator().manual_seed(0)
+    store, want = NgramStore(max_ngram=4, min_ngram=2), {}
+    for _ in range(20):
+        ids = torch.randint(0, 50, (60,), generator=g).tolist()
+        store.add(ids)
+        for j in range(1, len(ids)):
+            for n in range(2, min(4, j) + 1):
+                counts = want.setdefault(tuple(ids[j - n : j]), {})
+                counts[ids[j]] = counts.get(ids[j], 0) + 1
+    assert store.ngrams == len(want)
+    for key, counts in want.items():
+        total = sum(counts.values())
+        got = store.lookup(key, 100)
+        assert dict(got) == pytest.approx({t: c / total for t, c in counts.items()}), key
+        assert [p for _, p in got] == sorted((p for _, p in got), reverse=True)
 
 
 def test_the_store_reads_conversations_rendered_as_the_target_sees_them(tmp_path):
@@ -102,10 +131,9 @@ def test_the_store_reads_conversations_rendered_as_the_target_sees_them(tmp_path
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     store = NgramStore.from_conversations([str(data)], tokenizer, max_ngram=3)
     reply = tokenizer("It is done now.", add_special_tokens=False)["input_ids"]
-    assert store.follows[tuple(reply[:2])] == {reply[2]: [1, store.follows[tuple(reply[:2])][reply[2]][1]]}
-    said = {t for follow in store.follows.values() for t in follow}
-    user = set(tokenizer("Say it.", add_special_tokens=False)["input_ids"]) - set(reply)
-    assert said and not said & user  # no user token is ever proposed
+    assert store.lookup(tuple(reply[:2]), 4) == [(reply[2], 1.0)]
+    user = tokenizer("Say it.", add_special_tokens=False)["input_ids"]
+    assert all(store.lookup(tuple(user[i : i + 2]), 4) is None for i in range(len(user) - 2))  # user text: context only
     text = tmp_path / "text.jsonl"
     text.write_text(json.dumps({"text": "plain"}) + "\n")
     with pytest.raises(ValueError, match="not 'text' rows"):
