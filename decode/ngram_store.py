@@ -1,5 +1,6 @@
 """A datastore of what the target says: n-gram counts over the assistant turns of conversations (its own replies, as
-regenerated for training a head), which n-gram lookup consults where the request's own tokens have no match -- the
+regenerated for training a head), which n-gram lookup consults where the request's own tokens match a shorter suffix
+or none -- the
 global tree of SuffixDecoding (Oliaro et al. 2024) and the datastore of REST (He et al. 2023), as n-gram counts.
 
 Only tokens the assistant says are counted as followers (the chat template's and the user's are context only), so a
@@ -19,6 +20,7 @@ _BASES = (1_000_003, 2_147_480_009)
 
 
 def ngram_key(tokens: Iterable[int]) -> int:
+    """The key under which the store files an n-gram (``window_keys`` computes the same for every window at once)."""
     h1 = h2 = 0
     for t in tokens:
         h1 = (h1 * _BASES[0] + t + 1) % _MOD
@@ -112,7 +114,10 @@ class NgramStore:
         store = cls(max_ngram, min_ngram)
         for path in paths:
             rows, used = read_rows(path), 0
-            fmt = detect_format(rows[0]) if len(rows) else None
+            try:
+                fmt = detect_format(rows[0]) if len(rows) else None
+            except RowError as err:
+                raise ValueError(f"{path}: {err}") from err
             if fmt == "text":
                 raise ValueError(f"{path}: an n-gram store reads conversations (whose assistant turns it counts), "
                                  "not 'text' rows")
