@@ -60,7 +60,8 @@ class NgramDrafter:
     def propose(self, k: int) -> torch.Tensor:
         """Up to k draft tokens (possibly none) continuing ``self.context``."""
         if self.store is not None:
-            return self.grow_tree(DynamicTree(depth=max(k, 1), topk=1, total_tokens=max(k, 1)), k).tokens.cpu()
+            return torch.tensor(self._grow(DynamicTree(depth=max(k, 1), topk=1, total_tokens=max(k, 1)), k)[0],
+                                dtype=torch.long)  # on the host, as the span below: the loop moves drafts
         ctx = self.context
         for n in range(min(self.max_ngram, len(ctx) - 1), self.min_ngram - 1, -1):
             suffix = ctx[-n:]
@@ -99,6 +100,12 @@ class NgramDrafter:
         """A draft tree of at most ``spec.total_tokens`` nodes, ``min(spec.depth, max_depth)`` levels and ``spec.topk``
         children a node: the likeliest nodes (product of their path's probabilities under ``children``), added best
         first -- a child is never likelier than its parent, so the kept nodes are always a tree, in topological order."""
+        tokens, parents, depths = self._grow(spec, max_depth)
+        as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=self.device)  # noqa: E731
+        return DraftTree(as_tensor(tokens), as_tensor(parents), as_tensor(depths), max(depths, default=0))
+
+    def _grow(self, spec: DynamicTree, max_depth: int) -> tuple[list[int], list[int], list[int]]:
+        """``grow_tree``'s nodes as lists: tokens, parents (-1 = the root), depths."""
         depth = min(spec.depth, max_depth)
         tokens, parents, paths, logps = [], [], [], []
         frontier: list[tuple[float, int, int, int]] = []  # (-log p, push order, parent node or -1, token)
@@ -117,7 +124,6 @@ class NgramDrafter:
             parents.append(parent)
             paths.append((paths[parent] if parent >= 0 else ()) + (token,))
             logps.append(-neg_logp)
-            push(len(tokens) - 1)
-        depths = [len(path) for path in paths]
-        as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=self.device)  # noqa: E731
-        return DraftTree(as_tensor(tokens), as_tensor(parents), as_tensor(depths), max(depths, default=0))
+            if len(tokens) < spec.total_tokens:  # a full tree looks nothing more up
+                push(len(tokens) - 1)
+        return tokens, parents, [len(path) for path in paths]

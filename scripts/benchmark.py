@@ -84,7 +84,7 @@ def main() -> int:
                    help="--method ngram: the longest context suffix looked up (vLLM's prompt_lookup_max)")
     p.add_argument("--ngram-store", nargs="+", default=None, metavar="FILE",
                    help="--method ngram: conversation files (e.g. the target's regenerated replies) whose assistant "
-                        "turns n-gram lookup consults where the request's own tokens have no match (decode/ngram_store.py)")
+                        "turns n-gram lookup consults where the request's own tokens match a shorter suffix or none (decode/ngram_store.py)")
     p.add_argument("--compile", action="store_true",
                    help="the target's decode forward and the drafter's step through torch.compile over static KV "
                         "caches (CUDA graphs on a GPU); --max-len then defaults to 1024, as every forward attends over "
