@@ -60,8 +60,7 @@ class NgramDrafter:
     def propose(self, k: int) -> torch.Tensor:
         """Up to k draft tokens (possibly none) continuing ``self.context``."""
         if self.store is not None:
-            return torch.tensor(self._grow(DynamicTree(depth=max(k, 1), topk=1, total_tokens=max(k, 1)), k)[0],
-                                dtype=torch.long)  # on the host, as the span below: the loop moves drafts
+            return self.scored_chain(k)[0]
         ctx = self.context
         for n in range(min(self.max_ngram, len(ctx) - 1), self.min_ngram - 1, -1):
             suffix = ctx[-n:]
@@ -72,6 +71,12 @@ class NgramDrafter:
                     if follow:
                         return torch.tensor(follow, dtype=torch.long)
         return torch.empty(0, dtype=torch.long)
+
+    def scored_chain(self, k: int) -> tuple[torch.Tensor, float]:
+        """Up to k drafts grown token by token from the counts (a tree of one branch; on the host, as ``propose``'s
+        span: the loop moves drafts), and their expected accepted count (``scored_tree``)."""
+        tokens, _, _, score = self._grow(DynamicTree(depth=max(k, 1), topk=1, total_tokens=max(k, 1)), k)
+        return torch.tensor(tokens, dtype=torch.long), score
 
     def update(self, emitted: list[int], states) -> None:
         self._extend(emitted)
@@ -100,12 +105,17 @@ class NgramDrafter:
         """A draft tree of at most ``spec.total_tokens`` nodes, ``min(spec.depth, max_depth)`` levels and ``spec.topk``
         children a node: the likeliest nodes (product of their path's probabilities under ``children``), added best
         first -- a child is never likelier than its parent, so the kept nodes are always a tree, in topological order."""
-        tokens, parents, depths = self._grow(spec, max_depth)
-        as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=self.device)  # noqa: E731
-        return DraftTree(as_tensor(tokens), as_tensor(parents), as_tensor(depths), max(depths, default=0))
+        return self.scored_tree(spec, max_depth)[0]
 
-    def _grow(self, spec: DynamicTree, max_depth: int) -> tuple[list[int], list[int], list[int]]:
-        """``grow_tree``'s nodes as lists: tokens, parents (-1 = the root), depths."""
+    def scored_tree(self, spec: DynamicTree, max_depth: int) -> tuple[DraftTree, float]:
+        """``grow_tree``'s tree and the drafts it expects accepted: the sum of its nodes' path probabilities under the
+        counts (a node is accepted with its path's probability) -- SuffixDecoding's score of a speculation."""
+        tokens, parents, depths, score = self._grow(spec, max_depth)
+        as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=self.device)  # noqa: E731
+        return DraftTree(as_tensor(tokens), as_tensor(parents), as_tensor(depths), max(depths, default=0)), score
+
+    def _grow(self, spec: DynamicTree, max_depth: int) -> tuple[list[int], list[int], list[int], float]:
+        """``grow_tree``'s nodes as lists -- tokens, parents (-1 = the root), depths -- and ``scored_tree``'s score."""
         depth = min(spec.depth, max_depth)
         tokens, parents, paths, logps = [], [], [], []
         frontier: list[tuple[float, int, int, int]] = []  # (-log p, push order, parent node or -1, token)
@@ -126,4 +136,4 @@ class NgramDrafter:
             logps.append(-neg_logp)
             if len(tokens) < spec.total_tokens:  # a full tree looks nothing more up
                 push(len(tokens) - 1)
-        return tokens, parents, [len(path) for path in paths]
+        return tokens, parents, [len(path) for path in paths], sum(math.exp(logp) for logp in logps)

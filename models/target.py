@@ -49,6 +49,12 @@ class TargetOutput:
         aux = None if self.aux_hidden_states is None else self.aux_hidden_states[:, index]
         return TargetOutput(aux_hidden_states=aux, last_hidden_state=self.last_hidden_state[:, index])
 
+    @staticmethod
+    def cat(parts: list["TargetOutput"]) -> "TargetOutput":
+        """The states of ``parts`` one after another along dim 1 (a copy, also of a single part)."""
+        aux = None if parts[0].aux_hidden_states is None else torch.cat([p.aux_hidden_states for p in parts], dim=1)
+        return TargetOutput(aux_hidden_states=aux, last_hidden_state=torch.cat([p.last_hidden_state for p in parts], dim=1))
+
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """[n, S] or per row [B, n, S] bool (True = may attend) -> the [1 or B, 1, n, S] additive mask HF attention takes."""
