@@ -8,7 +8,8 @@
 
 --tree drafts an EAGLE-2 dynamic tree (--tree-depth/--tree-topk/--tree-total-tokens) or, with --tree-paths
 FILE.json, a static tree from a list of rank paths; --method ngram --tree grows a tree of what followed the context's
-suffixes (decode/ngram.py). --temperature > 0 samples (lossless rejection sampling);
+suffixes (decode/ngram.py). --hybrid-ngram SCORE puts n-gram lookup (with --ngram-store) in front of a model drafter: it
+drafts a round where it expects SCORE accepted drafts, the model elsewhere (decode/hybrid.py). --temperature > 0 samples (lossless rejection sampling);
 the default is greedy. --batch-size B decodes B questions' turns together (chains): tau per sequence, tokens/s over the batch.
 --predict also times draft and target steps and predicts the speed-up of chains of
 k = 1..8 from the measured acceptance (run it with --num-speculative-tokens 8 so every position is measured).
@@ -37,6 +38,7 @@ from headstart.decode.draft_model import DraftModelDrafter, draft_model_runner
 from headstart.decode.draft_model_batch_drafter import DraftModelBatchDrafter, as_draft_target
 from headstart.decode.generate import Sampling
 from headstart.decode.hf_peers import HFSpeculation
+from headstart.decode.hybrid import HybridDrafter
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.ngram_store import NgramStore
 from headstart.decode.predict import measure_step_times, predict_speedups, recommend_k, round_overhead
@@ -82,8 +84,12 @@ def main() -> int:
                    help="run a head whose headstart.json names another target (warns instead of refusing)")
     p.add_argument("--ngram-max", type=int, default=3,
                    help="--method ngram: the longest context suffix looked up (vLLM's prompt_lookup_max)")
+    p.add_argument("--hybrid-ngram", type=float, default=None, metavar="SCORE",
+                   help="a head or --method draft-model with n-gram lookup first (SuffixDecoding's hybrid, "
+                        "decode/hybrid.py): a round where n-gram lookup's drafts expect at least SCORE accepted (the sum of "
+                        "their path probabilities under its counts) verifies them and runs no model; add --ngram-store")
     p.add_argument("--ngram-store", nargs="+", default=None, metavar="FILE",
-                   help="--method ngram: conversation files (e.g. the target's regenerated replies) whose assistant "
+                   help="--method ngram or --hybrid-ngram: conversation files (e.g. the target's regenerated replies) whose assistant "
                         "turns n-gram lookup consults where the request's own tokens match a shorter suffix or none (decode/ngram_store.py)")
     p.add_argument("--compile", action="store_true",
                    help="the target's decode forward and the drafter's step through torch.compile over static KV "
@@ -104,8 +110,12 @@ def main() -> int:
     args = p.parse_args()
     if args.method in HF_METHODS and (args.tree or args.tree_paths):
         p.error(f"{args.method} proposes chains only; drop --tree")
-    if args.ngram_store and args.method != "ngram":
-        p.error("--ngram-store is n-gram lookup's datastore: use it with --method ngram")
+    if args.ngram_store and args.method != "ngram" and args.hybrid_ngram is None:
+        p.error("--ngram-store is n-gram lookup's datastore: use it with --method ngram or --hybrid-ngram")
+    if args.hybrid_ngram is not None and (args.method in ("ngram", *HF_METHODS) or args.tree_paths
+                                          or args.batch_size > 1 or args.predict or args.hybrid_ngram < 0):
+        p.error("--hybrid-ngram SCORE (>= 0) puts n-gram lookup in front of a head or --method draft-model, in chains or "
+                "dynamic trees (--tree) at batch size 1, without --predict (which drafter runs depends on k)")
     if args.method == "ngram" and args.tree_paths:
         p.error("--tree-paths ranks a model's candidates; n-gram lookup grows a dynamic tree: use --tree")
     if args.method in HF_METHODS and (args.temperature > 0 or args.predict):
@@ -171,6 +181,7 @@ def main() -> int:
     else:
         runner.precompile([1], masked=[1 + (tree.total_tokens if isinstance(tree, DynamicTree) else len(tree.paths))],
                           keeps=True)
+    store = NgramStore.from_conversations(args.ngram_store, tokenizer) if args.ngram_store else None
     if args.method in HEADS:
         if not args.draft:
             p.error(f"--method {args.method} needs --draft (the head's directory)")
@@ -204,9 +215,17 @@ def main() -> int:
         else:
             make_batch = None
     else:
-        store = NgramStore.from_conversations(args.ngram_store, tokenizer) if args.ngram_store else None
         make = lambda: NgramDrafter(args.ngram_max, store=store)  # noqa: E731
         make_batch = None  # one n-gram lookup per sequence
+    hybrids: list[HybridDrafter] = []
+    if args.hybrid_ngram is not None:
+        model_drafter = make
+
+        def make() -> HybridDrafter:
+            # a compiled drafter reads late rounds in commits of the sizes it precompiled
+            hybrids.append(HybridDrafter(model_drafter(), NgramDrafter(args.ngram_max, store=store), args.hybrid_ngram,
+                                         max_flush=compiled_block if args.compile else None))
+            return hybrids[-1]
     own_loop = None
     if args.method in HF_METHODS:
         own_loop = HFSpeculation(target.model, args.num_speculative_tokens, pad_token_id=tokenizer.pad_token_id or 0,
@@ -226,6 +245,11 @@ def main() -> int:
     mode = "greedy" if sampling is None else f"sampling T={args.temperature} top-p {args.top_p} top-k {args.top_k}"
     if args.confidence_threshold:
         mode += f", stop under p {args.confidence_threshold:g}"
+    if hybrids:  # every round of the run's hybrids: the timed turns' and the untimed warm-up's few (<= 8 tokens)
+        rounds = {who: sum(h.rounds[who] for h in hybrids) for who in ("ngram", "model")}
+        report["hybrid_rounds"] = rounds
+        mode += (f", n-gram lookup first from {args.hybrid_ngram:g} expected "
+                 f"({100 * rounds['ngram'] / max(1, sum(rounds.values())):.0f}% of rounds)")
     if args.tune_blocks:
         mode += ", blocks padded (" + (" ".join(f"{n}->{m}" for n, m in pads.items() if m != n) or "none") + ")"
     if args.batch_size > 1:

@@ -13,6 +13,7 @@ from headstart.benchmarks.drafter_launches import eager_ops
 from headstart.decode.draft_model import DraftModelDrafter, draft_model_runner
 from headstart.decode.eagle3_drafter import Eagle3Drafter
 from headstart.decode.generate import plain_generate, speculative_generate
+from headstart.decode.hybrid import HybridDrafter
 from headstart.decode.medusa_drafter import MedusaDrafter
 from headstart.decode.mtp_drafter import MTPDrafter
 from headstart.decode.ngram import NgramDrafter
@@ -61,6 +62,26 @@ def test_compiled_chains_and_trees_equal_eager_greedy(target, backend):
     want = speculative_generate(eager, Eagle3Drafter(head, 96), p, 40, set(), k=4, tree=tree)
     got = speculative_generate(compiled, Eagle3Drafter(head, 96), p, 40, set(), k=4, tree=tree)
     assert got.tokens == reference == want.tokens and got.accepted == want.accepted
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_compiled_head_behind_ngram_lookup_decodes_as_eager(target, backend):
+    """The hybrid (decode/hybrid.py) over a compiled EAGLE-3 drafter: the skipped rounds read in commits of at most the
+    precompiled size, every round drafted by the same drafter and accepted as with the eager head, chains and a tree."""
+    torch._dynamo.reset()
+    eager, compiled = TargetRunner(target, 96), TargetRunner(target, 96, compile=True, backend=backend)
+    head, p = random_eagle3_head(target), prompt()
+    reference = plain_generate(eager, p, 40, set()).tokens
+    drafter = Eagle3Drafter(head, 96, compile=True, backend=backend)
+    drafter.precompile(4)
+    for tree in (None, DynamicTree(depth=3, topk=2, total_tokens=6)):
+        want_h = HybridDrafter(Eagle3Drafter(head, 96), NgramDrafter(), 1.0)
+        got_h = HybridDrafter(drafter, NgramDrafter(), 1.0, max_flush=4)
+        want = speculative_generate(eager, want_h, p, 40, set(), k=3, tree=tree)
+        got = speculative_generate(compiled, got_h, p, 40, set(), k=3, tree=tree)
+        assert got.tokens == want.tokens == reference and got.accepted == want.accepted
+        assert got_h.rounds == want_h.rounds and min(got_h.rounds.values()) > 0, got_h.rounds
+        assert drafter._commits.causal_sizes <= {1, 2, 3, 4}  # no commit beyond the precompiled sizes
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

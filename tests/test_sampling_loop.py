@@ -12,6 +12,7 @@ from headstart.decode.confidence import with_threshold
 from headstart.decode.draft_model import DraftModelDrafter
 from headstart.decode.eagle3_drafter import Eagle3Drafter
 from headstart.decode.generate import Sampling, speculative_generate
+from headstart.decode.hybrid import HybridDrafter
 from headstart.decode.medusa_drafter import MedusaDrafter
 from headstart.decode.mtp_drafter import MTPDrafter
 from headstart.decode.ngram import NgramDrafter
@@ -206,3 +207,21 @@ def test_draft_model_keeps_the_accepted_drafts_it_already_ran_and_equals_a_full_
             fresh.begin(torch.cat([prompt, torch.tensor([[7] + emitted[:-1]])], dim=1), None, emitted[-1])
             torch.testing.assert_close(drafter.last_logits, fresh.last_logits, rtol=1e-4, atol=1e-4)
             assert drafter.propose(3).tolist() == fresh.propose(3).tolist()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tree", [None, DynamicTree(depth=3, topk=3, total_tokens=8)])
+def test_hybrid_samples_follow_the_target(world, tree):
+    """The EAGLE-3 drafter behind n-gram lookup (decode/hybrid.py): rounds drafted by either, chosen by the tokens so
+    far; n-gram chains verified as one-hot q, the head's with its q."""
+    model, runner, head = world
+    made: list[HybridDrafter] = []
+
+    def make() -> HybridDrafter:
+        made.append(HybridDrafter(Eagle3Drafter(head, 32), NgramDrafter(), min_score=1.5))
+        return made[-1]
+
+    stat, critical = chi2_vs(sample_pairs(runner, make, 2500, seed=0, tree=tree), exact_joint(model))
+    assert stat < critical
+    rounds = {who: sum(h.rounds[who] for h in made) for who in ("ngram", "model")}
+    assert min(rounds.values()) > 0.1 * sum(rounds.values()), rounds  # both drafted a good share of the rounds

@@ -1,0 +1,99 @@
+"""A model drafter and n-gram lookup, one of them a round: SuffixDecoding's hybrid (Oliaro et al. 2024).
+
+Each round n-gram lookup drafts first (decode/ngram.py: over the request's tokens and a datastore of the target's
+replies, on the host, well under a millisecond); where the drafts it expects accepted -- the sum of its nodes' path
+probabilities under its counts -- reach ``min_score``, they are verified, and the model drafter (a head or a draft
+model: milliseconds of forwards) does not run. Elsewhere the model drafts as it would alone. Text the target repeats
+(its own phrasing, code, what the prompt holds) then costs no draft forwards; text it does not, the model's tau.
+
+Both drafters read every round's outcome, so either can draft the next one. The model reads the rounds n-gram lookup
+drafted only when it next drafts, all of them in one update (``max_flush`` tokens at most a forward: a compiled drafter's
+largest precompiled commit): a head's update is a forward of its layer, which n-gram rounds would otherwise pay for
+nothing. The round the model drafted it reads at once (a draft model keeps the accepted drafts it already ran). The choice
+depends on the tokens so far only, so greedy output stays the target's and sampling stays lossless: n-gram drafts are
+deterministic (q one-hot), the model's carry their q.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from headstart.decode.generate import Drafter, Sampling
+from headstart.decode.ngram import NgramDrafter
+from headstart.decode.tree import DraftTree, DynamicTree, build_dynamic_tree
+from headstart.models.target import TargetOutput
+
+
+class HybridDrafter:
+    def __init__(self, model: Drafter, ngram: NgramDrafter, min_score: float, max_flush: int | None = None) -> None:
+        """``model``: any drafter of decode/generate.py with dynamic trees (decode/tree.py); ``min_score``: the
+        n-gram drafts' expected accepted count from which they are used instead of the model's; ``max_flush``: the
+        most tokens the model reads in one update (None: any)."""
+        if min_score < 0:
+            raise ValueError(f"the hybrid's min_score is an expected number of accepted drafts: >= 0, got {min_score}")
+        if max_flush is not None and max_flush < 1:
+            raise ValueError(f"max_flush must be >= 1 token, got {max_flush}")
+        self.model, self.ngram, self.min_score, self.max_flush = model, ngram, min_score, max_flush
+        self.rounds = {"ngram": 0, "model": 0}  # which drafter drafted each round (reported by the benchmark)
+        self._pending: list[tuple[list[int], TargetOutput]] = []  # n-gram rounds the model has not read yet
+        self._model_drafted = False
+
+    def begin(self, prompt_ids: torch.Tensor, states, next_token: int) -> None:
+        self._pending, self._model_drafted = [], False
+        self.ngram.begin(prompt_ids, states, next_token)
+        self.model.begin(prompt_ids, states, next_token)
+
+    def update(self, emitted: list[int], states: TargetOutput) -> None:
+        self.ngram.update(emitted, states)
+        if self._model_drafted:
+            self.model.update(emitted, states)
+        else:  # a copy: a compiled runner's next forward may overwrite the buffers these rows are views of
+            self._pending.append((list(emitted), TargetOutput.cat([states])))
+
+    def _flush(self) -> None:
+        """The model reads the n-gram rounds it has not: their tokens and states at once, ``max_flush`` at a time."""
+        if not self._pending:
+            return
+        tokens = [t for emitted, _ in self._pending for t in emitted]
+        states = TargetOutput.cat([s for _, s in self._pending])
+        self._pending = []
+        step = self.max_flush or len(tokens)
+        for start in range(0, len(tokens), step):
+            self.model.update(tokens[start : start + step], states.select(slice(start, start + step)))
+
+    def _choose(self, use_ngram: bool) -> bool:
+        """Count the round as n-gram lookup's or the model's (which first reads the rounds it skipped: a round's clock
+        counts that late update as draft time)."""
+        self.rounds["ngram" if use_ngram else "model"] += 1
+        self._model_drafted = not use_ngram
+        if not use_ngram:
+            self._flush()
+        return use_ngram
+
+    def _ngram_chain(self, k: int) -> torch.Tensor | None:
+        """n-gram lookup's chain where it expects ``min_score`` accepted drafts, else None (the model's round, the
+        model up to date)."""
+        drafts, score = self.ngram.scored_chain(k)
+        return drafts if self._choose(drafts.numel() > 0 and score >= self.min_score) else None
+
+    def propose(self, k: int) -> torch.Tensor:
+        drafts = self._ngram_chain(k)
+        return self.model.propose(k) if drafts is None else drafts
+
+    def propose_sampled(self, k: int, sampling: Sampling, generator: torch.Generator | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The model's sampled drafts and their q, or n-gram lookup's with q None (one-hot: the loop's rule for a
+        deterministic proposal)."""
+        drafts = self._ngram_chain(k)
+        if drafts is not None:
+            return drafts, None
+        if hasattr(self.model, "propose_sampled"):
+            return self.model.propose_sampled(k, sampling, generator)
+        return self.model.propose(k), None
+
+    def grow_tree(self, spec: DynamicTree, max_depth: int) -> DraftTree:
+        """n-gram lookup's tree of ``spec`` where it expects ``min_score`` accepted drafts, else the model's EAGLE-2 tree
+        of the same shape (its compiled graph where it has one)."""
+        tree, score = self.ngram.scored_tree(spec, max_depth)
+        return tree if self._choose(tree.size > 0 and score >= self.min_score) else build_dynamic_tree(self.model, spec,
+                                                                                                         max_depth)
