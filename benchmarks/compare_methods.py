@@ -25,15 +25,15 @@ def shape(args: dict) -> str:
 
 
 def draft(args: dict) -> str:
-    """The draft's directory, or n-gram lookup's datastore files (decode/ngram_store.py), or '-'."""
+    """The draft's directory and/or n-gram lookup's datastore files (decode/ngram_store.py; a hybrid has both), or '-'."""
+    store = "store: " + ", ".join(f"`{path}`" for path in args["ngram_store"]) if args.get("ngram_store") else ""
     if args.get("draft"):
-        return f"`{args['draft']}`"
-    if args.get("ngram_store"):
-        return "store: " + ", ".join(f"`{path}`" for path in args["ngram_store"])
-    return "`-`"
+        return f"`{args['draft']}`" + (f" + {store}" if store else "")
+    return store or "`-`"
 
 
-def mode(args: dict) -> str:
+def mode(args: dict, report: dict | None = None) -> str:
+    """``report``: the run's results.json, for what only the run knows (a hybrid's share of n-gram rounds)."""
     # Runs from before the drafters compiled (results.json without "compiled_drafter") compiled the target only.
     compiled = "" if not args.get("compile") else \
         ", compiled target and drafter" if args.get("compiled_drafter") else ", compiled target"
@@ -43,6 +43,10 @@ def mode(args: dict) -> str:
         compiled += f", stop under p {args['confidence_threshold']:g}"
     if args.get("tune_blocks"):
         compiled += ", blocks padded to the cheapest size"
+    if args.get("hybrid_ngram") is not None:
+        rounds = (report or {}).get("hybrid_rounds")
+        share = f" ({100 * rounds['ngram'] / max(1, sum(rounds.values())):.0f}% of rounds)" if rounds else ""
+        compiled += f", n-gram lookup first from {args['hybrid_ngram']:g} expected{share}"
     if not args.get("temperature"):
         return "greedy" + compiled
     return f"T={args['temperature']}" + (f" top-p {args['top_p']}" if args.get("top_p", 1.0) < 1.0 else "") + compiled
@@ -68,7 +72,7 @@ def table(runs: list[Path]) -> str:
         report = json.loads((run / "results.json").read_text())
         a, r = report["args"], report["results"]["overall"]
         acc = " ".join("-" if x is None else f"{x:.2f}" for x in r["acceptance_by_position"][:6]) or "-"
-        lines.append(f"| {a['method']} | {draft(a)} | {shape(a)} | {mode(a)} | {a.get('batch_size', 1)} | "
+        lines.append(f"| {a['method']} | {draft(a)} | {shape(a)} | {mode(a, report)} | {a.get('batch_size', 1)} | "
                      f"{r['tau']:.2f} | {acc} | "
                      f"{r['spec_tokens_per_s']:.1f} | {r['plain_tokens_per_s']:.1f} | {r['speedup']:.2f}x | {split(r)} |")
     return "\n".join(lines)

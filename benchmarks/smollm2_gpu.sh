@@ -13,7 +13,8 @@
 # Knobs: REGEN_S (seconds each regeneration process may run; unfinished shards are left out, 0 = no limit),
 # REGEN_BATCH (conversations per generate call), ROWS (rows per source file; default all), MAX_NEW (tokens per regenerated
 # reply, default 256), TRAIN_ARGS (overrides for every head, e.g. --train.max_steps=500), KS (chain lengths), EXTRA (extra benchmark.py arguments),
-# COMPILED=0 (skip the compiled runs), STORE="FILE..." (n-gram lookup's datastore), HEADS_FROM=DIR (bench the heads in DIR/{eagle3,mtp,medusa}-head, e.g.
+# COMPILED=0 (skip the compiled runs), STORE="FILE..." (n-gram lookup's datastore), HYBRID_SCORES (the shapes stage's
+# hybrid minimum scores, default 1,2), HEADS_FROM=DIR (bench the heads in DIR/{eagle3,mtp,medusa}-head, e.g.
 # configs/smollm2 for the committed CPU-trained heads, instead of this run's: STAGES="import bench" HEADS_FROM=configs/smollm2).
 # The CPU path and its numbers: README "A real target"; this path's: BENCHMARKS.md.
 set -euo pipefail
@@ -79,6 +80,8 @@ if has bench; then
   source "$(dirname "$0")/decode_runs.sh"
   run() { decode_run "$T" "$X/bench" "$@"; }
   H=${HEADS_FROM:-$X}
+  HYBRID=(--method eagle3 --draft "$H/eagle3-head" --hybrid-ngram 1.25 --ngram-store "${STORE[@]}" --tree --tree-depth 5
+          --tree-topk 8 --tree-total-tokens 8)  # the hybrid's shape and score picked by replay on the CPU's tuning questions
   for k in ${KS:-3 4 5}; do run eagle3-k$k --method eagle3 --draft "$H/eagle3-head" --num-speculative-tokens "$k"; done
   run eagle3-tree --method eagle3 --draft "$H/eagle3-head" --tree
   # unsure chains stopped (decode/confidence.py): on the CPU -2.7% a token in-domain (bf16), nothing on MT-bench; a GPU's eager
@@ -89,6 +92,8 @@ if has bench; then
   run ngram-k4 --method ngram --num-speculative-tokens 4
   # n-gram lookup in a tree with a datastore of the target's replies (decode/ngram_store.py; STORE: conversation files)
   run ngram-store-tree --method ngram --ngram-store "${STORE[@]}" "${NGRAM_TREE[@]}"
+  # the EAGLE-3 head behind that n-gram lookup (decode/hybrid.py): its tree only where the store's expects < 1.25 accepted
+  run eagle3-hybrid-tree "${HYBRID[@]}"
   run hf-prompt-lookup --method hf-prompt-lookup --num-speculative-tokens 4
   # --compile: the target's forward and the drafter's step compiled (CUDA graphs); COMPILED=0 skips these runs
   if [ "${COMPILED:-1}" != 0 ]; then
@@ -98,6 +103,7 @@ if has bench; then
     run medusa-k4-compiled --method medusa --draft "$H/medusa-head" --num-speculative-tokens 4 --compile --max-len 1024
     run ngram-k4-compiled --method ngram --num-speculative-tokens 4 --compile --max-len 1024
     run ngram-store-tree-compiled --method ngram --ngram-store "${STORE[@]}" "${NGRAM_TREE[@]}" --compile --max-len 1024
+    run eagle3-hybrid-tree-compiled "${HYBRID[@]}" --compile --max-len 1024
   fi
   python benchmarks/compare_methods.py "${runs[@]}" --benchmarks "$X/BENCHMARKS.md" \
     --title "Real target on a GPU: SmolLM2-135M-Instruct" --script '`benchmarks/smollm2_gpu.sh`' --note "${NOTE:-}"
@@ -110,7 +116,7 @@ if has shapes; then
   python benchmarks/tree_shapes.py --target "$T" --method eagle3 --draft "$H/eagle3-head" \
     --questions configs/smollm2/data/heldout_questions.jsonl --max-new-tokens 128 --dtype bfloat16 \
     --chains 3,4,5,6,8 --depths 4,5,6,8 --topks 4,8,10 --totals 16,32,48,64 --ngram-trees --ngram-store "${STORE[@]}" \
-    --out "$X/shapes.json" --benchmarks "$X/BENCHMARKS.md"
+    --hybrid-scores "${HYBRID_SCORES:-1,2}" --out "$X/shapes.json" --benchmarks "$X/BENCHMARKS.md"
 fi
 
 if has batch; then

@@ -4,7 +4,8 @@ total tokens) of a trained head, and n-gram lookup beside them -- each replayed 
 target's verify forward costed from block sizes timed here. One greedy decode per turn serves every shape, so a sweep
 of ~50 shapes costs about as much as decoding a few of them, and shapes compare with no timing noise between runs.
 ``--ngram-trees`` replays the grid's trees with n-gram lookup too; ``--ngram-store FILE...`` adds n-gram lookup with a
-datastore of replies (decode/ngram_store.py) beside it, in every n-gram shape.
+datastore of replies (decode/ngram_store.py) beside it, in every n-gram shape. ``--hybrid-scores S,...`` replays the head
+behind n-gram lookup (and the datastore) at each minimum score (decode/hybrid.py), in every chain and tree of the head.
 
     python benchmarks/tree_shapes.py --target targets/SmolLM2-135M-Instruct --method eagle3 \
         --draft runs/smollm2-eagle3-finetune-2k-head --questions configs/smollm2/data/heldout_questions.jsonl \
@@ -29,6 +30,7 @@ import torch
 from headstart.decode.benchmark import decode_setup, prompt_ids
 from headstart.decode.clock import RoundClock
 from headstart.decode.generate import speculative_generate
+from headstart.decode.hybrid import HybridDrafter
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.ngram_store import NgramStore
 from headstart.decode.replay import ReplayRunner, Turn, record_turn
@@ -40,6 +42,10 @@ from headstart.models.registry import HEADS, drafter_for, load_head
 
 def ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
+
+
+def floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
 
 
 def tree_capacity(depth: int, topk: int) -> int:
@@ -73,9 +79,12 @@ def replay_shape(turns: list[Turn], make_drafter, vocab: int, k: int, tree: Dyna
     blocks: list[tuple[int, bool]] = []
     moves: list[int] = []
     fake_s = 0.0
+    ngram_rounds = 0  # a hybrid's rounds drafted by n-gram lookup (decode/hybrid.py)
     for turn in turns:
         runner = ReplayRunner(turn, vocab)
-        gen = speculative_generate(runner, make_drafter(), turn.prompt, max_new_tokens, eos, k, tree=tree, clock=clock)
+        drafter = make_drafter()
+        gen = speculative_generate(runner, drafter, turn.prompt, max_new_tokens, eos, k, tree=tree, clock=clock)
+        ngram_rounds += drafter.rounds["ngram"] if isinstance(drafter, HybridDrafter) else 0
         if gen.tokens != turn.output:  # by construction: anything else is a bug in the replay
             raise RuntimeError("the replay did not reproduce the target's greedy output")
         tokens, rounds = tokens + gen.counted_tokens, rounds + gen.target_forwards
@@ -84,6 +93,7 @@ def replay_shape(turns: list[Turn], make_drafter, vocab: int, k: int, tree: Dyna
         fake_s += runner.fake_seconds
     s = clock.seconds
     return {"tokens": tokens, "rounds": rounds, "tau": tokens / max(rounds, 1), "blocks": blocks, "moves": moves,
+            "ngram_share": ngram_rounds / max(rounds, 1),
             "draft_s": s["draft"], "update_s": s["update"], "other_s": s["other"],
             "mask_s": max(0.0, s["verify"] - fake_s)}
 
@@ -159,6 +169,9 @@ def main() -> None:
     p.add_argument("--ngram-store", nargs="+", default=None, metavar="FILE",
                    help="conversation files n-gram lookup also consults (decode/ngram_store.py): every n-gram shape runs "
                         "both with and without it")
+    p.add_argument("--hybrid-scores", type=floats, default=[],
+                   help="also replay the head behind n-gram lookup (with --ngram-store's datastore) at each of these "
+                        "minimum scores (decode/hybrid.py), in every chain and tree the head runs")
     p.add_argument("--ngram-trees", action="store_true",
                    help="also replay every tree of the grid with n-gram lookup (decode/ngram.py's frequency trees)")
     p.add_argument("--repeats", type=int, default=9, help="timed rounds of the target's parts (median)")
@@ -188,13 +201,22 @@ def main() -> None:
         store = NgramStore.from_conversations(args.ngram_store, tokenizer)
         print(f"n-gram store: {store.tokens} tokens of replies counted", flush=True)
         makers["ngram+store"] = lambda: NgramDrafter(store=store)
+    else:
+        store = None
     ngrams = [m for m in makers if m != args.method]
+    store_flags = f" --ngram-store {' '.join(args.ngram_store)}" if args.ngram_store else ""
+    flags = {"ngram+store": f"--method ngram{store_flags}"}
+    for score in args.hybrid_scores:
+        name = f"hybrid >= {score:g}"
+        makers[name] = lambda score=score: HybridDrafter(drafter_for(head, max_len), NgramDrafter(store=store), score)
+        flags[name] = f"--method {args.method} --draft {args.draft} --hybrid-ngram {score:g}{store_flags}"
+    heads = [m for m in makers if m not in ngrams]  # the head, alone and behind n-gram lookup
     shapes: list[tuple[str, str, int, DynamicTree | None]] = [(m, f"chain k={k}", k, None) for m in ngrams
                                                               for k in args.ngram]
-    shapes += [(args.method, f"chain k={k}", k, None) for k in args.chains]
+    shapes += [(m, f"chain k={k}", k, None) for m in heads for k in args.chains]
     # a total above what depth and top-k can hold is the full tree: run it once, at its size
     grid = sorted({(d, t, min(n, tree_capacity(d, t))) for d in args.depths for t in args.topks for n in args.totals})
-    tree_methods = [args.method, *ngrams] if args.ngram_trees else [args.method]
+    tree_methods = [*heads, *ngrams] if args.ngram_trees else heads
     shapes += [(m, f"tree depth {d} top-{t} {n} tokens", 0, DynamicTree(d, t, n)) for m in tree_methods
                for d, t, n in grid]
     replay_shape(turns[:1], makers[args.method], vocab, max(args.chains or [4]), None, args.max_new_tokens, eos)  # warm-up
@@ -202,7 +224,8 @@ def main() -> None:
     for method, shape, k, tree in shapes:
         row = replay_shape(turns, makers[method], vocab, k, tree, args.max_new_tokens, eos)
         rows.append({"method": method, "shape": shape, "tree": None if tree is None else vars(tree), **row})
-        print(f"{method} {shape}: tau {row['tau']:.2f}", flush=True)
+        print(f"{method} {shape}: tau {row['tau']:.2f}" + (f" ({100 * row['ngram_share']:.0f}% n-gram rounds)"
+                                                            if method.startswith("hybrid") else ""), flush=True)
 
     sizes = {masked: {n for r in rows for n, m in r["blocks"] if m == masked} for masked in (False, True)}
     counts = {m for r in rows for m in r["moves"] if m}
@@ -231,9 +254,9 @@ def main() -> None:
     trees = [r for r in modelled if r["tree"] is not None]
     for r in trees[: args.show] + chains:
         ms = r["ms_per_round"]
-        body += (f"| {r['method']} | {r['shape']} | {r['tau']:.2f} | {ms['draft']:.1f} / {ms['update']:.1f} / "
+        who = r["method"] + (f" ({100 * r['ngram_share']:.0f}% n-gram rounds)" if r["method"].startswith("hybrid") else "")
+        body += (f"| {who} | {r['shape']} | {r['tau']:.2f} | {ms['draft']:.1f} / {ms['update']:.1f} / "
                  f"{ms['verify']:.1f} / {ms['other']:.1f} | {r['tok_s']:.1f} | {r['speedup']:.2f}x |\n")
-    flags = {"ngram+store": f"--method ngram --ngram-store {' '.join(args.ngram_store or [])}"}
     for method, row in best.items():
         if row is not None:
             t = row["tree"]

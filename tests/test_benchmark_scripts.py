@@ -268,6 +268,40 @@ def test_compare_methods_tabulates_two_benchmark_runs(tmp_path):
     assert "- machine: NVIDIA H200, torch 2.11.0+cu130\n" in section(tmp_path / "C.md", "On the GPU")
 
 
+@pytest.mark.slow
+def test_a_hybrid_run_names_its_head_store_and_share_of_ngram_rounds(tmp_path):
+    """scripts/benchmark.py --hybrid-ngram: the demo EAGLE-3 head behind n-gram lookup with a datastore, in a dynamic tree;
+    its output is the target's greedy decoding, results.json counts which drafter drafted each round, and
+    compare_methods' row names the head and the store and the share of n-gram rounds."""
+    store = f"{REPO / 'configs/demo/data/gsm8k_train.jsonl'}[0:50]"
+    out = tmp_path / "hybrid"
+    bench = subprocess.run([sys.executable, str(REPO / "scripts" / "benchmark.py"), "--target", str(DEMO_TARGET),
+                            "--method", "eagle3", "--draft", str(REPO / "configs/demo/eagle3-head"), "--hybrid-ngram", "0.5",
+                            "--ngram-store", store, "--tree", "--tree-depth", "3", "--tree-topk", "2",
+                            "--tree-total-tokens", "4", "--questions", str(REPO / "configs/demo/eval/mt_bench.jsonl"),
+                            "--limit", "2", "--max-new-tokens", "24", "--no-hf-reference", "--verify-greedy",
+                            "--out", str(out)], cwd=tmp_path, env=OFFLINE, capture_output=True, text=True, timeout=600)
+    assert bench.returncode == 0, bench.stderr[-3000:]
+    report = json.loads((out / "results.json").read_text())
+    rounds = report["hybrid_rounds"]
+    assert rounds["ngram"] > 0 and rounds["model"] > 0  # both drafted on the demo's questions
+    assert sum(rounds.values()) >= report["results"]["overall"]["generated_tokens"] / 4  # at most 3 drafts + 1 a round
+    share = round(100 * rounds["ngram"] / sum(rounds.values()))
+    run("compare_methods.py", out, "--benchmarks", tmp_path / "B.md", "--title", "Hybrid", cwd=tmp_path)
+    header = ("| method | draft | shape | mode | batch | tau | acceptance by position | spec tok/s | plain tok/s | "
+              "speed-up | round ms: draft / update / verify / other | prompt ms per turn: speculative / plain | "
+              "predicted speed-up | measured / predicted |")
+    (row,) = table_rows(section(tmp_path / "B.md", "Hybrid"), header)
+    assert row[:4] == ["eagle3", f"`{REPO / 'configs/demo/eagle3-head'}` + store: `{store}`",
+                       "dynamic tree (depth 3, top-2, 4 tokens)",
+                       f"greedy, n-gram lookup first from 0.5 expected ({share}% of rounds)"]
+    for bad in (["--method", "ngram", "--hybrid-ngram", "1"], ["--method", "eagle3", "--draft", "x", "--hybrid-ngram", "-1"]):
+        refused = subprocess.run([sys.executable, str(REPO / "scripts" / "benchmark.py"), "--target", str(DEMO_TARGET),
+                                  *bad, "--questions", "q.jsonl", "--out", str(tmp_path / "no")], cwd=tmp_path, env=OFFLINE,
+                                 capture_output=True, text=True, timeout=600)
+        assert refused.returncode == 2 and "--hybrid-ngram SCORE (>= 0) puts n-gram lookup in front of" in refused.stderr
+
+
 def test_ngram_policy_replay_gives_the_tau_decoding_gives_and_the_script_runs(tmp_path):
     """benchmarks/ngram_policies.py: replaying headstart's n-gram rule over the greedy output gives exactly the tau
     (and rounds) of decoding with that drafter; the oracle accepts as much with no more drafted tokens; the
@@ -339,16 +373,24 @@ def test_tree_shapes_replays_every_shape_that_fits_and_ranks_them(tmp_path):
     run("tree_shapes.py", "--target", DEMO_TARGET, "--method", "eagle3", "--draft", REPO / "configs/demo/eagle3-head",
         "--questions", questions, "--max-new-tokens", 32, "--chains", "2,4", "--depths", "2,3", "--topks", "2,3",
         "--totals", "4,8,20", "--repeats", 1, "--show", 3, "--ngram-trees", "--ngram-store", store, "--out", out,
-        "--benchmarks", bench, cwd=tmp_path)
+        "--hybrid-scores", "0,100", "--benchmarks", bench, cwd=tmp_path)
     rows = json.loads(out.read_text())["rows"]
-    for method in ("eagle3", "ngram", "ngram+store"):
+    for method in ("eagle3", "ngram", "ngram+store", "hybrid >= 0", "hybrid >= 100"):
         trees = sorted((r["tree"]["depth"], r["tree"]["topk"], r["tree"]["total_tokens"]) for r in rows
                        if r["tree"] and r["method"] == method)
         # depth 2 top-2 holds 6 nodes, depth 2 top-3 12, depth 3 top-2 10: a larger total runs as the full tree, once
         assert trees == [(2, 2, 4), (2, 2, 6), (2, 3, 4), (2, 3, 8), (2, 3, 12), (3, 2, 4), (3, 2, 8), (3, 2, 10),
                          (3, 3, 4), (3, 3, 8), (3, 3, 20)]
     assert sorted((r["method"], r["shape"]) for r in rows if not r["tree"]) == [
-        ("eagle3", "chain k=2"), ("eagle3", "chain k=4"), ("ngram", "chain k=4"), ("ngram+store", "chain k=4")]
+        ("eagle3", "chain k=2"), ("eagle3", "chain k=4"), ("hybrid >= 0", "chain k=2"), ("hybrid >= 0", "chain k=4"),
+        ("hybrid >= 100", "chain k=2"), ("hybrid >= 100", "chain k=4"), ("ngram", "chain k=4"), ("ngram+store", "chain k=4")]
+    # the head behind n-gram lookup: never asked to step aside at 100 expected drafts (the head's own tau in every
+    # shape), n-gram lookup drafting wherever it can at 0
+    by = {(r["method"], r["shape"]): r for r in rows}
+    for (method, shape), r in by.items():
+        if method == "hybrid >= 100":
+            assert r["ngram_share"] == 0 and r["tau"] == by[("eagle3", shape)]["tau"]
+    assert all(r["ngram_share"] > 0.3 for r in rows if r["method"] == "hybrid >= 0")
     assert [r["speedup"] for r in rows] == sorted((r["speedup"] for r in rows), reverse=True)
     assert all(r["tau"] >= 1.0 and r["tokens"] > 0 for r in rows)
     plain_s = json.loads(out.read_text())["plain_s"]
@@ -360,9 +402,11 @@ def test_tree_shapes_replays_every_shape_that_fits_and_ranks_them(tmp_path):
     text = section(bench, "Draft shapes replayed: eagle3 chains and trees against n-gram lookup")
     table = table_rows(text, "| method | shape | tau | ms per round: draft / update / verify / other | modelled tok/s | "
                              "modelled speed-up |")
-    assert len(table) == 3 + 4 and [r[1] for r in table[:3]] == [r["shape"] for r in rows if r["tree"]][:3]
+    assert len(table) == 3 + 8 and [r[1] for r in table[:3]] == [r["shape"] for r in rows if r["tree"]][:3]
     for method, flags in (("eagle3", "--method eagle3"), ("ngram", "--method ngram"),
-                          ("ngram+store", f"--method ngram --ngram-store {store}")):
+                          ("ngram+store", f"--method ngram --ngram-store {store}"),
+                          ("hybrid >= 0", f"--method eagle3 --draft {REPO / 'configs/demo/eagle3-head'} --hybrid-ngram 0 "
+                                          f"--ngram-store {store}")):
         best = next(r for r in rows if r["tree"] and r["method"] == method)["tree"]
         assert (f"Best {method} tree: `{flags} --tree --tree-depth {best['depth']} --tree-topk {best['topk']} "
                 f"--tree-total-tokens {best['total_tokens']}`") in text
