@@ -43,6 +43,8 @@ def mode(args: dict, report: dict | None = None) -> str:
         compiled += f", stop under p {args['confidence_threshold']:g}"
     if args.get("tune_blocks"):
         compiled += ", blocks padded to the cheapest size"
+    if args.get("ngram_learn"):
+        compiled += ", the store learning each reply"
     if args.get("hybrid_ngram") is not None:
         rounds = (report or {}).get("hybrid_rounds")
         share = f" ({100 * rounds['ngram'] / max(1, sum(rounds.values())):.0f}% of rounds)" if rounds else ""

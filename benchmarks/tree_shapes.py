@@ -172,6 +172,9 @@ def main() -> None:
     p.add_argument("--hybrid-scores", type=floats, default=[],
                    help="also replay the head behind n-gram lookup (with --ngram-store's datastore) at each of these "
                         "minimum scores (decode/hybrid.py), in every chain and tree the head runs")
+    p.add_argument("--ngram-learn", action="store_true",
+                   help="the datastore (empty without --ngram-store) also learns each reply as it is replayed, turn after "
+                        "turn, starting afresh for every shape")
     p.add_argument("--ngram-trees", action="store_true",
                    help="also replay every tree of the grid with n-gram lookup (decode/ngram.py's frequency trees)")
     p.add_argument("--repeats", type=int, default=9, help="timed rounds of the target's parts (median)")
@@ -197,18 +200,19 @@ def main() -> None:
     print(f"{len(turns)} turns recorded; plain decoding {1e3 * recorded_s:.1f} ms a token", flush=True)
 
     makers = {args.method: lambda: drafter_for(head, max_len), "ngram": lambda: NgramDrafter()}
-    if args.ngram_store:
-        store = NgramStore.from_conversations(args.ngram_store, tokenizer)
+    store = None
+    if args.ngram_store or args.ngram_learn:
+        store = NgramStore.from_conversations(args.ngram_store, tokenizer) if args.ngram_store else NgramStore()
         print(f"n-gram store: {store.tokens} tokens of replies counted", flush=True)
-        makers["ngram+store"] = lambda: NgramDrafter(store=store)
-    else:
-        store = None
+        makers["ngram+store"] = lambda: NgramDrafter(store=store, learn=args.ngram_learn)
     ngrams = [m for m in makers if m != args.method]
-    store_flags = f" --ngram-store {' '.join(args.ngram_store)}" if args.ngram_store else ""
+    store_flags = (f" --ngram-store {' '.join(args.ngram_store)}" if args.ngram_store else "") + (
+        " --ngram-learn" if args.ngram_learn else "")
     flags = {"ngram+store": f"--method ngram{store_flags}"}
     for score in args.hybrid_scores:
         name = f"hybrid >= {score:g}"
-        makers[name] = lambda score=score: HybridDrafter(drafter_for(head, max_len), NgramDrafter(store=store), score)
+        makers[name] = lambda score=score: HybridDrafter(drafter_for(head, max_len),
+                                                         NgramDrafter(store=store, learn=args.ngram_learn), score)
         flags[name] = f"--method {args.method} --draft {args.draft} --hybrid-ngram {score:g}{store_flags}"
     heads = [m for m in makers if m not in ngrams]  # the head, alone and behind n-gram lookup
     shapes: list[tuple[str, str, int, DynamicTree | None]] = [(m, f"chain k={k}", k, None) for m in ngrams
@@ -222,6 +226,8 @@ def main() -> None:
     replay_shape(turns[:1], makers[args.method], vocab, max(args.chains or [4]), None, args.max_new_tokens, eos)  # warm-up
     rows = []
     for method, shape, k, tree in shapes:
+        if store is not None:
+            store.forget()  # every shape from the same store: what one learned is no other's
         row = replay_shape(turns, makers[method], vocab, k, tree, args.max_new_tokens, eos)
         rows.append({"method": method, "shape": shape, "tree": None if tree is None else vars(tree), **row})
         print(f"{method} {shape}: tau {row['tau']:.2f}" + (f" ({100 * row['ngram_share']:.0f}% n-gram rounds)"
@@ -242,7 +248,8 @@ def main() -> None:
     moved = ", ".join(f"{m} slots {1e3 * s:.2f} ms" for m, s in sorted(move_cost.items())) or "-"
     body = (f"`{args.questions}`, {len(turns)} turns, max {args.max_new_tokens} new tokens, target `{args.target}` "
             f"({dtype}, eager), draft `{args.draft}`; every shape replayed over the same greedy outputs "
-            f"(decode/replay.py). The target's costs, timed round-robin after {context} tokens (the outputs' mean context; "
+            + ("(n-gram lookup's store learning each reply, turn after turn, afresh for every shape) " if args.ngram_learn else "")
+            + f"(decode/replay.py). The target's costs, timed round-robin after {context} tokens (the outputs' mean context; "
             f"median of {args.repeats}): a one-token forward {1e3 * one:.1f} ms (plain decoding a token: "
             f"{1e3 * plain_s:.1f} ms with its loop; {1e3 * recorded_s:.1f} ms as measured while recording the outputs, "
             f"minutes apart); tree blocks (root + nodes) {costs}; a tree path's cache move {moved}. Modelled speed-up = "

@@ -204,12 +204,14 @@ def run_benchmark(
     own_loop: Callable[..., Generation] | None = None,
     batch_size: int = 1,
     make_batch_drafter: Callable[[int], BatchDrafter] | None = None,
+    after_warm_up: Callable[[], None] | None = None,
 ) -> dict:
     """Speculative and plain decoding of every turn; with ``sampling`` both sample (same seed per
     turn), so ``verify_greedy`` (token equality) only applies to greedy runs. ``own_loop`` (prompt, max new
     tokens, eos ids, sampling, generator, clock) -> Generation replaces headstart's loop and drafter (transformers'
     own speculative decoding: decode/hf_peers.py). ``batch_size`` > 1 decodes that many questions' turns together
-    (``_run_batched``) with ``make_batch_drafter(B)``, or one ``make_drafter()`` per sequence."""
+    (``_run_batched``) with ``make_batch_drafter(B)``, or one ``make_drafter()`` per sequence. ``after_warm_up``: undo what
+    the untimed warm-up decode left that would leak into the timed ones (a learning n-gram store's counts of question 1)."""
     if verify_greedy and sampling is not None:
         raise ValueError("--verify-greedy compares with greedy decoding; it cannot be combined with sampling")
     device = next(runner.target.model.parameters()).device
@@ -235,6 +237,8 @@ def run_benchmark(
             own_loop(warm, 8, eos_ids, sampling, generator, RoundClock(device))
         plain_generate(runner, warm, 8, eos_ids, sampling, generator, RoundClock(device))
         _sync(device)
+        if after_warm_up is not None:
+            after_warm_up()
     for q in questions:
         messages: list[dict[str, str]] = []
         for turn, text in enumerate(q["turns"]):

@@ -44,10 +44,16 @@ class NgramDrafter:
     """``store``: a datastore of the target's replies (decode/ngram_store.py), looked up where the request's own
     tokens have no suffix match as long; chains then grow token by token (a tree of one branch)."""
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, store: NgramStore | None = None) -> None:
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, store: NgramStore | None = None, learn: bool = False
+                 ) -> None:
+        """``learn``: the store also counts every token the target generates here, as it is verified (SuffixDecoding's
+        global tree grows with the responses it serves), for the requests after this one."""
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"n-gram sizes: need 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
-        self.max_ngram, self.min_ngram, self.store = max_ngram, min_ngram, store
+        if learn and store is None:
+            raise ValueError("learn counts generated tokens into a store: pass store= (an empty NgramStore() will do)")
+        self.max_ngram, self.min_ngram, self.store, self.learn = max_ngram, min_ngram, store, learn
+        self.generated_from = 0  # the context's first generated token
         self.context: list[int] = []
         self.follows: Follows = defaultdict(dict)  # over the context: what trees look up
         self.device = torch.device("cpu")
@@ -55,6 +61,7 @@ class NgramDrafter:
     def begin(self, prompt_ids: torch.Tensor, states, next_token: int) -> None:
         self.context, self.follows = [], defaultdict(dict)
         self.device = prompt_ids.device
+        self.generated_from = prompt_ids.shape[1]
         self._extend(prompt_ids[0].tolist() + [next_token])
 
     def propose(self, k: int) -> torch.Tensor:
@@ -86,6 +93,8 @@ class NgramDrafter:
         old = len(self.context)
         self.context += tokens
         count_follows(self.follows, self.context, old, self.min_ngram, self.max_ngram)
+        if self.learn:  # generated tokens only: the prompt's are the user's and the template's
+            self.store.learn(self.context, max(old, self.generated_from))
 
     def children(self, path: tuple[int, ...], topk: int) -> list[tuple[int, float]]:
         """The likeliest ``topk`` tokens after context + ``path``: (token, probability), from what followed the longest

@@ -53,6 +53,10 @@ class NgramStore:
         self.tokens = 0  # followers counted
         self._sequences: list[tuple[torch.Tensor, torch.Tensor]] = []  # (ids, counted-follower mask)
         self._tables: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
+        # What ``learn`` counted since (n -> n-gram key -> next token -> count): beside the tables, so that learning a
+        # reply costs its own n-grams, not a rebuild
+        self._learned: dict[int, dict[int, dict[int, int]]] = {n: {} for n in range(min_ngram, max_ngram + 1)}
+        self.learned_tokens = 0
 
     def add(self, ids: list[int], followers: list[int] | None = None) -> None:
         """Count a token sequence; with ``followers`` (0/1 per token) only what follows into masked tokens."""
@@ -61,6 +65,19 @@ class NgramStore:
         self._sequences.append((torch.tensor(ids, dtype=torch.long), mask))
         self.tokens += int(mask.sum())
         self._tables = None  # rebuilt at the next lookup
+
+    def learn(self, ids: list[int], start: int) -> None:
+        """Count what follows into ``ids[start:]`` (tokens the target just generated, ``ids[:start]`` their context) at
+        once, without rebuilding the tables: SuffixDecoding's global tree growing with every response it serves."""
+        for j in range(max(start, self.min_ngram), len(ids)):
+            for n in range(self.min_ngram, min(self.max_ngram, j) + 1):
+                follow = self._learned[n].setdefault(ngram_key(ids[j - n : j]), {})
+                follow[ids[j]] = follow.get(ids[j], 0) + 1
+            self.learned_tokens += 1
+
+    def forget(self) -> None:
+        """Drop what ``learn`` counted (the tables stay): a replay of several shapes starts each from the same store."""
+        self._learned, self.learned_tokens = {n: {} for n in self._learned}, 0
 
     @property
     def ngrams(self) -> int:
@@ -73,8 +90,16 @@ class NgramStore:
         if not self.min_ngram <= len(key) <= self.max_ngram:
             return None
         keys, tokens, counts = self._built()[len(key)]
-        h = torch.tensor([ngram_key(key)])
+        key_hash = ngram_key(key)
+        h = torch.tensor([key_hash])
         lo, hi = int(torch.searchsorted(keys, h)), int(torch.searchsorted(keys, h, right=True))
+        learned = self._learned[len(key)].get(key_hash)
+        if learned:  # the tables' counts and the learned ones together
+            merged = dict(zip(tokens[lo:hi].tolist(), counts[lo:hi].tolist()))
+            for token, count in learned.items():
+                merged[token] = merged.get(token, 0) + count
+            total = sum(merged.values())
+            return [(t, c / total) for t, c in sorted(merged.items(), key=lambda tc: (-tc[1], tc[0]))[:topk]]
         if lo == hi:
             return None
         total = int(counts[lo:hi].sum())

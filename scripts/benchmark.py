@@ -88,6 +88,9 @@ def main() -> int:
                    help="a head or --method draft-model with n-gram lookup first (SuffixDecoding's hybrid, "
                         "decode/hybrid.py): a round where n-gram lookup's drafts expect at least SCORE accepted (the sum of "
                         "their path probabilities under its counts) verifies them and runs no model; add --ngram-store")
+    p.add_argument("--ngram-learn", action="store_true",
+                   help="--method ngram or --hybrid-ngram: the datastore (empty without --ngram-store) also counts every "
+                        "reply decoded, for the turns after it (SuffixDecoding's global tree growing as it serves)")
     p.add_argument("--ngram-store", nargs="+", default=None, metavar="FILE",
                    help="--method ngram or --hybrid-ngram: conversation files (e.g. the target's regenerated replies) whose assistant "
                         "turns n-gram lookup consults where the request's own tokens match a shorter suffix or none (decode/ngram_store.py)")
@@ -112,6 +115,10 @@ def main() -> int:
         p.error(f"{args.method} proposes chains only; drop --tree")
     if args.ngram_store and args.method != "ngram" and args.hybrid_ngram is None:
         p.error("--ngram-store is n-gram lookup's datastore: use it with --method ngram or --hybrid-ngram")
+    if args.ngram_learn and args.method != "ngram" and args.hybrid_ngram is None:
+        p.error("--ngram-learn grows n-gram lookup's datastore: use it with --method ngram or --hybrid-ngram")
+    if args.ngram_learn and args.batch_size > 1:
+        p.error("--ngram-learn learns from one sequence at a time: use --batch-size 1")
     if args.hybrid_ngram is not None and (args.method in ("ngram", *HF_METHODS) or args.tree_paths
                                           or args.batch_size > 1 or args.predict or args.hybrid_ngram < 0):
         p.error("--hybrid-ngram SCORE (>= 0) puts n-gram lookup in front of a head or --method draft-model, in chains or "
@@ -182,6 +189,8 @@ def main() -> int:
         runner.precompile([1], masked=[1 + (tree.total_tokens if isinstance(tree, DynamicTree) else len(tree.paths))],
                           keeps=True)
     store = NgramStore.from_conversations(args.ngram_store, tokenizer) if args.ngram_store else None
+    if args.ngram_learn and store is None:
+        store = NgramStore()  # learning only: SuffixDecoding's global tree from nothing
     if args.method in HEADS:
         if not args.draft:
             p.error(f"--method {args.method} needs --draft (the head's directory)")
@@ -215,7 +224,7 @@ def main() -> int:
         else:
             make_batch = None
     else:
-        make = lambda: NgramDrafter(args.ngram_max, store=store)  # noqa: E731
+        make = lambda: NgramDrafter(args.ngram_max, store=store, learn=args.ngram_learn)  # noqa: E731
         make_batch = None  # one n-gram lookup per sequence
     hybrids: list[HybridDrafter] = []
     if args.hybrid_ngram is not None:
@@ -223,7 +232,8 @@ def main() -> int:
 
         def make() -> HybridDrafter:
             # a compiled drafter reads late rounds in commits of the sizes it precompiled
-            hybrids.append(HybridDrafter(model_drafter(), NgramDrafter(args.ngram_max, store=store), args.hybrid_ngram,
+            hybrids.append(HybridDrafter(model_drafter(), NgramDrafter(args.ngram_max, store=store, learn=args.ngram_learn),
+                                         args.hybrid_ngram,
                                          max_flush=compiled_block if args.compile else None))
             return hybrids[-1]
     own_loop = None
@@ -235,7 +245,7 @@ def main() -> int:
     report = run_benchmark(runner, make, tokenizer, questions, args.num_speculative_tokens, args.max_new_tokens, eos,
                            verify_greedy=args.verify_greedy, hf_reference=not args.no_hf_reference, tree=tree,
                            sampling=sampling, seed=args.seed, own_loop=own_loop, batch_size=args.batch_size,
-                           make_batch_drafter=make_batch,
+                           make_batch_drafter=make_batch, after_warm_up=store.forget if args.ngram_learn else None,
                            progress=lambda line: print(line, flush=True))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -245,6 +255,8 @@ def main() -> int:
     mode = "greedy" if sampling is None else f"sampling T={args.temperature} top-p {args.top_p} top-k {args.top_k}"
     if args.confidence_threshold:
         mode += f", stop under p {args.confidence_threshold:g}"
+    if args.ngram_learn:
+        mode += f", the store learning each reply ({store.learned_tokens} tokens learned)"
     if hybrids:  # every round of the run's hybrids: the timed turns' and the untimed warm-up's few (<= 8 tokens)
         rounds = {who: sum(h.rounds[who] for h in hybrids) for who in ("ngram", "model")}
         report["hybrid_rounds"] = rounds

@@ -270,14 +270,15 @@ def test_compare_methods_tabulates_two_benchmark_runs(tmp_path):
 
 @pytest.mark.slow
 def test_a_hybrid_run_names_its_head_store_and_share_of_ngram_rounds(tmp_path):
-    """scripts/benchmark.py --hybrid-ngram: the demo EAGLE-3 head behind n-gram lookup with a datastore, in a dynamic tree;
+    """scripts/benchmark.py --hybrid-ngram: the demo EAGLE-3 head behind n-gram lookup with a datastore that learns each
+    reply (--ngram-learn), in a dynamic tree;
     its output is the target's greedy decoding, results.json counts which drafter drafted each round, and
     compare_methods' row names the head and the store and the share of n-gram rounds."""
     store = f"{REPO / 'configs/demo/data/gsm8k_train.jsonl'}[0:50]"
     out = tmp_path / "hybrid"
     bench = subprocess.run([sys.executable, str(REPO / "scripts" / "benchmark.py"), "--target", str(DEMO_TARGET),
                             "--method", "eagle3", "--draft", str(REPO / "configs/demo/eagle3-head"), "--hybrid-ngram", "0.5",
-                            "--ngram-store", store, "--tree", "--tree-depth", "3", "--tree-topk", "2",
+                            "--ngram-store", store, "--ngram-learn", "--tree", "--tree-depth", "3", "--tree-topk", "2",
                             "--tree-total-tokens", "4", "--questions", str(REPO / "configs/demo/eval/mt_bench.jsonl"),
                             "--limit", "2", "--max-new-tokens", "24", "--no-hf-reference", "--verify-greedy",
                             "--out", str(out)], cwd=tmp_path, env=OFFLINE, capture_output=True, text=True, timeout=600)
@@ -294,7 +295,7 @@ def test_a_hybrid_run_names_its_head_store_and_share_of_ngram_rounds(tmp_path):
     (row,) = table_rows(section(tmp_path / "B.md", "Hybrid"), header)
     assert row[:4] == ["eagle3", f"`{REPO / 'configs/demo/eagle3-head'}` + store: `{store}`",
                        "dynamic tree (depth 3, top-2, 4 tokens)",
-                       f"greedy, n-gram lookup first from 0.5 expected ({share}% of rounds)"]
+                       f"greedy, the store learning each reply, n-gram lookup first from 0.5 expected ({share}% of rounds)"]
     for bad in (["--method", "ngram", "--hybrid-ngram", "1"], ["--method", "eagle3", "--draft", "x", "--hybrid-ngram", "-1"]):
         refused = subprocess.run([sys.executable, str(REPO / "scripts" / "benchmark.py"), "--target", str(DEMO_TARGET),
                                   *bad, "--questions", "q.jsonl", "--out", str(tmp_path / "no")], cwd=tmp_path, env=OFFLINE,

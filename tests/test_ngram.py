@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -149,6 +150,41 @@ def test_the_request_wins_at_equal_length_and_the_store_fills_in_longer_or_missi
     assert drafter.children((), 2) == [(13, 1.0)]  # the store's longer match (6, 7, 8) wins
     assert drafter.propose(3).tolist() == [13]  # a chain: the tree of one branch (nothing ever followed 13)
     assert NgramDrafter(store=store).children((), 1) == []  # no context at all: nothing to look up
+
+
+def test_learning_counts_generated_tokens_beside_the_tables_and_forgetting_drops_them():
+    g = torch.Generator().manual_seed(1)
+    base, reply = torch.randint(0, 5, (200,), generator=g).tolist(), torch.randint(0, 5, (60,), generator=g).tolist()
+    learned, counted = NgramStore(max_ngram=3), NgramStore(max_ngram=3)
+    learned.add(base)
+    counted.add(base)
+    before = {key: learned.lookup(key, 5) for key in itertools.product(range(5), repeat=2)}
+    context = [4, 4, 3]  # the prompt: its own n-grams are not counted, the windows reaching into the reply are
+    learned.learn(context + reply, start=len(context))
+    counted.add(context + reply, followers=[0] * len(context) + [1] * len(reply))
+    assert learned.learned_tokens == len(reply)
+    for n in (2, 3):
+        for key in itertools.product(range(5), repeat=n):  # the tables and the learned counts merged = counting it all
+            assert learned.lookup(key, 5) == counted.lookup(key, 5), key
+    learned.forget()
+    assert learned.learned_tokens == 0
+    assert {key: learned.lookup(key, 5) for key in before} == before
+
+
+def test_a_learning_drafter_proposes_an_earlier_reply_to_a_later_request():
+    target = Target(tiny_causal_lm("llama", num_hidden_layers=8))
+    runner = TargetRunner(target, max_len=160)
+    prompt = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12]])  # nothing repeats: n-gram lookup alone has nothing to draft
+    want = greedy_generate(runner, prompt, 40, set()).tokens
+    store = NgramStore()
+    first = speculative_generate(runner, NgramDrafter(store=store, learn=True), prompt, 40, set(), k=4)
+    # every generated token the drafter read (the last round's, read by no one, are not): all but the last round's
+    assert first.tokens == want and len(want) - 5 <= store.learned_tokens < len(want)
+    assert store.lookup((5, 6), 4) is None  # the prompt's own n-grams are the user's: not learned
+    again = speculative_generate(runner, NgramDrafter(store=store), prompt, 40, set(), k=4)
+    assert again.tokens == want and again.accepted[0] == 4 and again.target_forwards <= len(want) // 3
+    with pytest.raises(ValueError, match="pass store="):
+        NgramDrafter(learn=True)
 
 
 @pytest.mark.parametrize("with_store", [False, True])
