@@ -53,7 +53,7 @@ class NgramDrafter:
         if learn and store is None:
             raise ValueError("learn counts generated tokens into a store: pass store= (an empty NgramStore() will do)")
         self.max_ngram, self.min_ngram, self.store, self.learn = max_ngram, min_ngram, store, learn
-        self.generated_from = 0  # the context's first generated token
+        self.learned_upto = 0  # the context's tokens from here on are not yet learned (none of the prompt's ever are)
         self.context: list[int] = []
         self.follows: Follows = defaultdict(dict)  # over the context: what trees look up
         self.device = torch.device("cpu")
@@ -61,7 +61,7 @@ class NgramDrafter:
     def begin(self, prompt_ids: torch.Tensor, states, next_token: int) -> None:
         self.context, self.follows = [], defaultdict(dict)
         self.device = prompt_ids.device
-        self.generated_from = prompt_ids.shape[1]
+        self.learned_upto = prompt_ids.shape[1]
         self._extend(prompt_ids[0].tolist() + [next_token])
 
     def propose(self, k: int) -> torch.Tensor:
@@ -87,14 +87,15 @@ class NgramDrafter:
 
     def update(self, emitted: list[int], states) -> None:
         self._extend(emitted)
+        if self.learn:  # generated tokens, once verified: a request that stops before its first round teaches nothing
+            self.store.learn(self.context, self.learned_upto)
+            self.learned_upto = len(self.context)
 
     def _extend(self, tokens: list[int]) -> None:
         """Append tokens to the context and count the n-grams each new token follows."""
         old = len(self.context)
         self.context += tokens
         count_follows(self.follows, self.context, old, self.min_ngram, self.max_ngram)
-        if self.learn:  # generated tokens only: the prompt's are the user's and the template's
-            self.store.learn(self.context, max(old, self.generated_from))
 
     def children(self, path: tuple[int, ...], topk: int) -> list[tuple[int, float]]:
         """The likeliest ``topk`` tokens after context + ``path``: (token, probability), from what followed the longest
