@@ -12,6 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
+from headstart.decode.hybrid import ngram_share
 from headstart.decode.report import append_section
 
 
@@ -47,7 +48,7 @@ def mode(args: dict, report: dict | None = None) -> str:
         compiled += ", the store learning each reply"
     if args.get("hybrid_ngram") is not None:
         rounds = (report or {}).get("hybrid_rounds")
-        share = f" ({100 * rounds['ngram'] / max(1, sum(rounds.values())):.0f}% of rounds)" if rounds else ""
+        share = f" ({100 * ngram_share(rounds):.0f}% of rounds)" if rounds else ""
         compiled += f", n-gram lookup first from {args['hybrid_ngram']:g} expected{share}"
     if not args.get("temperature"):
         return "greedy" + compiled

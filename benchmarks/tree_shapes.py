@@ -30,7 +30,7 @@ import torch
 from headstart.decode.benchmark import decode_setup, prompt_ids
 from headstart.decode.clock import RoundClock
 from headstart.decode.generate import speculative_generate
-from headstart.decode.hybrid import HybridDrafter
+from headstart.decode.hybrid import HybridDrafter, ngram_share
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.ngram_store import NgramStore
 from headstart.decode.replay import ReplayRunner, Turn, record_turn
@@ -79,12 +79,13 @@ def replay_shape(turns: list[Turn], make_drafter, vocab: int, k: int, tree: Dyna
     blocks: list[tuple[int, bool]] = []
     moves: list[int] = []
     fake_s = 0.0
-    ngram_rounds = 0  # a hybrid's rounds drafted by n-gram lookup (decode/hybrid.py)
+    drafted = {"ngram": 0, "model": 0}  # a hybrid's rounds by drafter (decode/hybrid.py)
     for turn in turns:
         runner = ReplayRunner(turn, vocab)
         drafter = make_drafter()
         gen = speculative_generate(runner, drafter, turn.prompt, max_new_tokens, eos, k, tree=tree, clock=clock)
-        ngram_rounds += drafter.rounds["ngram"] if isinstance(drafter, HybridDrafter) else 0
+        if isinstance(drafter, HybridDrafter):
+            drafted = {who: drafted[who] + drafter.rounds[who] for who in drafted}
         if gen.tokens != turn.output:  # by construction: anything else is a bug in the replay
             raise RuntimeError("the replay did not reproduce the target's greedy output")
         tokens, rounds = tokens + gen.counted_tokens, rounds + gen.target_forwards
@@ -93,7 +94,7 @@ def replay_shape(turns: list[Turn], make_drafter, vocab: int, k: int, tree: Dyna
         fake_s += runner.fake_seconds
     s = clock.seconds
     return {"tokens": tokens, "rounds": rounds, "tau": tokens / max(rounds, 1), "blocks": blocks, "moves": moves,
-            "ngram_share": ngram_rounds / max(rounds, 1),
+            "ngram_share": ngram_share(drafted),
             "draft_s": s["draft"], "update_s": s["update"], "other_s": s["other"],
             "mask_s": max(0.0, s["verify"] - fake_s)}
 

@@ -24,6 +24,11 @@ from headstart.decode.tree import DraftTree, DynamicTree, build_dynamic_tree
 from headstart.models.target import TargetOutput
 
 
+def ngram_share(rounds: dict[str, int]) -> float:
+    """The share of a hybrid's rounds (``HybridDrafter.rounds``, summed over drafters) that n-gram lookup drafted."""
+    return rounds["ngram"] / max(1, rounds["ngram"] + rounds["model"])
+
+
 class HybridDrafter:
     def __init__(self, model: Drafter, ngram: NgramDrafter, min_score: float, max_flush: int | None = None) -> None:
         """``model``: any drafter of decode/generate.py with dynamic trees (decode/tree.py); ``min_score``: the

@@ -15,22 +15,8 @@ from collections import defaultdict
 
 import torch
 
-from headstart.decode.ngram_store import NgramStore
+from headstart.decode.ngram_store import Follows, NgramStore, count_follows
 from headstart.decode.tree import DraftTree, DynamicTree
-
-
-# n-gram -> {next token: [times seen, last position seen]}
-Follows = dict[tuple[int, ...], dict[int, list[int]]]
-
-
-def count_follows(follows: Follows, ids: list[int], start: int, min_ngram: int, max_ngram: int) -> None:
-    """Count, in ``follows``, every n-gram (``min_ngram <= n <= max_ngram``) of ``ids`` followed by a token at
-    position ``start`` or later."""
-    for j in range(max(start, 1), len(ids)):  # ids[j] follows the n-grams ending at j - 1
-        for n in range(min_ngram, min(max_ngram, j) + 1):
-            seen = follows[tuple(ids[j - n : j])].setdefault(ids[j], [0, 0])
-            seen[0] += 1
-            seen[1] = j
 
 
 def likeliest(follow: dict[int, list[int]], topk: int) -> list[tuple[int, float]]:

@@ -8,6 +8,7 @@ lookup proposes what the target would say next, not what a user might type."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable
 
 import torch
@@ -40,6 +41,20 @@ def window_keys(ids: torch.Tensor, n: int) -> torch.Tensor:
     return (h1 << 31) | h2
 
 
+# n-gram -> {next token: [times seen, last position seen]}
+Follows = dict[tuple[int, ...], dict[int, list[int]]]
+
+
+def count_follows(follows: Follows, ids: list[int], start: int, min_ngram: int, max_ngram: int) -> None:
+    """Count, in ``follows``, every n-gram (``min_ngram <= n <= max_ngram``) of ``ids`` followed by a token at
+    position ``start`` or later."""
+    for j in range(max(start, 1), len(ids)):  # ids[j] follows the n-grams ending at j - 1
+        for n in range(min_ngram, min(max_ngram, j) + 1):
+            seen = follows[tuple(ids[j - n : j])].setdefault(ids[j], [0, 0])
+            seen[0] += 1
+            seen[1] = j
+
+
 class NgramStore:
     """n-gram counts over a corpus, for ``NgramDrafter(store=...)``, held as sorted arrays (24 bytes per distinct
     (n-gram, next token) pair for each n, where dicts of tuples cost ~30x that): a lookup is a binary search. Suffixes
@@ -53,9 +68,9 @@ class NgramStore:
         self.tokens = 0  # followers counted
         self._sequences: list[tuple[torch.Tensor, torch.Tensor]] = []  # (ids, counted-follower mask)
         self._tables: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
-        # What ``learn`` counted since (n -> n-gram key -> next token -> count): beside the tables, so that learning a
-        # reply costs its own n-grams, not a rebuild
-        self._learned: dict[int, dict[int, dict[int, int]]] = {n: {} for n in range(min_ngram, max_ngram + 1)}
+        # What ``learn`` counted since, as n-gram lookup counts a request: beside the tables, so that learning a reply
+        # costs its own n-grams, not a rebuild
+        self._learned: Follows = defaultdict(dict)
         self.learned_tokens = 0
 
     def add(self, ids: list[int], followers: list[int] | None = None) -> None:
@@ -69,15 +84,13 @@ class NgramStore:
     def learn(self, ids: list[int], start: int) -> None:
         """Count what follows into ``ids[start:]`` (tokens the target just generated, ``ids[:start]`` their context) at
         once, without rebuilding the tables: SuffixDecoding's global tree growing with every response it serves."""
-        for j in range(max(start, self.min_ngram), len(ids)):
-            for n in range(self.min_ngram, min(self.max_ngram, j) + 1):
-                follow = self._learned[n].setdefault(ngram_key(ids[j - n : j]), {})
-                follow[ids[j]] = follow.get(ids[j], 0) + 1
-            self.learned_tokens += 1
+        first = max(start, self.min_ngram)
+        count_follows(self._learned, ids, first, self.min_ngram, self.max_ngram)
+        self.learned_tokens += max(len(ids) - first, 0)
 
     def forget(self) -> None:
         """Drop what ``learn`` counted (the tables stay): a replay of several shapes starts each from the same store."""
-        self._learned, self.learned_tokens = {n: {} for n in self._learned}, 0
+        self._learned, self.learned_tokens = defaultdict(dict), 0
 
     @property
     def ngrams(self) -> int:
@@ -90,13 +103,12 @@ class NgramStore:
         if not self.min_ngram <= len(key) <= self.max_ngram:
             return None
         keys, tokens, counts = self._built()[len(key)]
-        key_hash = ngram_key(key)
-        h = torch.tensor([key_hash])
+        h = torch.tensor([ngram_key(key)])
         lo, hi = int(torch.searchsorted(keys, h)), int(torch.searchsorted(keys, h, right=True))
-        learned = self._learned[len(key)].get(key_hash)
+        learned = self._learned.get(tuple(key))
         if learned:  # the tables' counts and the learned ones together
             merged = dict(zip(tokens[lo:hi].tolist(), counts[lo:hi].tolist()))
-            for token, count in learned.items():
+            for token, (count, _) in learned.items():
                 merged[token] = merged.get(token, 0) + count
             total = sum(merged.values())
             return [(t, c / total) for t, c in sorted(merged.items(), key=lambda tc: (-tc[1], tc[0]))[:topk]]

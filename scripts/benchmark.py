@@ -38,7 +38,7 @@ from headstart.decode.draft_model import DraftModelDrafter, draft_model_runner
 from headstart.decode.draft_model_batch_drafter import DraftModelBatchDrafter, as_draft_target
 from headstart.decode.generate import Sampling
 from headstart.decode.hf_peers import HFSpeculation
-from headstart.decode.hybrid import HybridDrafter
+from headstart.decode.hybrid import HybridDrafter, ngram_share
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.ngram_store import NgramStore
 from headstart.decode.predict import measure_step_times, predict_speedups, recommend_k, round_overhead
@@ -261,7 +261,7 @@ def main() -> int:
         rounds = {who: sum(h.rounds[who] for h in hybrids) for who in ("ngram", "model")}
         report["hybrid_rounds"] = rounds
         mode += (f", n-gram lookup first from {args.hybrid_ngram:g} expected "
-                 f"({100 * rounds['ngram'] / max(1, sum(rounds.values())):.0f}% of rounds)")
+                 f"({100 * ngram_share(rounds):.0f}% of rounds)")
     if args.tune_blocks:
         mode += ", blocks padded (" + (" ".join(f"{n}->{m}" for n, m in pads.items() if m != n) or "none") + ")"
     if args.batch_size > 1:
