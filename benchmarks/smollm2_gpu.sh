@@ -15,7 +15,11 @@
 # reply, default 256), TRAIN_ARGS (overrides for every head, e.g. --train.max_steps=500), KS (chain lengths), EXTRA (extra benchmark.py arguments),
 # COMPILED=0 (skip the compiled runs), STORE="FILE..." (n-gram lookup's datastore), HYBRID_SCORES (the shapes stage's
 # hybrid minimum scores, default 1,2), HEADS_FROM=DIR (bench the heads in DIR/{eagle3,mtp,medusa}-head, e.g.
-# configs/smollm2 for the committed CPU-trained heads, instead of this run's: STAGES="import bench" HEADS_FROM=configs/smollm2).
+# configs/smollm2 for the committed CPU-trained heads, instead of this run's: STAGES="import bench" HEADS_FROM=configs/smollm2),
+# EAGLE3_HEAD=DIR (the EAGLE-3 head of every stage, e.g. configs/smollm2/eagle3-2k-head: the committed head fine-tuned on
+# 2,000 of SmolLM2's conversations, tau 2.45-2.47 in trees on the held-out questions against the committed head's ~2.0),
+# QUESTIONS (the bench and batch stages' question arguments, default the MT-bench setting of decode_runs.sh; e.g.
+# QUESTIONS="--questions configs/smollm2/data/heldout_questions.jsonl", the questions the heads' sources hold out).
 # The CPU path and its numbers: README "A real target"; this path's: BENCHMARKS.md.
 set -euo pipefail
 X=${1:-runs/smollm2-gpu}
@@ -80,13 +84,14 @@ if has bench; then
   source "$(dirname "$0")/decode_runs.sh"
   run() { decode_run "$T" "$X/bench" "$@"; }
   H=${HEADS_FROM:-$X}
-  HYBRID=(--method eagle3 --draft "$H/eagle3-head" --hybrid-ngram 1.25 --ngram-store "${STORE[@]}" --tree --tree-depth 5
+  E3=${EAGLE3_HEAD:-$H/eagle3-head}
+  HYBRID=(--method eagle3 --draft "$E3" --hybrid-ngram 1.25 --ngram-store "${STORE[@]}" --tree --tree-depth 5
           --tree-topk 8 --tree-total-tokens 8)  # the hybrid's shape and score picked by replay on the CPU's tuning questions
-  for k in ${KS:-3 4 5}; do run eagle3-k$k --method eagle3 --draft "$H/eagle3-head" --num-speculative-tokens "$k"; done
-  run eagle3-tree --method eagle3 --draft "$H/eagle3-head" --tree
+  for k in ${KS:-3 4 5}; do run eagle3-k$k --method eagle3 --draft "$E3" --num-speculative-tokens "$k"; done
+  run eagle3-tree --method eagle3 --draft "$E3" --tree
   # unsure chains stopped (decode/confidence.py): on the CPU -2.7% a token in-domain (bf16), nothing on MT-bench; a GPU's eager
   # draft steps are launch-bound, so the steps it skips may count more there
-  run eagle3-k6-p0.3 --method eagle3 --draft "$H/eagle3-head" --num-speculative-tokens 6 --confidence-threshold 0.3
+  run eagle3-k6-p0.3 --method eagle3 --draft "$E3" --num-speculative-tokens 6 --confidence-threshold 0.3
   run mtp-k3 --method mtp --draft "$H/mtp-head" --num-speculative-tokens 3
   run medusa-k4 --method medusa --draft "$H/medusa-head" --num-speculative-tokens 4
   run ngram-k4 --method ngram --num-speculative-tokens 4
@@ -97,8 +102,8 @@ if has bench; then
   run hf-prompt-lookup --method hf-prompt-lookup --num-speculative-tokens 4
   # --compile: the target's forward and the drafter's step compiled (CUDA graphs); COMPILED=0 skips these runs
   if [ "${COMPILED:-1}" != 0 ]; then
-    run eagle3-k4-compiled --method eagle3 --draft "$H/eagle3-head" --num-speculative-tokens 4 --compile --max-len 1024
-    run eagle3-tree-compiled --method eagle3 --draft "$H/eagle3-head" --tree --compile --max-len 1024
+    run eagle3-k4-compiled --method eagle3 --draft "$E3" --num-speculative-tokens 4 --compile --max-len 1024
+    run eagle3-tree-compiled --method eagle3 --draft "$E3" --tree --compile --max-len 1024
     run mtp-k4-compiled --method mtp --draft "$H/mtp-head" --num-speculative-tokens 4 --compile --max-len 1024
     run medusa-k4-compiled --method medusa --draft "$H/medusa-head" --num-speculative-tokens 4 --compile --max-len 1024
     run ngram-k4-compiled --method ngram --num-speculative-tokens 4 --compile --max-len 1024
@@ -113,7 +118,8 @@ if has shapes; then
   # Which chain or tree shape is fastest on this GPU (not in the default stages): every shape replayed over the target's
   # own greedy outputs, the verify forward costed by block size as timed here (benchmarks/tree_shapes.py).
   H=${HEADS_FROM:-$X}
-  python benchmarks/tree_shapes.py --target "$T" --method eagle3 --draft "$H/eagle3-head" \
+  E3=${EAGLE3_HEAD:-$H/eagle3-head}
+  python benchmarks/tree_shapes.py --target "$T" --method eagle3 --draft "$E3" \
     --questions configs/smollm2/data/heldout_questions.jsonl --max-new-tokens 128 --dtype bfloat16 \
     --chains 3,4,5,6,8 --depths 4,5,6,8 --topks 4,8,10 --totals 16,32,48,64 --ngram-trees --ngram-store "${STORE[@]}" \
     --hybrid-scores "${HYBRID_SCORES:-1,2}" --out "$X/shapes.json" --benchmarks "$X/BENCHMARKS.md"
@@ -126,10 +132,11 @@ if has batch; then
   source "$(dirname "$0")/decode_runs.sh"
   runs=()
   H=${HEADS_FROM:-$X}
+  E3=${EAGLE3_HEAD:-$H/eagle3-head}
   for b in ${BATCHES:-1 4 16}; do
     for mode in eager compiled; do
       c=(); [ "$mode" = compiled ] && c=(--compile --max-len 1024)
-      decode_run "$T" "$X/batch" "eagle3-b$b-$mode" --method eagle3 --draft "$H/eagle3-head" --num-speculative-tokens 4 \
+      decode_run "$T" "$X/batch" "eagle3-b$b-$mode" --method eagle3 --draft "$E3" --num-speculative-tokens 4 \
         --max-new-tokens 64 --batch-size "$b" "${c[@]}"
       decode_run "$T" "$X/batch" "ngram-b$b-$mode" --method ngram --num-speculative-tokens 4 --max-new-tokens 64 \
         --batch-size "$b" "${c[@]}"
