@@ -12,6 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
+from headstart.decode.benchmark import paired_line
 from headstart.decode.hybrid import ngram_share
 from headstart.decode.report import append_section
 
@@ -81,6 +82,18 @@ def table(runs: list[Path]) -> str:
     return "\n".join(lines)
 
 
+def paired_notes(runs: list[Path]) -> str:
+    """For each run made with --versus: its turn-by-turn comparison with the second method (OUT/versus)."""
+    notes = []
+    for run in runs:
+        report = json.loads((run / "results.json").read_text())
+        if report.get("paired"):
+            second = json.loads((Path(report["versus_out"]) / "results.json").read_text())["args"]["method"]
+            notes.append(f"`{run}` and `{report['versus_out']}`: "
+                         + paired_line(report["paired"], report["args"]["method"], second))
+    return "".join("\n\n" + n for n in notes)
+
+
 def measured_on(runs: list[Path], given: str | None) -> str | None:
     """The one machine the runs' results.json files name (None: this one, for runs that name none); runs from
     different machines are refused, a table compares only numbers from one."""
@@ -102,14 +115,15 @@ def main() -> None:
     p.add_argument("--machine", default=None,
                    help="the machine the runs were made on, for runs whose results.json does not record it")
     args = p.parse_args()
-    text = table(args.runs)
+    text = table(args.runs) + paired_notes(args.runs)
     print(text)
     if args.benchmarks:
         first = json.loads((args.runs[0] / "results.json").read_text())["args"]
         setting = (f"`{first['questions']}`, {'first ' + str(first['per_category']) + ' per category' if first.get('per_category') else 'all'}"
                    f" (all turns), max {first['max_new_tokens']} new tokens, "
                    f"target `{first['target']}`, each run a separate `scripts/benchmark.py` run in one sequence with "
-                   f"nothing else running ({args.script}); speed-up = plain / speculative time on the same runner.")
+                   f"nothing else running ({args.script}) -- but a run's `versus` directory, the second method of the same "
+                   f"process; speed-up = plain / speculative time on the same runner.")
         append_section(args.benchmarks, args.title, setting + "\n\n" + text + ("\n\n" + args.note if args.note else ""),
                        measured_on=measured_on(args.runs, args.machine))
 

@@ -179,12 +179,40 @@ def decode_tau(runner: TargetRunner, make_drafter: Callable[[], Drafter], prompt
                max_new_tokens: int, eos_ids: set[int], k: int, tree: DynamicTree | StaticTree | None = None) -> Tally:
     """Greedy speculative decoding of token prompts [1, T] with nothing else timed or run: tau exactly as the
     benchmark counts it, for the held-out and during-training evaluations (``.summary()['tau']``)."""
-    depth = k if tree is None else (tree.depth if isinstance(tree, DynamicTree) else max(map(len, tree.paths)))
+    depth = Rival(runner, make_drafter, k, tree).depth
     device = next(runner.target.model.parameters()).device
     tally = Tally()
     for prompt in prompts:
         tally.add(speculative_generate(runner, make_drafter(), prompt.to(device), max_new_tokens, eos_ids, k, tree=tree), depth)
     return tally
+
+
+@dataclass
+class Rival:
+    """A second method decoded on every turn beside the first, in the same process (``run_benchmark(versus=)``): its own
+    runner over the same target, its drafter (or transformers' loop, ``own_loop``), k and tree. The two take turns at
+    decoding first; plain decoding follows both. Their tokens/s then compare turn by turn, under the same
+    conditions, where two separate runs minutes apart see this machine's drift (tens of percent on a shared CPU)."""
+
+    runner: TargetRunner
+    make_drafter: Callable[[], Drafter] | None
+    k: int
+    tree: DynamicTree | StaticTree | None = None
+    own_loop: Callable[..., Generation] | None = None
+    after_warm_up: Callable[[], None] | None = None
+
+    @property
+    def depth(self) -> int:
+        """The deepest draft position a round reaches: the chain's k or the tree's depth."""
+        tree = self.tree
+        return self.k if tree is None else (tree.depth if isinstance(tree, DynamicTree) else max(map(len, tree.paths)))
+
+    def decode(self, drafter: Drafter | None, prompt: torch.Tensor, max_new_tokens: int, eos_ids: set[int],
+               sampling: Sampling | None, generator: torch.Generator, clock: RoundClock | None = None) -> Generation:
+        if self.own_loop is not None:
+            return self.own_loop(prompt, max_new_tokens, eos_ids, sampling, generator, clock or RoundClock(prompt.device))
+        return speculative_generate(self.runner, drafter, prompt, max_new_tokens, eos_ids, self.k, sampling, generator,
+                                    self.tree, clock)
 
 
 def run_benchmark(
@@ -205,63 +233,73 @@ def run_benchmark(
     batch_size: int = 1,
     make_batch_drafter: Callable[[int], BatchDrafter] | None = None,
     after_warm_up: Callable[[], None] | None = None,
+    versus: Rival | None = None,
 ) -> dict:
     """Speculative and plain decoding of every turn; with ``sampling`` both sample (same seed per
     turn), so ``verify_greedy`` (token equality) only applies to greedy runs. ``own_loop`` (prompt, max new
     tokens, eos ids, sampling, generator, clock) -> Generation replaces headstart's loop and drafter (transformers'
     own speculative decoding: decode/hf_peers.py). ``batch_size`` > 1 decodes that many questions' turns together
     (``_run_batched``) with ``make_batch_drafter(B)``, or one ``make_drafter()`` per sequence. ``after_warm_up``: undo what
-    the untimed warm-up decode left that would leak into the timed ones (a learning n-gram store's counts of question 1)."""
+    the untimed warm-up decode left that would leak into the timed ones (a learning n-gram store's counts of question 1).
+    ``versus``: a second method decoded on every turn too (``Rival``); the report then adds its own report under
+    ``versus`` and the turn-by-turn comparison under ``paired`` (``paired_summary``)."""
     if verify_greedy and sampling is not None:
         raise ValueError("--verify-greedy compares with greedy decoding; it cannot be combined with sampling")
     device = next(runner.target.model.parameters()).device
-    depth = k if tree is None else (tree.depth if isinstance(tree, DynamicTree) else max(map(len, tree.paths)))
     generator = torch.Generator(device=device)
-    tallies: dict[str, Tally] = defaultdict(Tally)
-    by_length: dict[str, Tally] = defaultdict(Tally)  # the same turns, by the length of their prompt
-    check = GreedyCheck(runner.target.model) if verify_greedy else None
     if batch_size > 1:
-        if tree is not None or own_loop is not None:
-            raise ValueError("a batch decodes headstart's chains; trees and transformers' loops run at batch size 1")
+        if tree is not None or own_loop is not None or versus is not None:
+            raise ValueError("a batch decodes headstart's chains alone; trees, transformers' loops and a second method "
+                             "run at batch size 1")
+        tallies: dict[str, Tally] = defaultdict(Tally)
+        by_length: dict[str, Tally] = defaultdict(Tally)  # the same turns, by the length of their prompt
+        check = GreedyCheck(runner.target.model) if verify_greedy else None
         make_batch = make_batch_drafter or (lambda b: PerSequence([make_drafter() for _ in range(b)]))
         ragged = runner if isinstance(runner, RaggedRunner) else RaggedRunner(runner.target, runner.max_len, runner.with_aux)
         _run_batched(ragged, make_batch, tokenizer, questions, k, max_new_tokens, eos_ids, batch_size, sampling, seed,
                      generator, progress, tallies, by_length, check)
         return _report(tallies, by_length, check)
+    methods = [Rival(runner, make_drafter, k, tree, own_loop, after_warm_up)] + ([versus] if versus is not None else [])
+    tallies_of = [defaultdict(Tally) for _ in methods]
+    by_length_of = [defaultdict(Tally) for _ in methods]  # the same turns, by the length of their prompt
+    checks = [GreedyCheck(runner.target.model) if verify_greedy else None for _ in methods]
+    turn_speeds: list[list[float]] = [[] for _ in methods]  # tokens/s of each timed turn, for the paired comparison
     if questions:  # untimed warm-up: CUDA context, cuBLAS handles and allocator growth would land in the first timing
         warm = prompt_ids(tokenizer, [{"role": "user", "content": questions[0]["turns"][0]}]).to(device)
-        if own_loop is None:
+        for m in methods:
             # long enough for a first round at the full chain or tree depth (a compiled tree's graph is per depth)
-            speculative_generate(runner, make_drafter(), warm, max(8, depth + 2), eos_ids, k, sampling, generator, tree)
-        else:
-            own_loop(warm, 8, eos_ids, sampling, generator, RoundClock(device))
+            m.decode(None if m.own_loop else m.make_drafter(), warm, 8 if m.own_loop else max(8, m.depth + 2), eos_ids,
+                     sampling, generator)
         plain_generate(runner, warm, 8, eos_ids, sampling, generator, RoundClock(device))
         _sync(device)
-        if after_warm_up is not None:
-            after_warm_up()
+        for m in methods:
+            if m.after_warm_up is not None:
+                m.after_warm_up()
+    turns = 0
     for q in questions:
         messages: list[dict[str, str]] = []
         for turn, text in enumerate(q["turns"]):
             messages.append({"role": "user", "content": text})
             prompt = prompt_ids(tokenizer, messages).to(device)
-            drafter = make_drafter() if own_loop is None else None
+            drafters = [None if m.own_loop else m.make_drafter() for m in methods]
             # Untimed: the prompt once through the target and the drafter, so what a new prompt length costs the first
             # time (on a GPU: allocator growth, cuBLAS and attention kernel choice) lands in neither timing -- else it
             # lands in whichever decodes first (the speculative run, ~40 ms a turn on an H200 with SmolLM2).
-            if own_loop is None:
-                speculative_generate(runner, drafter, prompt, 1, eos_ids, k, sampling, generator, tree)
-            else:
-                own_loop(prompt, 1, eos_ids, sampling, generator, RoundClock(device))
-            spec_clock, plain_clock = RoundClock(device), RoundClock(device)
-            _sync(device)
-            t0 = time.perf_counter()
-            generator.manual_seed(seed)
-            if own_loop is None:
-                spec = speculative_generate(runner, drafter, prompt, max_new_tokens, eos_ids, k, sampling, generator, tree,
-                                            spec_clock)
-            else:
-                spec = own_loop(prompt, max_new_tokens, eos_ids, sampling, generator, spec_clock)
-            _sync(device)
+            for m, drafter in zip(methods, drafters):
+                m.decode(drafter, prompt, 1, eos_ids, sampling, generator)
+            specs: list[tuple[Generation, RoundClock, float]] = [None] * len(methods)  # type: ignore[list-item]
+            # two methods take turns at going first, so neither always decodes right after plain decoding
+            order = range(len(methods)) if turns % 2 == 0 else reversed(range(len(methods)))
+            turns += 1
+            for i in order:
+                clock = RoundClock(device)
+                _sync(device)
+                t0 = time.perf_counter()
+                generator.manual_seed(seed)
+                spec = methods[i].decode(drafters[i], prompt, max_new_tokens, eos_ids, sampling, generator, clock)
+                _sync(device)
+                specs[i] = (spec, clock, time.perf_counter() - t0)
+            plain_clock = RoundClock(device)
             t1 = time.perf_counter()
             generator.manual_seed(seed)
             plain = plain_generate(runner, prompt, max_new_tokens, eos_ids, sampling, generator, plain_clock)
@@ -276,18 +314,50 @@ def run_benchmark(
                                                     "top_k": sampling.top_k or None, "top_p": sampling.top_p}))
                 _sync(device)
                 hf_seconds = time.perf_counter() - t2
-            if check is not None:
-                check.compare(f"question {q['question_id']} turn {turn + 1}", prompt, plain.tokens, spec.tokens)
-            for tally in (tallies[q["category"]], tallies["overall"], by_length[prompt_bucket(prompt.shape[1])]):
-                tally.add(spec, depth)
-                tally.add_seconds(spec_clock, plain_clock, spec.target_forwards, plain.target_forwards)
-                tally.spec_seconds += t1 - t0
-                tally.plain_seconds += t2 - t1
-                tally.plain_tokens += len(plain.tokens)
-                tally.hf_seconds += hf_seconds
+            for i, (m, (spec, clock, seconds)) in enumerate(zip(methods, specs)):
+                if checks[i] is not None:
+                    checks[i].compare(f"question {q['question_id']} turn {turn + 1}", prompt, plain.tokens, spec.tokens)
+                turn_speeds[i].append(len(spec.tokens) / seconds)
+                for tally in (tallies_of[i][q["category"]], tallies_of[i]["overall"],
+                              by_length_of[i][prompt_bucket(prompt.shape[1])]):
+                    tally.add(spec, m.depth)
+                    tally.add_seconds(clock, plain_clock, spec.target_forwards, plain.target_forwards)
+                    tally.spec_seconds += seconds
+                    tally.plain_seconds += t2 - t1
+                    tally.plain_tokens += len(plain.tokens)
+                    tally.hf_seconds += hf_seconds
             messages.append({"role": "assistant", "content": tokenizer.decode(plain.tokens, skip_special_tokens=True)})
-        progress(f"question {q['question_id']} ({q['category']}): tau so far {tallies['overall'].summary()['tau']:.2f}")
-    return _report(tallies, by_length, check)
+        progress(f"question {q['question_id']} ({q['category']}): tau so far "
+                 + " / ".join(f"{t['overall'].summary()['tau']:.2f}" for t in tallies_of))
+    report = _report(tallies_of[0], by_length_of[0], checks[0])
+    if versus is not None:
+        report["versus"] = _report(tallies_of[1], by_length_of[1], checks[1])
+        overall = [t["overall"].summary()["spec_tokens_per_s"] for t in tallies_of]
+        report["paired"] = paired_summary(turn_speeds[0], turn_speeds[1],
+                                          overall[0] / overall[1] if overall[0] and overall[1] else None)
+    return report
+
+
+def paired_summary(first: list[float], second: list[float], overall_ratio: float | None) -> dict:
+    """Two methods timed on the same turns: the ratio of their tokens/s over all turns (``overall_ratio``, first /
+    second) and turn by turn, that ratio's median and quartiles, and how many turns the first was faster -- the
+    comparison that this machine's drift between separate runs blurs."""
+    ratios = sorted(a / b for a, b in zip(first, second))
+    if not ratios:
+        return {"turns": 0, "overall_ratio": None, "median_ratio": None, "quartiles": None, "first_faster": 0, "ratios": []}
+    q = torch.tensor(ratios, dtype=torch.float64).quantile(torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64)).tolist()
+    return {"turns": len(ratios), "overall_ratio": overall_ratio, "median_ratio": q[1], "quartiles": [q[0], q[2]],
+            "first_faster": sum(r > 1 for r in ratios), "ratios": ratios}
+
+
+def paired_line(paired: dict, first: str, second: str) -> str:
+    """``paired_summary`` in one sentence."""
+    if not paired["turns"]:
+        return ""
+    lo, hi = paired["quartiles"]
+    return (f"Paired in one process ({paired['turns']} turns, the two taking turns at decoding first): {first} / {second} "
+            f"tokens/s {paired['overall_ratio']:.3f}x over all turns, turn by turn median {paired['median_ratio']:.3f}x "
+            f"(quartiles {lo:.3f}-{hi:.3f}x); {first} faster in {paired['first_faster']} of {paired['turns']} turns.")
 
 
 def _report(tallies: dict[str, Tally], by_length: dict[str, Tally], check: GreedyCheck | None) -> dict:

@@ -13,21 +13,30 @@ drafts a round where it expects SCORE accepted drafts, the model elsewhere (deco
 the default is greedy. --batch-size B decodes B questions' turns together (chains): tau per sequence, tokens/s over the batch.
 --predict also times draft and target steps and predicts the speed-up of chains of
 k = 1..8 from the measured acceptance (run it with --num-speculative-tokens 8 so every position is measured).
-Writes results.json, results.md and acceptance.png to --out; --benchmarks FILE also appends the table there.
+--versus 'FLAGS' decodes a second method on every turn in the same process (e.g. --versus '--method hf-prompt-lookup'),
+the two taking turns at going first, and compares their tokens/s turn by turn: on a machine whose speed drifts between
+runs, the comparison two separate runs cannot make.
+Writes results.json, results.md and acceptance.png to --out (the second method's to OUT/versus); --benchmarks FILE also
+appends the table there.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-
 
 from headstart.decode.report import append_section, machine
 from headstart.decode.benchmark import (
+    DecodeSetup,
+    Rival,
     decode_setup,
     markdown_table,
+    paired_line,
     plot_acceptance,
     prompt_ids,
     run_benchmark,
@@ -52,7 +61,12 @@ from headstart.models.target import TargetConfig, load_causal_lm, load_tokenizer
 HF_METHODS = ("hf-assisted", "hf-prompt-lookup")
 """transformers' own speculative decoding, run on the same prompts for comparison (decode/hf_peers.py)."""
 
-def main() -> int:
+SHARED = ("target", "questions", "limit", "per_category", "dtype", "max_new_tokens", "temperature", "top_p", "top_k",
+          "seed", "verify_greedy", "no_hf_reference", "predict", "batch_size", "benchmarks")
+"""What the method of ``--versus`` shares with the first: the target, the questions and how they are decoded."""
+
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True)
     p.add_argument("--method", choices=[*sorted(HEADS), "ngram", "draft-model", *HF_METHODS], required=True,
@@ -108,9 +122,18 @@ def main() -> int:
                         "padded to the cheapest size that holds it (a CPU BLAS can make 2-3 rows cost more than 5)")
     p.add_argument("--batch-size", type=int, default=1,
                    help="decode this many questions' turns together (chains; tokens/s and speed-up over the batch)")
+    p.add_argument("--versus", default=None, metavar="'FLAGS'",
+                   help="a second method decoded on every turn in the same process, e.g. --versus '--method "
+                        "hf-prompt-lookup': its own flags (method, draft, shape, n-gram lookup, --compile; the target, "
+                        "questions and decoding settings are the first's). The two take turns at decoding first and "
+                        "compare turn by turn (results.json 'paired'); its own results go to OUT/versus (batch size 1)")
     p.add_argument("--out", required=True)
     p.add_argument("--benchmarks", default=None, help="append the table to this markdown file")
-    args = p.parse_args()
+    return p
+
+
+def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse, by name, flags that do not go together."""
     if args.method in HF_METHODS and (args.tree or args.tree_paths):
         p.error(f"{args.method} proposes chains only; drop --tree")
     if args.ngram_store and args.method != "ngram" and args.hybrid_ngram is None:
@@ -150,9 +173,51 @@ def main() -> int:
     if not 0 <= args.confidence_threshold < 1:
         p.error("--confidence-threshold is a probability in [0, 1)")
 
-    setup = decode_setup(args.target, args.dtype, args.questions, args.limit, args.per_category)
-    device, dtype, target, tokenizer, questions, eos = (setup.device, setup.dtype, setup.target, setup.tokenizer,
-                                                        setup.questions, setup.eos)
+
+
+def versus_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """The second method's flags (``--versus``), parsed like the first's, with what it shares taken from the first."""
+    tokens = shlex.split(args.versus)
+    second = p.parse_args(["--target", args.target, "--questions", args.questions, "--out", str(Path(args.out) / "versus"),
+                           *tokens])
+    given = [d for d in (*SHARED, "versus") if getattr(second, d) != (getattr(args, d) if d in ("target", "questions")
+                                                                       else p.get_default(d))]
+    if given:
+        p.error(f"--versus takes the second method's own flags; {', '.join('--' + d.replace('_', '-') for d in given)} "
+                "is the first's (the target, questions and decoding settings are shared)")
+    if args.batch_size > 1:
+        p.error("--versus compares two methods at batch size 1")
+    for d in SHARED:
+        setattr(second, d, getattr(args, d))
+    second.benchmarks = None
+    check_args(p, second)
+    return second
+
+
+@dataclass
+class Method:
+    """What one method's flags build: its runner over the shared target, its drafter factories (or transformers'
+    loop), its tree and n-gram store, the hybrids it made (for their round counts)."""
+
+    args: argparse.Namespace
+    runner: TargetRunner
+    make: Callable[[], object] | None
+    make_batch: Callable[[int], object] | None
+    own_loop: HFSpeculation | None
+    tree: DynamicTree | StaticTree | None
+    store: NgramStore | None
+    hybrids: list[HybridDrafter]
+    compiled_drafter: bool
+    pads: dict[int, int] | None
+
+    def rival(self) -> Rival:
+        return Rival(self.runner, self.make, self.args.num_speculative_tokens, self.tree, self.own_loop,
+                     self.store.forget if self.args.ngram_learn else None)
+
+
+def build_method(p: argparse.ArgumentParser, args: argparse.Namespace, setup: DecodeSetup) -> Method:
+    device, dtype, target, tokenizer = setup.device, setup.dtype, setup.target, setup.tokenizer
+    pads = None
     max_len = args.max_len or (min(1024, target.context_length) if args.compile else target.context_length)
     vocab_size = target.lm_head.weight.shape[0]
     reads_aux = args.method in HEADS and HEADS[args.method].cls.needs.aux_hidden_states
@@ -241,18 +306,22 @@ def main() -> int:
         own_loop = HFSpeculation(target.model, args.num_speculative_tokens, pad_token_id=tokenizer.pad_token_id or 0,
                                  confidence_threshold=args.confidence_threshold,
                                  **({"assistant": draft_model} if args.method == "hf-assisted" else {"prompt_lookup": True}))
-    sampling = Sampling(args.temperature, args.top_k, args.top_p) if args.temperature > 0 else None
-    report = run_benchmark(runner, make, tokenizer, questions, args.num_speculative_tokens, args.max_new_tokens, eos,
-                           verify_greedy=args.verify_greedy, hf_reference=not args.no_hf_reference, tree=tree,
-                           sampling=sampling, seed=args.seed, own_loop=own_loop, batch_size=args.batch_size,
-                           make_batch_drafter=make_batch, after_warm_up=store.forget if args.ngram_learn else None,
-                           progress=lambda line: print(line, flush=True))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    # n-gram lookup runs no model; in a batch only EAGLE-3's and MTP's batched layers compile (Medusa's heads, the draft
+    # model's batch runner and per-sequence drafters run eagerly)
+    compiled_drafter = args.compile and args.method not in ("ngram", *HF_METHODS) and (
+        not batched or hasattr(shared_batch, "precompile"))
+    return Method(args, runner, make, make_batch, own_loop, tree, store, hybrids, compiled_drafter, pads)
+
+
+def describe(method: Method, report: dict, setup: DecodeSetup) -> tuple[str, str]:
+    """The run's shape and mode, as its table and plot name them; a hybrid's round counts go into ``report``."""
+    args, tree, store, hybrids, pads = method.args, method.tree, method.store, method.hybrids, method.pads
+    device, dtype = setup.device, setup.dtype
+    sampling = args.temperature > 0
     shape = (f"chain k={args.num_speculative_tokens}" if tree is None else
              f"static tree of {len(tree.paths)} paths" if isinstance(tree, StaticTree) else
              f"dynamic tree depth {tree.depth} top-k {tree.topk} {tree.total_tokens} tokens")
-    mode = "greedy" if sampling is None else f"sampling T={args.temperature} top-p {args.top_p} top-k {args.top_k}"
+    mode = f"sampling T={args.temperature} top-p {args.top_p} top-k {args.top_k}" if sampling else "greedy"
     if args.confidence_threshold:
         mode += f", stop under p {args.confidence_threshold:g}"
     if args.ngram_learn:
@@ -268,12 +337,23 @@ def main() -> int:
         mode += f", batch {args.batch_size}"
     if dtype != ("bfloat16" if device == "cuda" else "float32"):  # the device's default dtype goes unsaid
         mode += f", {dtype}"
-    # n-gram lookup runs no model; in a batch only EAGLE-3's and MTP's batched layers compile (Medusa's heads, the draft
-    # model's batch runner and per-sequence drafters run eagerly)
-    compiled_drafter = args.compile and args.method not in ("ngram", *HF_METHODS) and (
-        not batched or hasattr(shared_batch, "precompile"))
     if args.compile:
-        mode += ", compiled target and drafter" if compiled_drafter else ", compiled target"
+        mode += ", compiled target and drafter" if method.compiled_drafter else ", compiled target"
+    return shape, mode
+
+
+def write_run(method: Method, report: dict, shape: str, mode: str, table: str) -> None:
+    """OUT/results.json (the flags, the machine, the report), results.md (the table) and acceptance.png."""
+    out = Path(method.args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"args": {**vars(method.args), "compiled_drafter": method.compiled_drafter},
+                                                  "machine": machine(), **report}, indent=2))
+    (out / "results.md").write_text(table + "\n")
+    plot_acceptance(report["results"], out / "acceptance.png", f"{method.args.method}, {shape}, {mode}")
+
+
+def run_table(report: dict) -> str:
+    """The run's results table and, where measured, where its rounds' time goes."""
     table = markdown_table(report["results"], report["by_prompt_length"])
     split = split_table(report["results"])
     if split:
@@ -282,6 +362,38 @@ def main() -> int:
                   "speculative run's forwards (prompt, draft, update, verify) against plain decoding's (prompt, one-token "
                   "forwards), about tau x plain forward / (draft + update + verify) one sequence at a time; a turn's prompt "
                   "is the target's forward over it (and, speculating, the drafter reading it):\n\n" + split)
+    return table
+
+
+def main() -> int:
+    p = build_parser()
+    args = p.parse_args()
+    check_args(p, args)
+    second = versus_args(p, args) if args.versus else None
+    setup = decode_setup(args.target, args.dtype, args.questions, args.limit, args.per_category)
+    device, dtype, tokenizer, questions, eos = setup.device, setup.dtype, setup.tokenizer, setup.questions, setup.eos
+    method = build_method(p, args, setup)
+    rival = build_method(p, second, setup) if second is not None else None
+    runner, make, tree = method.runner, method.make, method.tree
+    sampling = Sampling(args.temperature, args.top_k, args.top_p) if args.temperature > 0 else None
+    report = run_benchmark(runner, make, tokenizer, questions, args.num_speculative_tokens, args.max_new_tokens, eos,
+                           verify_greedy=args.verify_greedy, hf_reference=not args.no_hf_reference, tree=tree,
+                           sampling=sampling, seed=args.seed, own_loop=method.own_loop, batch_size=args.batch_size,
+                           make_batch_drafter=method.make_batch,
+                           after_warm_up=method.store.forget if args.ngram_learn else None,
+                           versus=rival.rival() if rival is not None else None,
+                           progress=lambda line: print(line, flush=True))
+    shape, mode = describe(method, report, setup)
+    table = run_table(report)
+    versus = report.pop("versus", None)  # the second method's report: a run directory of its own, OUT/versus
+    if rival is not None:
+        versus_shape, versus_mode = describe(rival, versus, setup)
+        versus_table = run_table(versus)
+        write_run(rival, {**versus, "paired_with": args.out}, versus_shape, versus_mode, versus_table)
+        report["versus_out"] = second.out
+        line = paired_line(report["paired"], args.method, second.method)
+        table += f"\n\n{line} The second method ({second.method}, {versus_shape}, {versus_mode}): `{second.out}`."
+        print(f"--versus {second.method}:\n{versus_table}")
     if args.predict:
         prompt = prompt_ids(tokenizer, [{"role": "user", "content": questions[0]["turns"][0]}])
         if tree is not None:
@@ -307,11 +419,8 @@ def main() -> int:
                            for r, b in zip(rows, bare))
         table += f"\n\nRecommended k: **{report['prediction']['recommended_k']}**."
     if args.tune_blocks:  # what the run measured and padded: the mode column only says that it did
-        report["blocks"] = {"padded_to": pads, "seconds": runner.block_costs}
-    (out / "results.json").write_text(json.dumps({"args": {**vars(args), "compiled_drafter": compiled_drafter},
-                                                  "machine": machine(), **report}, indent=2))
-    (out / "results.md").write_text(table + "\n")
-    plot_acceptance(report["results"], out / "acceptance.png", f"{args.method}, {shape}, {mode}")
+        report["blocks"] = {"padded_to": method.pads, "seconds": runner.block_costs}
+    write_run(method, report, shape, mode, table)
     print(table)
     if args.benchmarks:
         append_section(args.benchmarks, f"Speculative decoding: {args.method}, {shape}, {mode}",
@@ -320,13 +429,16 @@ def main() -> int:
                        "included; acceptance by position i = share of rounds that accepted at least i drafts (of those that "
                        "proposed at least i; for trees, i = depth); speed-up = plain / speculative time on the same runner.\n\n"
                        + table)
-    if report["near_ties"]:  # reduced precision: block and one-token forwards round differently (decode/exactness.py)
-        print(f"{dtype}: speculative output first differs from plain greedy decoding at a near-tie of the target's "
-              "logits (numerics, not a decoding error) at: " + "; ".join(report["near_ties"]), file=sys.stderr)
-    if report["mismatches"]:
-        print("speculative output differs from plain greedy decoding at: " + "; ".join(report["mismatches"]), file=sys.stderr)
-        return 1
-    return 0
+    failed = False
+    for name, r in [(args.method, report)] + ([(f"--versus {second.method}", versus)] if versus else []):
+        if r["near_ties"]:  # reduced precision: block and one-token forwards round differently (decode/exactness.py)
+            print(f"{name}, {dtype}: speculative output first differs from plain greedy decoding at a near-tie of the "
+                  "target's logits (numerics, not a decoding error) at: " + "; ".join(r["near_ties"]), file=sys.stderr)
+        if r["mismatches"]:
+            print(f"{name}: speculative output differs from plain greedy decoding at: " + "; ".join(r["mismatches"]),
+                  file=sys.stderr)
+            failed = True
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -240,3 +240,63 @@ def test_the_warm_up_reaches_the_full_tree_depth(monkeypatch):
     run_benchmark(runner, lambda: Eagle3Drafter(head, 256), tokenizer, questions, k=3, max_new_tokens=4, eos_ids=set(),
                   hf_reference=False, progress=lambda _: None, tree=DynamicTree(depth=9, topk=2, total_tokens=6))
     assert calls[0] >= 9 + 2  # the warm-up: a first round's budget of 9 levels (its drafts + the bonus token)
+
+
+def test_a_second_method_decodes_every_turn_in_the_same_run_taking_turns_at_going_first(monkeypatch):
+    """run_benchmark(versus=Rival(...)): a second method decodes every turn beside the first, the two alternating which
+    goes first; each gets the report a run of its own would give (same tau and tokens, greedy), and the paired
+    comparison has one tokens/s ratio per turn."""
+    import headstart.decode.benchmark as benchmark
+    from headstart.decode.benchmark import Rival
+    from headstart.decode.hf_peers import HFSpeculation
+
+    tokenizer = make_tokenizer(CHATML_TEMPLATE, "<|im_end|>")
+    model = tiny_causal_lm("llama", num_hidden_layers=8, vocab_size=len(tokenizer)).eval()
+    runner = TargetRunner(Target(model), max_len=512)
+    questions = [{"question_id": 1, "category": "writing", "turns": ["Say hello.", "Again, please."]},
+                 {"question_id": 2, "category": "math", "turns": ["What is 2+3?"]}]
+    timed: list[str] = []  # who decoded each timed turn (12 new tokens; the warm-up asks 8, the prompt pass 1)
+    real = benchmark.speculative_generate
+
+    def spy(runner, drafter, prompt, max_new_tokens, *args, **kwargs):
+        timed.extend(["ngram"] if max_new_tokens == 12 else [])
+        return real(runner, drafter, prompt, max_new_tokens, *args, **kwargs)
+
+    lookup = HFSpeculation(model, 3, prompt_lookup=True)
+
+    def timed_lookup(prompt, max_new_tokens, *args):
+        timed.extend(["hf"] if max_new_tokens == 12 else [])
+        return lookup(prompt, max_new_tokens, *args)
+
+    kwargs = dict(k=3, max_new_tokens=12, eos_ids=set(), verify_greedy=True, hf_reference=False, progress=lambda _: None)
+    with monkeypatch.context() as m:
+        m.setattr(benchmark, "speculative_generate", spy)
+        report = run_benchmark(runner, NgramDrafter, tokenizer, questions, **kwargs,
+                               versus=Rival(TargetRunner(Target(model), max_len=512), None, 3, own_loop=timed_lookup))
+    assert timed == ["ngram", "hf", "hf", "ngram", "ngram", "hf"]  # turn 1: ngram first, turn 2: hf first, turn 3: ...
+    alone = run_benchmark(runner, NgramDrafter, tokenizer, questions, **kwargs)
+    assert report["results"]["overall"]["tau"] == alone["results"]["overall"]["tau"]
+    assert report["mismatches"] == [] and report["versus"]["mismatches"] == []
+    peer = run_benchmark(runner, None, tokenizer, questions, **kwargs, own_loop=lookup)
+    assert report["versus"]["results"]["overall"]["tau"] == peer["results"]["overall"]["tau"]
+    assert report["versus"]["results"]["overall"]["generated_tokens"] == 3 * 12
+    paired = report["paired"]
+    assert paired["turns"] == 3 and len(paired["ratios"]) == 3 and paired["ratios"] == sorted(paired["ratios"])
+    first, second = report["results"]["overall"], report["versus"]["results"]["overall"]
+    assert paired["overall_ratio"] == pytest.approx(first["spec_tokens_per_s"] / second["spec_tokens_per_s"])
+    assert paired["ratios"][0] <= paired["median_ratio"] <= paired["ratios"][-1]
+    with pytest.raises(ValueError, match="a second method"):
+        run_benchmark(runner, NgramDrafter, tokenizer, questions, **kwargs, batch_size=2,
+                      versus=Rival(runner, NgramDrafter, 3))
+
+
+def test_paired_summary_by_hand():
+    from headstart.decode.benchmark import paired_line, paired_summary
+
+    s = paired_summary([2.0, 1.0, 3.0, 4.0], [1.0, 2.0, 3.0, 1.0], 1.25)
+    assert s["ratios"] == [0.5, 1.0, 2.0, 4.0] and s["turns"] == 4 and s["first_faster"] == 2
+    assert s["median_ratio"] == pytest.approx(1.5) and s["quartiles"] == pytest.approx([0.875, 2.5])
+    assert paired_line(s, "a", "b") == ("Paired in one process (4 turns, the two taking turns at decoding first): a / b "
+                                        "tokens/s 1.250x over all turns, turn by turn median 1.500x (quartiles "
+                                        "0.875-2.500x); a faster in 2 of 4 turns.")
+    assert paired_summary([], [], None)["turns"] == 0 and paired_line(paired_summary([], [], None), "a", "b") == ""

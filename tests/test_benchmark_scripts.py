@@ -428,3 +428,35 @@ def test_drafter_launches_tables_a_compiled_drafter(tmp_path):
     assert tree == "-"  # the demo's 4 Medusa heads cannot grow a tree 6 levels deep (drafter_launches' EAGLE-3 row does)
     assert 0 < propose <= 8 and 0 < update <= 8 and total == propose + update  # heads on one hidden state: one graph
     assert body.rstrip().endswith("A note.")
+
+
+def test_versus_decodes_a_second_method_in_the_same_run_and_compare_methods_pairs_them(tmp_path):
+    """scripts/benchmark.py --versus: n-gram lookup and transformers' prompt lookup on the same turns in one process;
+    the second method's run directory is OUT/versus (its own table row), results.json has the turn-by-turn
+    comparison and compare_methods writes it under the table. A shared flag inside --versus is refused by name."""
+    out = tmp_path / "pair"
+    bench = [sys.executable, str(REPO / "scripts" / "benchmark.py"), "--target", str(DEMO_TARGET), "--questions",
+             str(REPO / "configs/demo/eval/mt_bench.jsonl"), "--limit", "2", "--max-new-tokens", "16", "--no-hf-reference",
+             "--verify-greedy", "--out", str(out), "--method", "ngram"]
+    proc = subprocess.run([*bench, "--versus", "--method hf-prompt-lookup --num-speculative-tokens 3"], cwd=tmp_path,
+                          env=OFFLINE, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "results.json").read_text())
+    second = json.loads((out / "versus" / "results.json").read_text())
+    assert report["versus_out"] == str(out / "versus") and second["paired_with"] == str(out)
+    assert second["args"]["method"] == "hf-prompt-lookup" and second["args"]["num_speculative_tokens"] == 3
+    assert second["args"]["max_new_tokens"] == 16 and second["args"]["limit"] == 2  # the first's settings
+    assert report["paired"]["turns"] == 4 and second["results"]["overall"]["generated_tokens"] == 4 * 16
+    run("compare_methods.py", out, out / "versus", "--benchmarks", tmp_path / "B.md", "--title", "Pair", cwd=tmp_path)
+    text = section(tmp_path / "B.md", "Pair")
+    header = ("| method | draft | shape | mode | batch | tau | acceptance by position | spec tok/s | plain tok/s | "
+              "speed-up | round ms: draft / update / verify / other | prompt ms per turn: speculative / plain | "
+              "predicted speed-up | measured / predicted |")
+    assert [row[:3] for row in table_rows(text, header)] == [["ngram", "`-`", "chain k=4"],
+                                                             ["hf-prompt-lookup", "`-`", "chain k=3"]]
+    ratio = report["paired"]["overall_ratio"]
+    assert f"`{out}` and `{out / 'versus'}`: Paired in one process (4 turns" in text
+    assert f"ngram / hf-prompt-lookup tokens/s {ratio:.3f}x over all turns" in text
+    refused = subprocess.run([*bench, "--versus", "--method hf-prompt-lookup --max-new-tokens 8"], cwd=tmp_path,
+                             env=OFFLINE, capture_output=True, text=True, timeout=600)
+    assert refused.returncode == 2 and "--max-new-tokens is the first's" in refused.stderr
