@@ -78,6 +78,7 @@ class DraftModelDrafter:
 
     def begin(self, prompt_ids: torch.Tensor, states, next_token: int) -> None:
         self.runner.reset()
+        self.chain_fed = 0  # a previous request's last chain: its slots are not this request's (a hybrid's first update)
         self._advance(torch.cat([prompt_ids[0].to(self._device), torch.tensor([next_token], device=self._device)]))
 
     def update(self, emitted: list[int], states) -> None:

@@ -47,7 +47,10 @@ class Drafter(Protocol):
 
     def update(self, emitted: list[int], states: TargetOutput) -> None:
         """Tokens appended after verification, and the target's states of the positions that
-        produced them ([1, len(emitted), ...]: position j's state pairs with emitted token j)."""
+        produced them ([1, len(emitted), ...]: position j's state pairs with emitted token j).
+
+        The round that ends the request gets no update (nothing is drafted after it); a drafter that learns from what
+        it serves may have ``finish(emitted)``, called with that round's tokens instead (n-gram lookup's datastore)."""
 
 
 @dataclass
@@ -71,6 +74,12 @@ class Generation:
         return self.counted_tokens / max(1, self.target_forwards)
 
 
+def _check_budget(max_new_tokens: int) -> None:
+    """The prompt's forward always yields a token: a loop generates at least one."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1 (the prompt's forward yields the first token), got {max_new_tokens}")
+
+
 def _finish(tokens: list[int], eos_ids: set[int], max_new_tokens: int) -> tuple[list[int], bool]:
     """Cut at the first EOS (kept) and at max_new_tokens; report whether generation is done."""
     for i, t in enumerate(tokens):
@@ -91,6 +100,7 @@ def plain_generate(runner: TargetRunner, prompt_ids: torch.Tensor, max_new_token
                    clock: RoundClock | None = None) -> Generation:
     """Autoregressive decoding on the same runner: argmax, or a sample of the warped target. ``clock``: where the
     time goes (decode/clock.py; the target's forward per token is its ``verify``)."""
+    _check_budget(max_new_tokens)
     clock = clock or UNTIMED
     clock.start()
     runner.reset()
@@ -132,6 +142,7 @@ def speculative_generate(
 
     With ``tree`` the drafter grows a tree per round (``k`` is then unused) and the target verifies
     every branch in one forward (decode/tree.py). ``clock``: where the time goes, by part (decode/clock.py)."""
+    _check_budget(max_new_tokens)
     clock = clock or UNTIMED
     clock.start()
     device = prompt_ids.device
@@ -174,13 +185,25 @@ def speculative_generate(
         out.accepted.append(n)
         out.proposed.append(drafts.numel())
         emitted = packed[2 : 2 + n] + [packed[1]]
+        before = len(tokens)
         tokens, done = _finish(tokens + emitted, eos_ids, max_new_tokens)
         clock.lap("other")
         if not done:
             drafter.update(emitted, states.select(slice(0, n + 1)))
             clock.lap("update")
+        else:
+            _last_round(drafter, tokens[before:])
+            clock.lap("update")
     out.tokens = tokens
     return out
+
+
+def _last_round(drafter: Drafter, emitted: list[int]) -> None:
+    """The request's last round, as far as the output keeps it (up to its EOS or the length limit): a drafter that
+    learns what it serves (``finish``) reads it; no update, nothing follows."""
+    finish = getattr(drafter, "finish", None)
+    if finish is not None:
+        finish(emitted)
 
 
 def _tree_round(runner, drafter, tree, tokens, max_new_tokens, eos_ids, sampling, generator, out, clock):
@@ -198,6 +221,7 @@ def _tree_round(runner, drafter, tree, tokens, max_new_tokens, eos_ids, sampling
     else:  # one sample of the warped target per node: lossless for deterministic children (verify_tree)
         choice = torch.multinomial(sampling.probs(logits[0]), 1, generator=generator).squeeze(1)
     path, emitted = verify_tree(draft, choice, block)
+    before = len(tokens)
     runner.keep(path)
     out.target_forwards += 1
     out.accepted.append(len(path) - 1)
@@ -206,5 +230,8 @@ def _tree_round(runner, drafter, tree, tokens, max_new_tokens, eos_ids, sampling
     clock.lap("other")
     if not done:
         drafter.update(emitted, states.select(path))
+        clock.lap("update")
+    else:
+        _last_round(drafter, tokens[before:])
         clock.lap("update")
     return tokens, done

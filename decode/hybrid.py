@@ -77,8 +77,11 @@ class HybridDrafter:
 
     def _ngram_chain(self, k: int) -> torch.Tensor | None:
         """n-gram lookup's chain where it expects ``min_score`` accepted drafts, else None (the model's round, the
-        model up to date)."""
+        model up to date). With nothing to draft (k = 0: a reply's last token) the empty chain, no round counted and no
+        late update run: nothing the model would read it for follows."""
         drafts, score = self.ngram.scored_chain(k)
+        if k < 1:
+            return drafts
         return drafts if self._choose(drafts.numel() > 0 and score >= self.min_score) else None
 
     def propose(self, k: int) -> torch.Tensor:
@@ -100,5 +103,15 @@ class HybridDrafter:
         """n-gram lookup's tree of ``spec`` where it expects ``min_score`` accepted drafts, else the model's EAGLE-2 tree
         of the same shape (its compiled graph where it has one)."""
         tree, score = self.ngram.scored_tree(spec, max_depth)
+        if max_depth < 1:  # a reply's last token: the empty tree, as for an empty chain
+            return tree
         return tree if self._choose(tree.size > 0 and score >= self.min_score) else build_dynamic_tree(self.model, spec,
                                                                                                          max_depth)
+
+    def tree_root(self) -> torch.Tensor:
+        raise TypeError("the hybrid grows dynamic trees (--tree); a static tree ranks one model's candidates, which the "
+                        "rounds n-gram lookup drafts have none of")
+
+    def finish(self, emitted: list[int]) -> None:
+        """A request's last round (decode/generate.py): n-gram lookup may learn it; the model reads nothing more."""
+        self.ngram.finish(emitted)

@@ -77,6 +77,11 @@ class NgramDrafter:
             self.store.learn(self.context, self.learned_upto)
             self.learned_upto = len(self.context)
 
+    def finish(self, emitted: list[int]) -> None:
+        """The request's last round (decode/generate.py calls no ``update`` for it): learned too, when learning."""
+        if self.learn:
+            self.update(emitted, None)
+
     def _extend(self, tokens: list[int]) -> None:
         """Append tokens to the context and count the n-grams each new token follows."""
         old = len(self.context)

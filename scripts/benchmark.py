@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-other-target", action="store_true",
                    help="run a head whose headstart.json names another target (warns instead of refusing)")
     p.add_argument("--ngram-max", type=int, default=3,
-                   help="--method ngram: the longest context suffix looked up (vLLM's prompt_lookup_max)")
+                   help="--method ngram or --hybrid-ngram: the longest context suffix looked up (vLLM's prompt_lookup_max)")
     p.add_argument("--hybrid-ngram", type=float, default=None, metavar="SCORE",
                    help="a head or --method draft-model with n-gram lookup first (SuffixDecoding's hybrid, "
                         "decode/hybrid.py): a round where n-gram lookup's drafts expect at least SCORE accepted (the sum of "
@@ -154,6 +154,10 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error("--verify-greedy checks greedy output; it needs --temperature 0")
     if args.batch_size < 1:
         p.error("--batch-size must be >= 1")
+    if args.max_new_tokens < 1:
+        p.error("--max-new-tokens must be >= 1 (the prompt's forward yields the first token)")
+    if args.ngram_max < 1:
+        p.error("--ngram-max is the longest suffix n-gram lookup looks up: >= 1")
     if args.compile and args.method in HF_METHODS:
         p.error("--compile runs headstart's loops (transformers' loops are eager)")
     if args.batch_size > 1 and (args.tree or args.tree_paths or args.method in HF_METHODS or args.predict):
@@ -326,7 +330,7 @@ def describe(method: Method, report: dict, setup: DecodeSetup) -> tuple[str, str
         mode += f", stop under p {args.confidence_threshold:g}"
     if args.ngram_learn:
         mode += f", the store learning each reply ({store.learned_tokens} tokens learned)"
-    if hybrids:  # every round of the run's hybrids: the timed turns' and the untimed warm-up's few (<= 8 tokens)
+    if hybrids:  # every round of the run's hybrids: the timed turns' and the untimed warm-up's few (max(8, depth + 2) tokens)
         rounds = {who: sum(h.rounds[who] for h in hybrids) for who in ("ngram", "model")}
         report["hybrid_rounds"] = rounds
         mode += (f", n-gram lookup first from {args.hybrid_ngram:g} expected "

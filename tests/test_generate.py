@@ -44,6 +44,15 @@ def test_ngram_speculation_equals_greedy(setup, k, max_new):
     assert len(out.tokens) == max_new
 
 
+def test_a_budget_of_no_tokens_is_refused_by_name(setup):
+    """The prompt's forward always yields a token: max_new_tokens 0 is an error, not an empty or negative count."""
+    _, runner, prompt = setup
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
+        speculative_generate(runner, NgramDrafter(), prompt, 0, eos_ids=set(), k=3)
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
+        greedy_generate(runner, prompt, 0, eos_ids=set())
+
+
 def test_ngram_sizes_are_checked():
     with pytest.raises(ValueError, match="1 <= min_ngram <= max_ngram, got 3 and 2"):
         NgramDrafter(max_ngram=2, min_ngram=3)

@@ -101,6 +101,26 @@ def test_the_model_reads_the_ngram_rounds_when_it_next_drafts_and_its_own_at_onc
     assert model.updates[-1] == [7]  # its own round: at once
 
 
+def test_a_round_with_nothing_to_draft_is_nobodys_and_runs_no_late_update():
+    """The loop's last round of a reply asks for 0 drafts: the hybrid drafts nothing, counts no round and leaves the
+    n-gram rounds the model has not read unread (a late update there would be forwards for nothing)."""
+    model = FixedModel()
+    hybrid = HybridDrafter(model, NgramDrafter(), min_score=1.0)
+    hybrid.begin(torch.tensor([[1, 2, 3, 1, 2, 4, 1]]), None, 2)
+    assert hybrid.propose(3).tolist() == [4, 1, 2]
+    hybrid.update([4, 1, 2, 3], states(1.0, 2.0, 3.0, 4.0))
+    assert hybrid.propose(0).numel() == 0
+    tree = hybrid.grow_tree(DynamicTree(depth=2, topk=2, total_tokens=3), max_depth=0)
+    assert tree.size == 0
+    assert hybrid.rounds == {"ngram": 1, "model": 0} and model.calls == 0 and model.updates == [[2]]
+
+
+def test_the_hybrid_refuses_a_static_tree_by_name():
+    hybrid = HybridDrafter(FixedModel(), NgramDrafter(), min_score=1.0)
+    with pytest.raises(TypeError, match="dynamic trees"):
+        hybrid.tree_root()
+
+
 def test_a_tree_round_is_ngram_lookups_tree_or_the_models_eagle2_tree():
     context = [1, 2, 3, 1, 2, 4, 1, 2]
     spec = DynamicTree(depth=2, topk=2, total_tokens=3)
@@ -134,7 +154,8 @@ def test_hybrid_decoding_is_the_targets_greedy_decoding_with_both_drafters_draft
     out = speculative_generate(runner, hybrid, prompt, 60, set(), k=4, tree=tree)
     assert out.tokens == want
     assert hybrid.rounds["ngram"] > 0 and hybrid.rounds["model"] > 0
-    assert sum(hybrid.rounds.values()) == out.target_forwards
+    # every round one drafter drafted, but a last round with no room left for a draft (nobody's)
+    assert sum(hybrid.rounds.values()) == sum(m > 0 for m in out.proposed)
     alone = speculative_generate(runner, NgramDrafter(store=store), prompt, 60, set(), k=4, tree=tree)
     assert out.accepted[0] == alone.accepted[0] > 0  # the store's first round, as n-gram lookup alone drafts it
 

@@ -180,6 +180,22 @@ def test_draft_model_chain_equals_its_own_greedy_decoding(world):
     assert drafter.propose(6).tolist() == own.tolist()
 
 
+def test_a_reused_draft_model_drafter_keeps_nothing_of_the_last_requests_chain(world):
+    """A drafter reused across requests whose first call after ``begin`` is an update (behind n-gram lookup, the
+    hybrid's late read of the rounds it skipped) drafts what a fresh one does: the previous request's last chain, which
+    no update committed, is not kept as this request's accepted drafts."""
+    model, _, _, small, prompt = world
+    reused = DraftModelDrafter(small, 192, model.config.vocab_size)
+    reused.begin(prompt[:, :12], None, 5)
+    reused.propose(4)  # a request's last round: drafted and verified, never updated
+    fresh = DraftModelDrafter(small, 192, model.config.vocab_size)
+    for drafter in (reused, fresh):
+        drafter.begin(prompt, None, 17)
+        drafter.update([40, 41, 42], None)
+    assert reused.propose(4).tolist() == fresh.propose(4).tolist()
+    assert torch.allclose(reused.last_logits, fresh.last_logits)
+
+
 TREES = {"dynamic": DynamicTree(depth=4, topk=3, total_tokens=12), "static": StaticTree(((0,), (1,), (0, 0), (0, 1), (0, 0, 0)))}
 
 
