@@ -66,15 +66,13 @@ SHARED = ("target", "questions", "limit", "per_category", "dtype", "max_new_toke
 """What the method of ``--versus`` shares with the first: the target, the questions and how they are decoded."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", required=True)
+def add_method_args(p: argparse.ArgumentParser) -> None:
+    """The drafting method's flags: which drafter, its shape, n-gram lookup, compilation (``build_method`` reads them)."""
     p.add_argument("--method", choices=[*sorted(HEADS), "ngram", "draft-model", *HF_METHODS], required=True,
                    help="a trained head type (its exported directory in --draft), n-gram lookup, a draft model, or "
                         "transformers' own assisted generation (hf-assisted, --draft a draft model) or prompt lookup "
                         "(hf-prompt-lookup), greedy")
     p.add_argument("--draft", help="the head's exported directory, or the draft model's HF directory")
-    p.add_argument("--questions", required=True)
     p.add_argument("--max-len", type=int, default=None,
                    help="KV cache length of the target and drafter (default: the target's max_position_embeddings)")
     p.add_argument("--num-speculative-tokens", type=int, default=DEFAULT_SPECULATIVE_TOKENS)
@@ -83,17 +81,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tree-topk", type=int, default=DynamicTree.topk)
     p.add_argument("--tree-total-tokens", type=int, default=DynamicTree.total_tokens)
     p.add_argument("--tree-paths", help="JSON file with a static tree: a list of rank paths, e.g. [[0], [1], [0, 0]]")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--limit", type=int, default=None, help="only the first N questions")
-    p.add_argument("--per-category", type=int, default=None, help="only the first N questions of each category")
-    p.add_argument("--dtype", default=None, help="target dtype (default bfloat16 on GPU, float32 on CPU)")
-    p.add_argument("--verify-greedy", action="store_true", help="exit non-zero if speculative output differs from plain")
-    p.add_argument("--no-hf-reference", action="store_true", help="skip timing HF generate")
-    p.add_argument("--predict", action="store_true", help="predict the chain speed-up for k = 1..8 from measured step times")
     p.add_argument("--allow-other-target", action="store_true",
                    help="run a head whose headstart.json names another target (warns instead of refusing)")
     p.add_argument("--ngram-max", type=int, default=3,
@@ -120,6 +107,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tune-blocks", action="store_true",
                    help="eager, batch 1: time the target's forward over 1..k+1 tokens first and run each shorter block "
                         "padded to the cheapest size that holds it (a CPU BLAS can make 2-3 rows cost more than 5)")
+
+
+def add_decoding_args(p: argparse.ArgumentParser) -> None:
+    """How the target decodes: greedy or sampling, the token budget, the dtype."""
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--dtype", default=None, help="target dtype (default bfloat16 on GPU, float32 on CPU)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", required=True)
+    add_method_args(p)
+    add_decoding_args(p)
+    p.add_argument("--questions", required=True)
+    p.add_argument("--limit", type=int, default=None, help="only the first N questions")
+    p.add_argument("--per-category", type=int, default=None, help="only the first N questions of each category")
+    p.add_argument("--verify-greedy", action="store_true", help="exit non-zero if speculative output differs from plain")
+    p.add_argument("--no-hf-reference", action="store_true", help="skip timing HF generate")
+    p.add_argument("--predict", action="store_true", help="predict the chain speed-up for k = 1..8 from measured step times")
     p.add_argument("--batch-size", type=int, default=1,
                    help="decode this many questions' turns together (chains; tokens/s and speed-up over the batch)")
     p.add_argument("--versus", default=None, metavar="'FLAGS'",

@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "publish": "publish_head",
     "check": "check_head",
     "bench": "benchmark",
+    "generate": "generate",
     "evaluate": "evaluate_head",
     "medusa-tree": "medusa_tree",
     "draft-config": "make_draft_config",

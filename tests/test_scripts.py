@@ -212,6 +212,36 @@ def test_benchmark_script_runs_headstart_and_transformers_peers_and_writes_the_s
             assert report["predicted_speedup"] is None
 
 
+def test_generate_answers_a_prompt_with_a_head_and_compares_with_plain_decoding(tmp_path):
+    """`headstart generate`: the demo EAGLE-3 head answers a prompt from a file through the chat template; the reply
+    is the target's own greedy reply (the same tokens as plain decoding, which --compare checks), its numbers go to
+    stderr (the demo head accepts several drafts a round). An empty prompt and a missing one are refused by name."""
+    from headstart.decode.benchmark import prompt_ids
+    from headstart.decode.generate import greedy_generate
+    from headstart.decode.target_runner import TargetRunner
+    from headstart.models.target import Target, TargetConfig, load_tokenizer
+
+    question = "Natalia sold clips to 48 of her friends in April. How many clips did she sell?"
+    (tmp_path / "q.txt").write_text(question)
+    cli = [sys.executable, "-m", "headstart.scripts.cli", "generate", "--target", str(DEMO_TARGET)]
+    head = ["--method", "eagle3", "--draft", str(REPO / "configs/demo/eagle3-head"), "--max-new-tokens", "40"]
+    proc = subprocess.run([*cli, *head, "--prompt-file", str(tmp_path / "q.txt"), "--compare"], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    tokenizer = load_tokenizer(str(DEMO_TARGET))
+    ids = prompt_ids(tokenizer, [{"role": "user", "content": question}])
+    runner = TargetRunner(Target.from_pretrained(TargetConfig(path=str(DEMO_TARGET))), max_len=256)
+    want = tokenizer.decode(greedy_generate(runner, ids, 40, {tokenizer.eos_token_id}).tokens, skip_special_tokens=True)
+    assert proc.stdout == want + "\n"
+    tau = float(re.search(r"eagle3: \d+ tokens in [\d.]+ s \([\d.]+ tokens/s\), tau ([\d.]+)", proc.stderr).group(1))
+    assert tau > 2.0 and "the same tokens as plain greedy decoding" in proc.stderr
+    assert re.search(r"plain decoding: \d+ tokens, [\d.]+ tokens/s: speed-up [\d.]+x", proc.stderr)
+    empty = subprocess.run([*cli, *head, "--prompt", "  "], capture_output=True, text=True, timeout=600)
+    assert empty.returncode == 2 and "the prompt is empty" in empty.stderr
+    missing = subprocess.run([*cli, *head], capture_output=True, text=True, timeout=600)
+    assert missing.returncode == 2 and "one of the arguments --prompt --prompt-file is required" in missing.stderr
+
+
 def test_benchmark_script_stops_unsure_chains_on_tuned_blocks_and_refuses_the_rule_where_it_has_no_meaning(tmp_path):
     """``--confidence-threshold`` with ``--tune-blocks`` end to end: greedy-exact, the run records both and its section
     says them; n-gram lookup (no probabilities) is refused by name."""
