@@ -51,6 +51,8 @@ def mode(args: dict, report: dict | None = None) -> str:
         rounds = (report or {}).get("hybrid_rounds")
         share = f" ({100 * ngram_share(rounds):.0f}% of rounds)" if rounds else ""
         compiled += f", n-gram lookup first from {args['hybrid_ngram']:g} expected{share}"
+        if args.get("hybrid_model_tree"):
+            compiled += ", the model's trees depth {} top-{} {} tokens".format(*args["hybrid_model_tree"])
     if not args.get("temperature"):
         return "greedy" + compiled
     return f"T={args['temperature']}" + (f" top-p {args['top_p']}" if args.get("top_p", 1.0) < 1.0 else "") + compiled

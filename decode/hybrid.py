@@ -30,15 +30,19 @@ def ngram_share(rounds: dict[str, int]) -> float:
 
 
 class HybridDrafter:
-    def __init__(self, model: Drafter, ngram: NgramDrafter, min_score: float, max_flush: int | None = None) -> None:
+    def __init__(self, model: Drafter, ngram: NgramDrafter, min_score: float, max_flush: int | None = None,
+                 model_tree: DynamicTree | None = None) -> None:
         """``model``: any drafter of decode/generate.py with dynamic trees (decode/tree.py); ``min_score``: the
         n-gram drafts' expected accepted count from which they are used instead of the model's; ``max_flush``: the
-        most tokens the model reads in one update (None: any)."""
+        most tokens the model reads in one update (None: any); ``model_tree``: the model's own tree shape in the tree
+        rounds it drafts (None: the round's; a head's cheapest good tree is often shallower than n-gram lookup's), of
+        at most the round's tokens (the verify block the target's runner holds)."""
         if min_score < 0:
             raise ValueError(f"the hybrid's min_score is an expected number of accepted drafts: >= 0, got {min_score}")
         if max_flush is not None and max_flush < 1:
             raise ValueError(f"max_flush must be >= 1 token, got {max_flush}")
         self.model, self.ngram, self.min_score, self.max_flush = model, ngram, min_score, max_flush
+        self.model_tree = model_tree
         self.rounds = {"ngram": 0, "model": 0}  # which drafter drafted each round (reported by the benchmark)
         self._pending: list[tuple[list[int], TargetOutput]] = []  # n-gram rounds the model has not read yet
         self._model_drafted = False
@@ -101,11 +105,15 @@ class HybridDrafter:
 
     def grow_tree(self, spec: DynamicTree, max_depth: int) -> DraftTree:
         """n-gram lookup's tree of ``spec`` where it expects ``min_score`` accepted drafts, else the model's EAGLE-2 tree
-        of the same shape (its compiled graph where it has one)."""
+        of ``model_tree``'s shape or the same (its compiled graph where it has one)."""
+        own = self.model_tree or spec
+        if own.total_tokens > spec.total_tokens:
+            raise ValueError(f"the model's trees ({own.total_tokens} tokens) must fit the round's verify block of "
+                             f"{spec.total_tokens}")
         tree, score = self.ngram.scored_tree(spec, max_depth)
         if max_depth < 1:  # a reply's last token: the empty tree, as for an empty chain
             return tree
-        return tree if self._choose(tree.size > 0 and score >= self.min_score) else build_dynamic_tree(self.model, spec,
+        return tree if self._choose(tree.size > 0 and score >= self.min_score) else build_dynamic_tree(self.model, own,
                                                                                                          max_depth)
 
     def tree_root(self) -> torch.Tensor:

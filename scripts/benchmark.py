@@ -89,6 +89,9 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
                    help="a head or --method draft-model with n-gram lookup first (SuffixDecoding's hybrid, "
                         "decode/hybrid.py): a round where n-gram lookup's drafts expect at least SCORE accepted (the sum of "
                         "their path probabilities under its counts) verifies them and runs no model; add --ngram-store")
+    p.add_argument("--hybrid-model-tree", type=int, nargs=3, default=None, metavar=("DEPTH", "TOPK", "TOKENS"),
+                   help="--hybrid-ngram with --tree: the model's own EAGLE-2 tree in the rounds it drafts (default: the "
+                        "--tree shape n-gram lookup grows), of at most --tree-total-tokens")
     p.add_argument("--ngram-learn", action="store_true",
                    help="--method ngram or --hybrid-ngram: the datastore (empty without --ngram-store) also counts every "
                         "reply decoded, for the turns after it (SuffixDecoding's global tree growing as it serves)")
@@ -156,6 +159,10 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                                           or args.batch_size > 1 or args.predict or args.hybrid_ngram < 0):
         p.error("--hybrid-ngram SCORE (>= 0) puts n-gram lookup in front of a head or --method draft-model, in chains or "
                 "dynamic trees (--tree) at batch size 1, without --predict (which drafter runs depends on k)")
+    if args.hybrid_model_tree and (args.hybrid_ngram is None or not args.tree
+                                   or args.hybrid_model_tree[2] > args.tree_total_tokens):
+        p.error("--hybrid-model-tree DEPTH TOPK TOKENS is the model's tree behind n-gram lookup: with --hybrid-ngram and "
+                "--tree, and at most --tree-total-tokens tokens (the verify block)")
     if args.method == "ngram" and args.tree_paths:
         p.error("--tree-paths ranks a model's candidates; n-gram lookup grows a dynamic tree: use --tree")
     if args.method in HF_METHODS and (args.temperature > 0 or args.predict):
@@ -252,9 +259,11 @@ def build_method(p: argparse.ArgumentParser, args: argparse.Namespace, setup: De
     # The largest block a compiled drafter runs after a prompt: a commit of k + 1 tokens (a tree's: depth + 1), a
     # tree's widest level (a dynamic tree's top-k nodes, a static tree's paths of one length).
     compiled_block = args.num_speculative_tokens + 1
-    if isinstance(tree, DynamicTree):
-        compiled_block = max(compiled_block, tree.depth + 1, tree.topk)
-    elif tree is not None:
+    model_tree = DynamicTree(*args.hybrid_model_tree) if args.hybrid_model_tree else None
+    for spec in (tree, model_tree):
+        if isinstance(spec, DynamicTree):
+            compiled_block = max(compiled_block, spec.depth + 1, spec.topk)
+    if tree is not None and not isinstance(tree, DynamicTree):
         lengths = [len(path) for path in tree.paths]
         compiled_block = max(compiled_block, max(lengths) + 1, max(lengths.count(n) for n in set(lengths)))
     # The target's blocks: plain decoding's one token and a round's verify block (a chain's k + 1 tokens, a tree's
@@ -313,7 +322,7 @@ def build_method(p: argparse.ArgumentParser, args: argparse.Namespace, setup: De
             # a compiled drafter reads late rounds in commits of the sizes it precompiled
             hybrids.append(HybridDrafter(model_drafter(), NgramDrafter(args.ngram_max, store=store, learn=args.ngram_learn),
                                          args.hybrid_ngram,
-                                         max_flush=compiled_block if args.compile else None))
+                                         max_flush=compiled_block if args.compile else None, model_tree=model_tree))
             return hybrids[-1]
     own_loop = None
     if args.method in HF_METHODS:
@@ -345,6 +354,8 @@ def describe(method: Method, report: dict, setup: DecodeSetup) -> tuple[str, str
         report["hybrid_rounds"] = rounds
         mode += (f", n-gram lookup first from {args.hybrid_ngram:g} expected "
                  f"({100 * ngram_share(rounds):.0f}% of rounds)")
+        if args.hybrid_model_tree:
+            mode += ", the model's trees depth {} top-{} {} tokens".format(*args.hybrid_model_tree)
     if args.tune_blocks:
         mode += ", blocks padded (" + (" ".join(f"{n}->{m}" for n, m in pads.items() if m != n) or "none") + ")"
     if args.batch_size > 1:

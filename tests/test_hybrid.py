@@ -131,6 +131,22 @@ def test_a_tree_round_is_ngram_lookups_tree_or_the_models_eagle2_tree():
         assert isinstance(tree, DraftTree) and tree.tokens.tolist() == want
 
 
+def test_the_model_drafts_its_own_tree_shape_and_ngram_lookup_the_rounds():
+    """``model_tree``: the model's rounds grow its own (here shallower) EAGLE-2 tree, n-gram lookup's rounds the round's
+    shape; a model tree larger than the round's verify block is refused by name."""
+    context = [1, 2, 3, 1, 2, 4, 1, 2]
+    spec = DynamicTree(depth=2, topk=2, total_tokens=3)
+    hybrid = HybridDrafter(FixedModel(), NgramDrafter(), 2.0, model_tree=DynamicTree(depth=1, topk=2, total_tokens=2))
+    hybrid.begin(torch.tensor([context[:-1]]), None, context[-1])
+    tree = hybrid.grow_tree(spec, max_depth=10)  # n-gram lookup expects 1.5 < 2.0: the model's round
+    assert tree.tokens.tolist() == [1, 2] and tree.max_depth == 1 and hybrid.rounds["model"] == 1
+    hybrid.min_score = 1.0
+    assert hybrid.grow_tree(spec, max_depth=10).tokens.tolist() == [4, 3, 1]  # n-gram lookup's round: the round's shape
+    hybrid.model_tree = DynamicTree(depth=1, topk=4, total_tokens=4)
+    with pytest.raises(ValueError, match="must fit the round's verify block of 3"):
+        hybrid.grow_tree(spec, max_depth=10)
+
+
 @pytest.fixture(scope="module")
 def world():
     model = tiny_causal_lm("llama", num_hidden_layers=8)
