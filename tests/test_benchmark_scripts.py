@@ -460,3 +460,20 @@ def test_versus_decodes_a_second_method_in_the_same_run_and_compare_methods_pair
     refused = subprocess.run([*bench, "--versus", "--method hf-prompt-lookup --max-new-tokens 8"], cwd=tmp_path,
                              env=OFFLINE, capture_output=True, text=True, timeout=600)
     assert refused.returncode == 2 and "--max-new-tokens is the first's" in refused.stderr
+
+
+def test_the_models_own_tree_behind_ngram_lookup_is_named_and_refused_where_it_cannot_be(tmp_path):
+    """--hybrid-model-tree: compare_methods names the model's tree in the mode column; the flag is refused without
+    --hybrid-ngram and --tree, or with more tokens than the verify block holds (before the target loads)."""
+    from headstart.benchmarks.compare_methods import mode
+
+    args = {"hybrid_ngram": 1.25, "hybrid_model_tree": [3, 4, 8], "dtype": "bfloat16"}
+    assert mode(args, {"hybrid_rounds": {"ngram": 3, "model": 1}}) == (
+        "greedy, bfloat16, n-gram lookup first from 1.25 expected (75% of rounds), the model's trees depth 3 top-4 8 tokens")
+    base = [sys.executable, str(REPO / "scripts" / "benchmark.py"), "--target", str(DEMO_TARGET), "--questions", "q.jsonl",
+            "--out", str(tmp_path / "no"), "--method", "eagle3", "--draft", "x"]
+    for bad in (["--hybrid-model-tree", "3", "4", "8", "--tree"],
+                ["--hybrid-ngram", "1", "--hybrid-model-tree", "3", "4", "8"],
+                ["--hybrid-ngram", "1", "--tree", "--tree-total-tokens", "8", "--hybrid-model-tree", "3", "4", "12"]):
+        refused = subprocess.run([*base, *bad], cwd=tmp_path, env=OFFLINE, capture_output=True, text=True, timeout=600)
+        assert refused.returncode == 2 and "--hybrid-model-tree DEPTH TOPK TOKENS is the model's tree" in refused.stderr
