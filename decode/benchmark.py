@@ -208,6 +208,18 @@ class Rival:
         tree = self.tree
         return self.k if tree is None else (tree.depth if isinstance(tree, DynamicTree) else max(map(len, tree.paths)))
 
+    def warm_up(self, prompt: torch.Tensor, eos_ids: set[int], sampling: Sampling | None,
+                generator: torch.Generator, max_new_tokens: int | None = None) -> None:
+        """An untimed decode long enough for a first round at the full chain or tree depth (a compiled tree's graph is
+        per depth), with a fresh drafter and with each drafter it lists in ``warm_ups()`` (a hybrid's model drafting
+        every round), then ``after_warm_up``."""
+        n = max_new_tokens or (8 if self.own_loop else max(8, self.depth + 2))
+        drafter = None if self.own_loop else self.make_drafter()
+        for d in [drafter, *(drafter.warm_ups() if hasattr(drafter, "warm_ups") else [])]:
+            self.decode(d, prompt, n, eos_ids, sampling, generator)
+        if self.after_warm_up is not None:
+            self.after_warm_up()
+
     def decode(self, drafter: Drafter | None, prompt: torch.Tensor, max_new_tokens: int, eos_ids: set[int],
                sampling: Sampling | None, generator: torch.Generator, clock: RoundClock | None = None) -> Generation:
         if self.own_loop is not None:
@@ -268,14 +280,9 @@ def run_benchmark(
     if questions:  # untimed warm-up: CUDA context, cuBLAS handles and allocator growth would land in the first timing
         warm = prompt_ids(tokenizer, [{"role": "user", "content": questions[0]["turns"][0]}]).to(device)
         for m in methods:
-            # long enough for a first round at the full chain or tree depth (a compiled tree's graph is per depth)
-            m.decode(None if m.own_loop else m.make_drafter(), warm, 8 if m.own_loop else max(8, m.depth + 2), eos_ids,
-                     sampling, generator)
+            m.warm_up(warm, eos_ids, sampling, generator)
         plain_generate(runner, warm, 8, eos_ids, sampling, generator, RoundClock(device))
         _sync(device)
-        for m in methods:
-            if m.after_warm_up is not None:
-                m.after_warm_up()
     turns = 0
     for q in questions:
         messages: list[dict[str, str]] = []

@@ -16,6 +16,8 @@ deterministic (q one-hot), the model's carry their q.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from headstart.decode.generate import Drafter, Sampling
@@ -115,6 +117,12 @@ class HybridDrafter:
             return tree
         return tree if self._choose(tree.size > 0 and score >= self.min_score) else build_dynamic_tree(self.model, own,
                                                                                                          max_depth)
+
+    def warm_ups(self) -> list[HybridDrafter]:
+        """What an untimed warm-up decodes besides this drafter: the same hybrid with the model drafting every round, so
+        a compiled model compiles its chain and tree graphs (its own tree shape) before the timed rounds -- where n-gram
+        lookup drafts the warm-up's few rounds, the model's first round would otherwise be a timed one."""
+        return [HybridDrafter(self.model, self.ngram, math.inf, self.max_flush, self.model_tree)]
 
     def tree_root(self) -> torch.Tensor:
         raise TypeError("the hybrid grows dynamic trees (--tree); a static tree ranks one model's candidates, which the "

@@ -58,15 +58,13 @@ def main(argv: list[str] | None = None) -> int:
     rival = method.rival()
     sampling = Sampling(args.temperature, args.top_k, args.top_p) if args.temperature > 0 else None
     generator = torch.Generator(device=setup.device)
-    fresh = lambda: None if method.own_loop else method.make()  # noqa: E731
     # untimed: the first call's one-off costs (allocations, kernel choice, a compiled graph's first run)
-    rival.decode(fresh(), ids, min(args.max_new_tokens, max(8, rival.depth + 2)), setup.eos, sampling, generator)
-    if rival.after_warm_up is not None:
-        rival.after_warm_up()
+    rival.warm_up(ids, setup.eos, sampling, generator, min(args.max_new_tokens, max(8, rival.depth + 2)))
     _sync(setup.device)
     start = time.perf_counter()
     generator.manual_seed(args.seed)
-    out = rival.decode(fresh(), ids, args.max_new_tokens, setup.eos, sampling, generator, RoundClock(setup.device))
+    drafter = None if method.own_loop else method.make()
+    out = rival.decode(drafter, ids, args.max_new_tokens, setup.eos, sampling, generator, RoundClock(setup.device))
     _sync(setup.device)
     seconds = time.perf_counter() - start
     print(setup.tokenizer.decode(out.tokens, skip_special_tokens=True))

@@ -200,3 +200,34 @@ def test_a_head_that_reads_rounds_late_and_in_chunks_drafts_as_one_that_read_eac
     torch.testing.assert_close(late.model.last_logits, each.last_logits)
     torch.testing.assert_close(late.model.keys[:, :, : each.length], each.keys[:, :, : each.length])
     assert late.model.propose(3).tolist() == each.propose(3).tolist()
+
+
+def test_the_warm_up_runs_the_model_behind_ngram_lookup_once_alone(world):
+    """The benchmark's untimed warm-up (Rival.warm_up) decodes the hybrid as it is and, through ``warm_ups``, with the
+    model drafting every round: a compiled model's chain or tree graph compiles there even where n-gram lookup would
+    draft every warm-up round, not in the first timed round the model drafts."""
+    from headstart.decode.benchmark import Rival
+
+    target, head = world
+    runner = TargetRunner(target, max_len=160)
+    prompt = torch.tensor([[5, 6, 7, 8, 5, 6, 9, 8, 5, 6, 7, 10, 5, 6]])
+    store = NgramStore()
+    store.add(prompt[0].tolist() + greedy_generate(runner, prompt, 30, set()).tokens)  # n-gram lookup drafts it all
+    model_rounds = []
+
+    class Counting(Eagle3Drafter):
+        def tree_root(self):
+            model_rounds.append(1)
+            return super().tree_root()
+
+    made: list[HybridDrafter] = []
+
+    def make() -> HybridDrafter:
+        made.append(HybridDrafter(Counting(head, 160), NgramDrafter(store=store), min_score=0.0,
+                                  model_tree=DynamicTree(depth=2, topk=2, total_tokens=4)))
+        return made[-1]
+
+    spec = DynamicTree(depth=4, topk=3, total_tokens=8)
+    Rival(runner, make, 4, spec).warm_up(prompt, set(), None, torch.Generator())
+    assert made[0].rounds["model"] == 0 and made[0].rounds["ngram"] > 0  # the hybrid alone never ran its model
+    assert model_rounds  # ... the warm-up's model-only pass did, in its own tree shape
