@@ -89,9 +89,9 @@ def paired_notes(runs: list[Path]) -> str:
     notes = []
     for run in runs:
         report = json.loads((run / "results.json").read_text())
-        if report.get("paired"):
-            second = json.loads((Path(report["versus_out"]) / "results.json").read_text())["args"]["method"]
-            notes.append(f"`{run}` and `{report['versus_out']}`: "
+        if report.get("paired"):  # the second method's run directory is OUT/versus (scripts/benchmark.py)
+            second = json.loads((run / "versus" / "results.json").read_text())["args"]["method"]
+            notes.append(f"`{run}` and `{run / 'versus'}`: "
                          + paired_line(report["paired"], report["args"]["method"], second))
     return "".join("\n\n" + n for n in notes)
 
@@ -124,8 +124,10 @@ def main() -> None:
         setting = (f"`{first['questions']}`, {'first ' + str(first['per_category']) + ' per category' if first.get('per_category') else 'all'}"
                    f" (all turns), max {first['max_new_tokens']} new tokens, "
                    f"target `{first['target']}`, each run a separate `scripts/benchmark.py` run in one sequence with "
-                   f"nothing else running ({args.script}) -- but a run's `versus` directory, the second method of the same "
-                   f"process; speed-up = plain / speculative time on the same runner.")
+                   f"nothing else running ({args.script}); speed-up = plain / speculative time on the same runner.")
+        if paired_notes(args.runs):
+            setting += (" A run's `versus` directory is the second method of the same process (`--versus`), its plain "
+                        "decoding the first method's, on the first method's runner.")
         append_section(args.benchmarks, args.title, setting + "\n\n" + text + ("\n\n" + args.note if args.note else ""),
                        measured_on=measured_on(args.runs, args.machine))
 

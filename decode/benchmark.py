@@ -255,7 +255,8 @@ def run_benchmark(
     (``_run_batched``) with ``make_batch_drafter(B)``, or one ``make_drafter()`` per sequence. ``after_warm_up``: undo what
     the untimed warm-up decode left that would leak into the timed ones (a learning n-gram store's counts of question 1).
     ``versus``: a second method decoded on every turn too (``Rival``); the report then adds its own report under
-    ``versus`` and the turn-by-turn comparison under ``paired`` (``paired_summary``)."""
+    ``versus`` and the turn-by-turn comparison under ``paired`` (``paired_summary``). Plain decoding runs once a turn,
+    on the first method's runner (compiled or not as the first method is): both reports' plain columns are its."""
     if verify_greedy and sampling is not None:
         raise ValueError("--verify-greedy compares with greedy decoding; it cannot be combined with sampling")
     device = next(runner.target.model.parameters()).device
@@ -283,8 +284,7 @@ def run_benchmark(
             m.warm_up(warm, eos_ids, sampling, generator)
         plain_generate(runner, warm, 8, eos_ids, sampling, generator, RoundClock(device))
         _sync(device)
-    turns = 0
-    for q in questions:
+    for index, q in enumerate(questions):
         messages: list[dict[str, str]] = []
         for turn, text in enumerate(q["turns"]):
             messages.append({"role": "user", "content": text})
@@ -296,9 +296,9 @@ def run_benchmark(
             for m, drafter in zip(methods, drafters):
                 m.decode(drafter, prompt, 1, eos_ids, sampling, generator)
             specs: list[tuple[Generation, RoundClock, float]] = [None] * len(methods)  # type: ignore[list-item]
-            # two methods take turns at going first, so neither always decodes right after plain decoding
-            order = range(len(methods)) if turns % 2 == 0 else reversed(range(len(methods)))
-            turns += 1
+            # two methods take turns at going first -- by question and turn, so that neither always goes first on a
+            # question's first (shorter) turn of MT-bench's two
+            order = range(len(methods)) if (index + turn) % 2 == 0 else reversed(range(len(methods)))
             for i in order:
                 clock = RoundClock(device)
                 _sync(device)
@@ -348,9 +348,9 @@ def run_benchmark(
 
 def paired_summary(first: list[float], second: list[float], overall_ratio: float | None) -> dict:
     """Two methods timed on the same turns: the ratio of their tokens/s over all turns (``overall_ratio``, first /
-    second) and turn by turn, that ratio's median and quartiles, and how many turns the first was faster -- the
-    comparison that this machine's drift between separate runs blurs."""
-    ratios = sorted(a / b for a, b in zip(first, second))
+    second) and turn by turn (``ratios``, in the turns' order), that ratio's median and quartiles, and how many turns
+    the first was faster -- the comparison that this machine's drift between separate runs blurs."""
+    ratios = [a / b for a, b in zip(first, second)]  # in turn order
     if not ratios:
         return {"turns": 0, "overall_ratio": None, "median_ratio": None, "quartiles": None, "first_faster": 0, "ratios": []}
     q = torch.tensor(ratios, dtype=torch.float64).quantile(torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64)).tolist()

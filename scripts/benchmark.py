@@ -62,7 +62,7 @@ HF_METHODS = ("hf-assisted", "hf-prompt-lookup")
 """transformers' own speculative decoding, run on the same prompts for comparison (decode/hf_peers.py)."""
 
 SHARED = ("target", "questions", "limit", "per_category", "dtype", "max_new_tokens", "temperature", "top_p", "top_k",
-          "seed", "verify_greedy", "no_hf_reference", "predict", "batch_size", "benchmarks")
+          "seed", "verify_greedy", "no_hf_reference", "batch_size", "benchmarks")
 """What the method of ``--versus`` shares with the first: the target, the questions and how they are decoded."""
 
 
@@ -160,9 +160,10 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error("--hybrid-ngram SCORE (>= 0) puts n-gram lookup in front of a head or --method draft-model, in chains or "
                 "dynamic trees (--tree) at batch size 1, without --predict (which drafter runs depends on k)")
     if args.hybrid_model_tree and (args.hybrid_ngram is None or not args.tree
+                                   or args.hybrid_model_tree[0] > args.tree_depth
                                    or args.hybrid_model_tree[2] > args.tree_total_tokens):
         p.error("--hybrid-model-tree DEPTH TOPK TOKENS is the model's tree behind n-gram lookup: with --hybrid-ngram and "
-                "--tree, and at most --tree-total-tokens tokens (the verify block)")
+                "--tree, at most --tree-depth deep and --tree-total-tokens tokens (the verify block)")
     if args.method == "ngram" and args.tree_paths:
         p.error("--tree-paths ranks a model's candidates; n-gram lookup grows a dynamic tree: use --tree")
     if args.method in HF_METHODS and (args.temperature > 0 or args.predict):
@@ -201,11 +202,11 @@ def versus_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argpars
     tokens = shlex.split(args.versus)
     second = p.parse_args(["--target", args.target, "--questions", args.questions, "--out", str(Path(args.out) / "versus"),
                            *tokens])
-    given = [d for d in (*SHARED, "versus") if getattr(second, d) != (getattr(args, d) if d in ("target", "questions")
-                                                                       else p.get_default(d))]
+    given = [d for d in (*SHARED, "versus", "predict") if getattr(second, d) != (
+        getattr(args, d) if d in ("target", "questions") else p.get_default(d))]
     if given:
         p.error(f"--versus takes the second method's own flags; {', '.join('--' + d.replace('_', '-') for d in given)} "
-                "is the first's (the target, questions and decoding settings are shared)")
+                "is the first's (the target, questions and decoding settings are shared; --predict models the first)")
     if args.batch_size > 1:
         p.error("--versus compares two methods at batch size 1")
     for d in SHARED:
@@ -249,7 +250,8 @@ def build_method(p: argparse.ArgumentParser, args: argparse.Namespace, setup: De
             pads = runner.tune_blocks(args.num_speculative_tokens + 1)
         except ValueError as e:
             p.error(f"--tune-blocks: {e} (raise --max-len)")
-        print("blocks of n tokens run at: " + ", ".join(f"{n} -> {m}" for n, m in pads.items()), flush=True)
+        print("blocks of n tokens run at: " + ", ".join(f"{n} -> {m}" for n, m in pads.items()), file=sys.stderr,
+              flush=True)
     tree = None
     shared_batch = None  # with --compile and --batch-size > 1: the head's one batched drafter
     if args.tree_paths:

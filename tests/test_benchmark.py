@@ -273,7 +273,8 @@ def test_a_second_method_decodes_every_turn_in_the_same_run_taking_turns_at_goin
         m.setattr(benchmark, "speculative_generate", spy)
         report = run_benchmark(runner, NgramDrafter, tokenizer, questions, **kwargs,
                                versus=Rival(TargetRunner(Target(model), max_len=512), None, 3, own_loop=timed_lookup))
-    assert timed == ["ngram", "hf", "hf", "ngram", "ngram", "hf"]  # turn 1: ngram first, turn 2: hf first, turn 3: ...
+    # question 1: ngram first on its first turn, hf on its second; question 2 (index 1, turn 0): hf first
+    assert timed == ["ngram", "hf", "hf", "ngram", "hf", "ngram"]
     alone = run_benchmark(runner, NgramDrafter, tokenizer, questions, **kwargs)
     assert report["results"]["overall"]["tau"] == alone["results"]["overall"]["tau"]
     assert report["mismatches"] == [] and report["versus"]["mismatches"] == []
@@ -281,10 +282,10 @@ def test_a_second_method_decodes_every_turn_in_the_same_run_taking_turns_at_goin
     assert report["versus"]["results"]["overall"]["tau"] == peer["results"]["overall"]["tau"]
     assert report["versus"]["results"]["overall"]["generated_tokens"] == 3 * 12
     paired = report["paired"]
-    assert paired["turns"] == 3 and len(paired["ratios"]) == 3 and paired["ratios"] == sorted(paired["ratios"])
+    assert paired["turns"] == 3 and len(paired["ratios"]) == 3
     first, second = report["results"]["overall"], report["versus"]["results"]["overall"]
     assert paired["overall_ratio"] == pytest.approx(first["spec_tokens_per_s"] / second["spec_tokens_per_s"])
-    assert paired["ratios"][0] <= paired["median_ratio"] <= paired["ratios"][-1]
+    assert min(paired["ratios"]) <= paired["median_ratio"] <= max(paired["ratios"])
     with pytest.raises(ValueError, match="a second method"):
         run_benchmark(runner, NgramDrafter, tokenizer, questions, **kwargs, batch_size=2,
                       versus=Rival(runner, NgramDrafter, 3))
@@ -294,7 +295,7 @@ def test_paired_summary_by_hand():
     from headstart.decode.benchmark import paired_line, paired_summary
 
     s = paired_summary([2.0, 1.0, 3.0, 4.0], [1.0, 2.0, 3.0, 1.0], 1.25)
-    assert s["ratios"] == [0.5, 1.0, 2.0, 4.0] and s["turns"] == 4 and s["first_faster"] == 2
+    assert s["ratios"] == [2.0, 0.5, 1.0, 4.0] and s["turns"] == 4 and s["first_faster"] == 2  # in turn order
     assert s["median_ratio"] == pytest.approx(1.5) and s["quartiles"] == pytest.approx([0.875, 2.5])
     assert paired_line(s, "a", "b") == ("Paired in one process (4 turns, the two taking turns at decoding first): a / b "
                                         "tokens/s 1.250x over all turns, turn by turn median 1.500x (quartiles "

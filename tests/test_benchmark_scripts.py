@@ -457,9 +457,10 @@ def test_versus_decodes_a_second_method_in_the_same_run_and_compare_methods_pair
     ratio = report["paired"]["overall_ratio"]
     assert f"`{out}` and `{out / 'versus'}`: Paired in one process (4 turns" in text
     assert f"ngram / hf-prompt-lookup tokens/s {ratio:.3f}x over all turns" in text
-    refused = subprocess.run([*bench, "--versus", "--method hf-prompt-lookup --max-new-tokens 8"], cwd=tmp_path,
-                             env=OFFLINE, capture_output=True, text=True, timeout=600)
-    assert refused.returncode == 2 and "--max-new-tokens is the first's" in refused.stderr
+    for inside, named in (("--max-new-tokens 8", "--max-new-tokens"), ("--predict", "--predict")):
+        refused = subprocess.run([*bench, "--versus", f"--method hf-prompt-lookup {inside}"], cwd=tmp_path,
+                                 env=OFFLINE, capture_output=True, text=True, timeout=600)
+        assert refused.returncode == 2 and f"{named} is the first's" in refused.stderr
 
 
 def test_the_models_own_tree_behind_ngram_lookup_is_named_and_refused_where_it_cannot_be(tmp_path):
@@ -474,6 +475,7 @@ def test_the_models_own_tree_behind_ngram_lookup_is_named_and_refused_where_it_c
             "--out", str(tmp_path / "no"), "--method", "eagle3", "--draft", "x"]
     for bad in (["--hybrid-model-tree", "3", "4", "8", "--tree"],
                 ["--hybrid-ngram", "1", "--hybrid-model-tree", "3", "4", "8"],
-                ["--hybrid-ngram", "1", "--tree", "--tree-total-tokens", "8", "--hybrid-model-tree", "3", "4", "12"]):
+                ["--hybrid-ngram", "1", "--tree", "--tree-total-tokens", "8", "--hybrid-model-tree", "3", "4", "12"],
+                ["--hybrid-ngram", "1", "--tree", "--tree-depth", "4", "--hybrid-model-tree", "5", "4", "8"]):
         refused = subprocess.run([*base, *bad], cwd=tmp_path, env=OFFLINE, capture_output=True, text=True, timeout=600)
         assert refused.returncode == 2 and "--hybrid-model-tree DEPTH TOPK TOKENS is the model's tree" in refused.stderr

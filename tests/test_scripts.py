@@ -255,7 +255,7 @@ def test_benchmark_script_stops_unsure_chains_on_tuned_blocks_and_refuses_the_ru
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads((out / "results.json").read_text())
     assert report["mismatches"] == [] and report["args"]["confidence_threshold"] == 0.6
-    assert "blocks of n tokens run at: 1 -> " in proc.stdout
+    assert "blocks of n tokens run at: 1 -> " in proc.stderr  # stderr: generate keeps stdout for the reply
     assert "greedy, stop under p 0.6, blocks padded" in (tmp_path / "B.md").read_text()
     refused = subprocess.run(bench + ["--method", "ngram", "--confidence-threshold", "0.4", "--out", str(tmp_path / "n")],
                              capture_output=True, text=True, timeout=600)
