@@ -117,7 +117,8 @@ def main() -> None:
     p.add_argument("--machine", default=None,
                    help="the machine the runs were made on, for runs whose results.json does not record it")
     args = p.parse_args()
-    text = table(args.runs) + paired_notes(args.runs)
+    paired = paired_notes(args.runs)
+    text = table(args.runs) + paired
     print(text)
     if args.benchmarks:
         first = json.loads((args.runs[0] / "results.json").read_text())["args"]
@@ -125,7 +126,7 @@ def main() -> None:
                    f" (all turns), max {first['max_new_tokens']} new tokens, "
                    f"target `{first['target']}`, each run a separate `scripts/benchmark.py` run in one sequence with "
                    f"nothing else running ({args.script}); speed-up = plain / speculative time on the same runner.")
-        if paired_notes(args.runs):
+        if paired:
             setting += (" A run's `versus` directory is the second method of the same process (`--versus`), its plain "
                         "decoding the first method's, on the first method's runner.")
         append_section(args.benchmarks, args.title, setting + "\n\n" + text + ("\n\n" + args.note if args.note else ""),

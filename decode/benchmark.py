@@ -163,8 +163,9 @@ class Tally:
         }
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
+def sync(device: torch.device | str) -> None:
+    """Wait for the device's queued work (a GPU's), so a wall-clock reading covers it."""
+    if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
 
 
@@ -283,7 +284,7 @@ def run_benchmark(
         for m in methods:
             m.warm_up(warm, eos_ids, sampling, generator)
         plain_generate(runner, warm, 8, eos_ids, sampling, generator, RoundClock(device))
-        _sync(device)
+        sync(device)
     for index, q in enumerate(questions):
         messages: list[dict[str, str]] = []
         for turn, text in enumerate(q["turns"]):
@@ -301,17 +302,17 @@ def run_benchmark(
             order = range(len(methods)) if (index + turn) % 2 == 0 else reversed(range(len(methods)))
             for i in order:
                 clock = RoundClock(device)
-                _sync(device)
+                sync(device)
                 t0 = time.perf_counter()
                 generator.manual_seed(seed)
                 spec = methods[i].decode(drafters[i], prompt, max_new_tokens, eos_ids, sampling, generator, clock)
-                _sync(device)
+                sync(device)
                 specs[i] = (spec, clock, time.perf_counter() - t0)
             plain_clock = RoundClock(device)
             t1 = time.perf_counter()
             generator.manual_seed(seed)
             plain = plain_generate(runner, prompt, max_new_tokens, eos_ids, sampling, generator, plain_clock)
-            _sync(device)
+            sync(device)
             t2 = time.perf_counter()
             hf_seconds = 0.0
             if hf_reference:
@@ -320,7 +321,7 @@ def run_benchmark(
                                                  do_sample=sampling is not None, pad_token_id=tokenizer.pad_token_id or 0,
                                                  **({} if sampling is None else {"temperature": sampling.temperature,
                                                     "top_k": sampling.top_k or None, "top_p": sampling.top_p}))
-                _sync(device)
+                sync(device)
                 hf_seconds = time.perf_counter() - t2
             for i, (m, (spec, clock, seconds)) in enumerate(zip(methods, specs)):
                 if checks[i] is not None:
@@ -399,7 +400,7 @@ def _run_batched(runner: RaggedRunner, make_drafter: Callable[[int], BatchDrafte
         warm = [prompt_ids(tokenizer, [{"role": "user", "content": questions[0]["turns"][0]}]).to(device)] * size
         batch_speculative_generate(runner, make_drafter(size), warm, max(8, k + 2), eos_ids, k, sampling, generator)
         batch_plain_generate(runner, warm, 8, eos_ids, sampling, generator)
-        _sync(device)
+        sync(device)
     overall = tallies["overall"]
     for start in range(0, len(questions), batch_size):
         chunk = questions[start : start + batch_size]
@@ -412,16 +413,16 @@ def _run_batched(runner: RaggedRunner, make_drafter: Callable[[int], BatchDrafte
             # untimed: the prompts once through the target and the drafter (see run_benchmark)
             batch_speculative_generate(runner, make_drafter(len(rows)), prompts, 1, eos_ids, k, sampling, generator)
             spec_clock, plain_clock = RoundClock(device), RoundClock(device)
-            _sync(device)
+            sync(device)
             t0 = time.perf_counter()
             generator.manual_seed(seed)
             specs, rounds = batch_speculative_generate(runner, make_drafter(len(rows)), prompts, max_new_tokens,
                                                        eos_ids, k, sampling, generator, spec_clock)
-            _sync(device)
+            sync(device)
             t1 = time.perf_counter()
             generator.manual_seed(seed)
             plains, steps = batch_plain_generate(runner, prompts, max_new_tokens, eos_ids, sampling, generator, plain_clock)
-            _sync(device)
+            sync(device)
             t2 = time.perf_counter()
             overall.add_seconds(spec_clock, plain_clock, rounds, steps)
             overall.spec_seconds += t1 - t0

@@ -190,10 +190,9 @@ def speculative_generate(
         clock.lap("other")
         if not done:
             drafter.update(emitted, states.select(slice(0, n + 1)))
-            clock.lap("update")
         else:
             _last_round(drafter, tokens[before:])
-            clock.lap("update")
+        clock.lap("update")
     out.tokens = tokens
     return out
 
@@ -230,8 +229,7 @@ def _tree_round(runner, drafter, tree, tokens, max_new_tokens, eos_ids, sampling
     clock.lap("other")
     if not done:
         drafter.update(emitted, states.select(path))
-        clock.lap("update")
     else:
         _last_round(drafter, tokens[before:])
-        clock.lap("update")
+    clock.lap("update")
     return tokens, done

@@ -122,6 +122,11 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, help="target dtype (default bfloat16 on GPU, float32 on CPU)")
 
 
+def sampling_of(args: argparse.Namespace) -> Sampling | None:
+    """``add_decoding_args``' sampling settings, or None for greedy decoding (temperature 0)."""
+    return Sampling(args.temperature, args.top_k, args.top_p) if args.temperature > 0 else None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True)
@@ -402,12 +407,12 @@ def main() -> int:
     method = build_method(p, args, setup)
     rival = build_method(p, second, setup) if second is not None else None
     runner, make, tree = method.runner, method.make, method.tree
-    sampling = Sampling(args.temperature, args.top_k, args.top_p) if args.temperature > 0 else None
+    sampling = sampling_of(args)
     report = run_benchmark(runner, make, tokenizer, questions, args.num_speculative_tokens, args.max_new_tokens, eos,
                            verify_greedy=args.verify_greedy, hf_reference=not args.no_hf_reference, tree=tree,
                            sampling=sampling, seed=args.seed, own_loop=method.own_loop, batch_size=args.batch_size,
                            make_batch_drafter=method.make_batch,
-                           after_warm_up=method.store.forget if args.ngram_learn else None,
+                           after_warm_up=method.rival().after_warm_up,
                            versus=rival.rival() if rival is not None else None,
                            progress=lambda line: print(line, flush=True))
     shape, mode = describe(method, report, setup)

@@ -21,16 +21,11 @@ from pathlib import Path
 
 import torch
 
-from headstart.decode.benchmark import decode_setup, prompt_ids
+from headstart.decode.benchmark import decode_setup, prompt_ids, sync
 from headstart.decode.clock import RoundClock
 from headstart.decode.exactness import GreedyCheck
-from headstart.decode.generate import Sampling, plain_generate
-from headstart.scripts.benchmark import add_decoding_args, add_method_args, build_method, check_args
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
+from headstart.decode.generate import plain_generate
+from headstart.scripts.benchmark import add_decoding_args, add_method_args, build_method, check_args, sampling_of
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(batch_size=1, predict=False, verify_greedy=False, questions=None)
     args = p.parse_args(argv)
     check_args(p, args)
+    if args.prompt_file is not None and not Path(args.prompt_file).is_file():
+        p.error(f"--prompt-file {args.prompt_file}: no such file")
     text = args.prompt if args.prompt is not None else Path(args.prompt_file).read_text()
     if not text.strip():
         p.error("the prompt is empty")
@@ -56,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": text}]
     ids = prompt_ids(setup.tokenizer, messages).to(setup.device)
     rival = method.rival()
-    sampling = Sampling(args.temperature, args.top_k, args.top_p) if args.temperature > 0 else None
+    sampling = sampling_of(args)
     generator = torch.Generator(device=setup.device)
     # untimed: the first call's one-off costs (allocations, kernel choice, a compiled graph's first run)
     warm_tokens = min(args.max_new_tokens, max(8, rival.depth + 2))
@@ -64,11 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare:
         plain_generate(method.runner, ids, warm_tokens, setup.eos, sampling, generator)
     drafter = None if method.own_loop else method.make()  # built before the clock, as the benchmark's are
-    _sync(setup.device)
+    sync(setup.device)
     start = time.perf_counter()
     generator.manual_seed(args.seed)
     out = rival.decode(drafter, ids, args.max_new_tokens, setup.eos, sampling, generator, RoundClock(setup.device))
-    _sync(setup.device)
+    sync(setup.device)
     seconds = time.perf_counter() - start
     print(setup.tokenizer.decode(out.tokens, skip_special_tokens=True))
     speed = len(out.tokens) / seconds
@@ -79,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     generator.manual_seed(args.seed)
     plain = plain_generate(method.runner, ids, args.max_new_tokens, setup.eos, sampling, generator)
-    _sync(setup.device)
+    sync(setup.device)
     plain_speed = len(plain.tokens) / (time.perf_counter() - start)
     print(f"plain decoding: {len(plain.tokens)} tokens, {plain_speed:.1f} tokens/s: speed-up {speed / plain_speed:.2f}x",
           file=sys.stderr)

@@ -238,6 +238,9 @@ def test_generate_answers_a_prompt_with_a_head_and_compares_with_plain_decoding(
     assert re.search(r"plain decoding: \d+ tokens, [\d.]+ tokens/s: speed-up [\d.]+x", proc.stderr)
     empty = subprocess.run([*cli, *head, "--prompt", "  "], capture_output=True, text=True, timeout=600)
     assert empty.returncode == 2 and "the prompt is empty" in empty.stderr
+    absent = subprocess.run([*cli, *head, "--prompt-file", str(tmp_path / "nope.txt")], capture_output=True, text=True,
+                            timeout=600)
+    assert absent.returncode == 2 and f"--prompt-file {tmp_path / 'nope.txt'}: no such file" in absent.stderr
     missing = subprocess.run([*cli, *head], capture_output=True, text=True, timeout=600)
     assert missing.returncode == 2 and "one of the arguments --prompt --prompt-file is required" in missing.stderr
 
