@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
+from headstart.decode.report import append_section
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -100,8 +101,6 @@ def main() -> int:
     failed = [r["name"] for r, good in zip(results, ok) if not good]
     measured = [row for row, good in zip(rows, ok) if good]
     if args.benchmarks and measured:
-        from headstart.decode.report import append_section
-
         note = f"\n\nNot measured (training or benchmark failed): {', '.join(failed)}." if failed else ""
         append_section(args.benchmarks, args.title,
                        f"Each variant trained from `{args.config}` with the overrides shown, then measured with "

@@ -30,15 +30,16 @@ from pathlib import Path
 
 import torch
 
+from headstart.decode.report import append_section
+from headstart.heads.eagle3.module import Eagle3Config, Eagle3Draft
+from headstart.models.head import Features, loss_denominator, shift_left
+
 REPO = Path(__file__).resolve().parents[1]
 VOCAB = 32768
 
 
 def build(T: int, device: torch.device, dtype: torch.dtype = torch.float32):
     from transformers import LlamaConfig
-
-    from headstart.models.eagle3 import Eagle3Config, Eagle3Draft
-    from headstart.models.head import Features
 
     target = LlamaConfig(hidden_size=1024, num_attention_heads=16, num_key_value_heads=4, intermediate_size=2816,
                          num_hidden_layers=16, vocab_size=VOCAB, max_position_embeddings=max(T, 4096) * 2)
@@ -55,8 +56,6 @@ def build(T: int, device: torch.device, dtype: torch.dtype = torch.float32):
 
 def dense_loss(head, f) -> torch.Tensor:
     """The loss as it was: every step's full logits and the dense attention, kept for backward."""
-    from headstart.models.head import loss_denominator, shift_left
-
     head.midlayer.self_attn.block = 10**9  # ttt_attention's single-block path is the dense form
     valid = torch.zeros_like(f.loss_mask, dtype=torch.bool)
     valid[:, :-1] = f.loss_mask[:, 1:].bool() & f.target_in_draft[:, :-1]
@@ -179,8 +178,6 @@ def main() -> int:
     Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.plot, dpi=100)
     if args.benchmarks:
-        from headstart.decode.report import append_section
-
         # the plot's path as the markdown file's reader resolves it: relative to that file (the plot may be anywhere)
         plot = os.path.relpath(Path(args.plot).resolve(), Path(args.benchmarks).resolve().parent)
         append_section(args.benchmarks, "Training memory by sequence length: TTT attention and loss"

@@ -18,7 +18,7 @@ from torch.profiler import ProfilerActivity, profile
 from headstart.decode.report import append_section
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import DynamicTree, build_dynamic_tree
-from headstart.models.registry import drafter_for, load_head
+from headstart.heads.registry import drafter_for, load_head
 from headstart.models.target import Target, TargetConfig
 
 COMPILED_SCOPE = "Torch-Compiled Region"

@@ -12,7 +12,7 @@ import argparse
 from headstart.decode.benchmark import decode_tau
 from headstart.decode.target_runner import TargetRunner
 from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
-from headstart.models.registry import drafter_for, load_head
+from headstart.heads.registry import drafter_for, load_head
 from headstart.models.target import Target, TargetConfig, load_tokenizer
 from headstart.trainer.batches import split_eval
 from headstart.trainer.config import load_config

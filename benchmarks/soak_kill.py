@@ -27,6 +27,7 @@ from pathlib import Path
 
 from headstart.models.export import HOLD_ENV
 from headstart.trainer.run_dir import MACHINE_METRICS
+from headstart.decode.report import append_section
 
 REPO = Path(__file__).resolve().parents[1]
 TIMING = MACHINE_METRICS  # the metrics that depend on the clock and the machine
@@ -253,8 +254,6 @@ def main() -> int:
     table = "| job | kills | where each kill landed | final result |\n|---|---|---|---|\n" + "\n".join(lines)
     print(table)
     if args.benchmarks:
-        from headstart.decode.report import append_section
-
         append_section(args.benchmarks, "Kill anywhere: SIGKILL soak of training, the feature job and regeneration",
                        f"{args.rows} conversations of `{source}`, recipe `{args.config}`, seed {args.seed}. Every kill is a "
                        "SIGKILL of the whole process group, followed by the same command with `--resume`; compared: the "

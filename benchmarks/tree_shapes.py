@@ -33,11 +33,12 @@ from headstart.decode.generate import speculative_generate
 from headstart.decode.hybrid import HybridDrafter, ngram_share
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.ngram_store import NgramStore
+from headstart.trainer.ngram_corpus import ngram_store_from_conversations
 from headstart.decode.replay import ReplayRunner, Turn, record_turn
 from headstart.decode.report import append_section
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import DynamicTree
-from headstart.models.registry import HEADS, drafter_for, load_head
+from headstart.heads.registry import HEADS, drafter_for, load_head
 
 
 def ints(text: str) -> list[int]:
@@ -203,7 +204,7 @@ def main() -> None:
     makers = {args.method: lambda: drafter_for(head, max_len), "ngram": lambda: NgramDrafter()}
     store = None
     if args.ngram_store or args.ngram_learn:
-        store = NgramStore.from_conversations(args.ngram_store, tokenizer) if args.ngram_store else NgramStore()
+        store = ngram_store_from_conversations(args.ngram_store, tokenizer) if args.ngram_store else NgramStore()
         print(f"n-gram store: {store.tokens} tokens of replies counted", flush=True)
         makers["ngram+store"] = lambda: NgramDrafter(store=store, learn=args.ngram_learn)
     ngrams = [m for m in makers if m != args.method]

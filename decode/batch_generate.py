@@ -18,7 +18,7 @@ from typing import Protocol
 import torch
 
 from headstart.decode.clock import UNTIMED, RoundClock
-from headstart.decode.generate import Drafter, Generation, Sampling, _finish
+from headstart.decode.generate import Drafter, Generation, Sampling, stop_at_end
 from headstart.decode.target_runner import RaggedRunner
 from headstart.decode.verify import verify_greedy, verify_sampling
 from headstart.models.target import TargetOutput
@@ -69,7 +69,7 @@ def _prefill(runner: RaggedRunner, prompts: list[torch.Tensor], max_new_tokens: 
     first = _pick_rows(last, sampling, generator).tolist()
     outs, done = [], []
     for token in first:
-        tokens, finished = _finish([token], eos_ids, max_new_tokens)
+        tokens, finished = stop_at_end([token], eos_ids, max_new_tokens)
         outs.append(Generation(tokens))
         done.append(finished)
     return outs, done, first, states
@@ -106,7 +106,7 @@ def batch_plain_generate(runner: RaggedRunner, prompts: list[torch.Tensor], max_
         steps += 1
         for b, token in zip(active, _pick_rows(logits[:, -1], sampling, generator).tolist()):
             outs[b].target_forwards += 1
-            outs[b].tokens, done[b] = _finish(outs[b].tokens + [token], eos_ids, max_new_tokens)
+            outs[b].tokens, done[b] = stop_at_end(outs[b].tokens + [token], eos_ids, max_new_tokens)
         active, _ = _drop_finished(runner, None, active, done)
     clock.lap("other")
     return outs, steps
@@ -225,7 +225,7 @@ def batch_speculative_generate(
             out.accepted.append(n)
             out.proposed.append(d.numel())
             emitted = row[2 : 2 + n] + [row[1]]
-            out.tokens, done[b] = _finish(out.tokens + emitted, eos_ids, max_new_tokens)
+            out.tokens, done[b] = stop_at_end(out.tokens + emitted, eos_ids, max_new_tokens)
             emitted_by_row.append(emitted)
         active, kept = _drop_finished(runner, drafter, active, done)  # bookkeeping: the caches lose finished rows
         clock.lap("other")

@@ -80,7 +80,7 @@ def _check_budget(max_new_tokens: int) -> None:
         raise ValueError(f"max_new_tokens must be >= 1 (the prompt's forward yields the first token), got {max_new_tokens}")
 
 
-def _finish(tokens: list[int], eos_ids: set[int], max_new_tokens: int) -> tuple[list[int], bool]:
+def stop_at_end(tokens: list[int], eos_ids: set[int], max_new_tokens: int) -> tuple[list[int], bool]:
     """Cut at the first EOS (kept) and at max_new_tokens; report whether generation is done."""
     for i, t in enumerate(tokens):
         if t in eos_ids:
@@ -107,7 +107,7 @@ def plain_generate(runner: TargetRunner, prompt_ids: torch.Tensor, max_new_token
     logits, _ = runner.forward(prompt_ids)
     clock.lap("prefill")
     runner.commit(prompt_ids.shape[1])
-    tokens, done = _finish([_pick(logits[0, -1], sampling, generator)], eos_ids, max_new_tokens)
+    tokens, done = stop_at_end([_pick(logits[0, -1], sampling, generator)], eos_ids, max_new_tokens)
     out = Generation(tokens)
     while not done:
         clock.lap("other")
@@ -115,7 +115,7 @@ def plain_generate(runner: TargetRunner, prompt_ids: torch.Tensor, max_new_token
         clock.lap("verify")
         runner.commit(1)
         out.target_forwards += 1
-        tokens, done = _finish(tokens + [_pick(logits[0, -1], sampling, generator)], eos_ids, max_new_tokens)
+        tokens, done = stop_at_end(tokens + [_pick(logits[0, -1], sampling, generator)], eos_ids, max_new_tokens)
     clock.lap("other")
     out.tokens = tokens
     return out
@@ -150,7 +150,7 @@ def speculative_generate(
     logits, states = runner.forward(prompt_ids)
     clock.lap("prefill")
     runner.commit(prompt_ids.shape[1])
-    tokens, done = _finish([_pick(logits[0, -1], sampling, generator)], eos_ids, max_new_tokens)
+    tokens, done = stop_at_end([_pick(logits[0, -1], sampling, generator)], eos_ids, max_new_tokens)
     clock.lap("other")
     drafter.begin(prompt_ids, states, tokens[0])
     clock.lap("prefill")  # the drafter reading the prompt is a prompt cost, like the target's forward over it
@@ -186,7 +186,7 @@ def speculative_generate(
         out.proposed.append(drafts.numel())
         emitted = packed[2 : 2 + n] + [packed[1]]
         before = len(tokens)
-        tokens, done = _finish(tokens + emitted, eos_ids, max_new_tokens)
+        tokens, done = stop_at_end(tokens + emitted, eos_ids, max_new_tokens)
         clock.lap("other")
         if not done:
             drafter.update(emitted, states.select(slice(0, n + 1)))
@@ -225,7 +225,7 @@ def _tree_round(runner, drafter, tree, tokens, max_new_tokens, eos_ids, sampling
     out.target_forwards += 1
     out.accepted.append(len(path) - 1)
     out.proposed.append(draft.max_depth)
-    tokens, done = _finish(tokens + emitted, eos_ids, max_new_tokens)
+    tokens, done = stop_at_end(tokens + emitted, eos_ids, max_new_tokens)
     clock.lap("other")
     if not done:
         drafter.update(emitted, states.select(path))

@@ -12,7 +12,6 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 import torch
-from transformers import PreTrainedTokenizerBase
 
 # An n-gram's key: two polynomial hashes mod 2^31 - 1 side by side, 62 bits (exact in int64 arithmetic: a hash times a
 # base stays below 2^62). Distinct n-grams collide with probability ~ keys^2 / 2^62: ~1e-7 for a million of them.
@@ -137,34 +136,3 @@ class NgramStore:
                 order = order[torch.argsort(pairs[order, 0], stable=True)]
                 self._tables[n] = (pairs[order, 0].contiguous(), pairs[order, 1].contiguous(), counts[order])
         return self._tables
-
-    @classmethod
-    def from_conversations(cls, paths: Iterable[str], tokenizer: PreTrainedTokenizerBase, max_ngram: int = 4,
-                           min_ngram: int = 2) -> NgramStore:
-        """Count the assistant turns of conversation files (any format the trainer reads, ``file[a:b]`` row ranges
-        included), rendered with the tokenizer's chat template as the target sees them. A file with no usable
-        conversation is an error that names it; single bad rows are skipped."""
-        from headstart.trainer.chat import tokenize_conversation
-        from headstart.trainer.conversations import RowError, detect_format, to_messages
-        from headstart.trainer.data import read_rows
-
-        store = cls(max_ngram, min_ngram)
-        for path in paths:
-            rows, used = read_rows(path), 0
-            try:
-                fmt = detect_format(rows[0]) if len(rows) else None
-            except RowError as err:
-                raise ValueError(f"{path}: {err}") from err
-            if fmt == "text":
-                raise ValueError(f"{path}: an n-gram store reads conversations (whose assistant turns it counts), "
-                                 "not 'text' rows")
-            for row in rows:
-                try:
-                    tok = tokenize_conversation(tokenizer, to_messages(row, fmt))
-                except RowError:
-                    continue
-                store.add(tok.input_ids, tok.loss_mask)
-                used += 1
-            if not used:
-                raise ValueError(f"{path}: no conversation with an assistant turn to count")
-        return store

@@ -193,7 +193,7 @@ def grow_static_tree(expand: Callable[[int, torch.Tensor, torch.Tensor, torch.Te
 
 def build_dynamic_tree(drafter: TreeDrafter, spec: DynamicTree, max_depth: int) -> DraftTree:
     """The EAGLE-2 tree, at most ``max_depth`` levels deep (the length budget). A drafter with ``dynamic_tree`` builds
-    the full-depth tree as one compiled graph (the same tree: decode/eagle3_drafter.py); the level-by-level form
+    the full-depth tree as one compiled graph (the same tree: heads/eagle3/drafter.py); the level-by-level form
     below otherwise, and for the shallower trees of a generation's last rounds."""
     grow = getattr(drafter, "grow_tree", None)
     if grow is not None:

@@ -67,26 +67,3 @@ def export_head(head, directory: str | Path, name: str, target: dict | None, for
         write_provenance(where, name, layout, target)
     replace_dir(tmp, directory)
     return directory
-
-
-def convert_head(source: str | Path, out: str | Path, to: str, verifier: dict | None = None,
-                 force: bool = False) -> Path:
-    """Rewrite an exported head in another of its layouts (its registry entry's ``convert``), tensors unchanged.
-    ``verifier``: the target's fingerprint, for layouts whose config names it."""
-    from headstart.models.head_check import detect_layout
-    from headstart.models.registry import HEADS
-
-    for name in ("config.json", "model.safetensors"):
-        if not (Path(source) / name).is_file():
-            raise FileNotFoundError(f"{source}: no {name}; expected an exported head")
-    found = detect_layout(Path(source))
-    if found is None:
-        raise ValueError(f"{source}: not an export of a registered head ({sorted(HEADS)})")
-    spec = HEADS[found[0]]
-    if to not in spec.cards:
-        raise ValueError(f"{source} holds {found[0]} ({found[1]} layout); {found[0]} heads are exported in "
-                         f"{list(spec.cards)}, not {to!r}")
-    if spec.convert is None:
-        raise ValueError(f"{found[0]} heads have no layout converter")
-    return spec.convert(source, out, to, verifier, force)
-

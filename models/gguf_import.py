@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from headstart.models.target import dtype_of
+
 SOURCE_FILE = "SOURCE.md"
 SOURCE_JSON = "source.json"  # the same facts, machine-readable: what makes a second run a no-op
 
@@ -379,10 +381,8 @@ def _source_md(model, source: GGUFSource, dtype: str, answer: tuple[str, str], s
 
 def import_gguf(source: GGUFSource, out: Path, dtype: str = "float32") -> tuple[str, str]:
     """Load, check and write ``source`` to ``out``; returns the check's (prompt, reply)."""
-    from .target import _dtype
-
     start = time.perf_counter()
-    model, tokenizer = load_gguf(source, _dtype(dtype))
+    model, tokenizer = load_gguf(source, dtype_of(dtype))
     seconds = time.perf_counter() - start
     answer = check_answer(model, tokenizer)
     write_checkpoint(model, tokenizer, source, out, dtype, answer, seconds)

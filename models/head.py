@@ -27,7 +27,7 @@ class DraftConfig:
     and refuses, by name, a key that is neither shared nor the chosen head's."""
 
     head: str
-    """Registered head name (models/registry.py; a recipe without one gets its ``DEFAULT_HEAD``)."""
+    """Registered head name (heads/registry.py; a recipe without one gets its ``DEFAULT_HEAD``)."""
     config: str | None = None
     """Draft config JSON (server format); None derives one from the target config."""
     loss_chunk_tokens: int = 1024

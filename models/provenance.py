@@ -20,6 +20,8 @@ import json
 import warnings
 from pathlib import Path
 
+from headstart import __version__
+
 PROVENANCE_FILE = "headstart.json"
 # What identifies a target for a draft head: its architecture's sizes and rope, not the file's bytes -- a
 # re-save by another transformers release, a quantized copy or an edited chat template is the same target.
@@ -70,15 +72,9 @@ def fingerprint(target_path: str | Path) -> dict:
     }
 
 
-def _headstart_version() -> str:
-    from headstart import __version__
-
-    return __version__
-
-
 def write_provenance(directory: str | Path, head: str, layout: str, target: dict | None) -> None:
     """Write ``headstart.json`` into an exported head directory; ``target`` is a ``fingerprint``."""
-    record = {"head": head, "layout": layout, "headstart_version": _headstart_version(), "target": target}
+    record = {"head": head, "layout": layout, "headstart_version": __version__, "target": target}
     (Path(directory) / PROVENANCE_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
 

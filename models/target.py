@@ -98,7 +98,7 @@ def context_length(config) -> int:
     return int(n)
 
 
-def _decoder_layers(model: PreTrainedModel) -> nn.ModuleList:
+def decoder_layers(model: PreTrainedModel) -> nn.ModuleList:
     base = getattr(model, model.base_model_prefix, None)
     layers = getattr(base, "layers", None)
     if not isinstance(layers, nn.ModuleList):
@@ -119,7 +119,7 @@ class Target(nn.Module):
         super().__init__()
         self.model = model
         self.model.eval().requires_grad_(False)
-        self.layers = _decoder_layers(model)
+        self.layers = decoder_layers(model)
         self.base = getattr(model, model.base_model_prefix)
         n = len(self.layers)
         self.aux_layer_ids = () if not capture_aux else \
@@ -250,7 +250,7 @@ def chunked_argmax(full_head, last_hidden: torch.Tensor, vocab_size: int, chunk_
     return ids.view(last_hidden.shape[:-1])
 
 
-def _dtype(name: str) -> torch.dtype:
+def dtype_of(name: str) -> torch.dtype:
     table = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
              "float32": torch.float32, "fp32": torch.float32}
     if name not in table:
@@ -267,7 +267,7 @@ def load_causal_lm(config: TargetConfig) -> PreTrainedModel:
     try:
         model = AutoModelForCausalLM.from_pretrained(
             path,
-            dtype=_dtype(config.dtype),
+            dtype=dtype_of(config.dtype),
             attn_implementation=config.attn_implementation,
             trust_remote_code=config.trust_remote_code,
             local_files_only=True,

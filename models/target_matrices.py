@@ -17,7 +17,7 @@ from transformers import AutoConfig
 
 from headstart.models.target import (
     TargetConfig,
-    _dtype,
+    dtype_of,
     check_aux_layer_ids,
     chunked_argmax,
     default_aux_layer_ids,
@@ -25,7 +25,7 @@ from headstart.models.target import (
 )
 
 
-def _weight_files(root: Path) -> dict[str, Path]:
+def weight_files(root: Path) -> dict[str, Path]:
     """tensor name -> file, from the sharded index or the single file."""
     index = root / "model.safetensors.index.json"
     if index.is_file():
@@ -58,11 +58,11 @@ class TargetMatrices:
         self.num_layers = text.num_hidden_layers
         self.aux_layer_ids = check_aux_layer_ids(
             default_aux_layer_ids(self.num_layers) if config.aux_layer_ids is None else config.aux_layer_ids, self.num_layers)
-        files = _weight_files(root)
+        files = weight_files(root)
         embed_name, head_name = _pick(list(files), "embed_tokens.weight"), _pick(list(files), "lm_head.weight")
         if embed_name is None:
             raise ValueError(f"{root}: no '*embed_tokens.weight' tensor in its safetensors; train this target online")
-        dtype = _dtype(config.dtype)
+        dtype = dtype_of(config.dtype)
 
         def read(name: str) -> torch.Tensor:
             with safe_open(str(files[name]), framework="pt") as f:

@@ -42,24 +42,21 @@ from headstart.decode.benchmark import (
     run_benchmark,
     split_table,
 )
-from headstart.decode.confidence import with_threshold
-from headstart.decode.draft_model import DraftModelDrafter, draft_model_runner
-from headstart.decode.draft_model_batch_drafter import DraftModelBatchDrafter, as_draft_target
 from headstart.decode.generate import Sampling
 from headstart.decode.hf_peers import HFSpeculation
+from headstart.decode.methods import DraftingMethod, MethodContext, MethodError
 from headstart.decode.hybrid import HybridDrafter, ngram_share
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.ngram_store import NgramStore
+from headstart.trainer.ngram_corpus import ngram_store_from_conversations
 from headstart.decode.predict import measure_step_times, predict_speedups, recommend_k, round_overhead
 from headstart.decode.target_runner import RaggedRunner, TargetRunner
 from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
 from headstart.decode.tree import DynamicTree, StaticTree
-from headstart.models.registry import HEADS, batch_drafter_for, drafter_for, load_head
-from headstart.models.target import TargetConfig, load_causal_lm, load_tokenizer
+from headstart.heads.methods import drafting_methods
 
-
-HF_METHODS = ("hf-assisted", "hf-prompt-lookup")
-"""transformers' own speculative decoding, run on the same prompts for comparison (decode/hf_peers.py)."""
+METHODS: dict[str, DraftingMethod] = drafting_methods()
+"""Every ``--method``: the heads of the catalog and the methods that are not heads (heads/methods.py)."""
 
 SHARED = ("target", "questions", "limit", "per_category", "dtype", "max_new_tokens", "temperature", "top_p", "top_k",
           "seed", "verify_greedy", "no_hf_reference", "batch_size", "benchmarks")
@@ -68,10 +65,8 @@ SHARED = ("target", "questions", "limit", "per_category", "dtype", "max_new_toke
 
 def add_method_args(p: argparse.ArgumentParser) -> None:
     """The drafting method's flags: which drafter, its shape, n-gram lookup, compilation (``build_method`` reads them)."""
-    p.add_argument("--method", choices=[*sorted(HEADS), "ngram", "draft-model", *HF_METHODS], required=True,
-                   help="a trained head type (its exported directory in --draft), n-gram lookup, a draft model, or "
-                        "transformers' own assisted generation (hf-assisted, --draft a draft model) or prompt lookup "
-                        "(hf-prompt-lookup), greedy")
+    p.add_argument("--method", choices=list(METHODS), required=True,
+                   help="; ".join(f"{name}: {m.help}" for name, m in METHODS.items()))
     p.add_argument("--draft", help="the head's exported directory, or the draft model's HF directory")
     p.add_argument("--max-len", type=int, default=None,
                    help="KV cache length of the target and drafter (default: the target's max_position_embeddings)")
@@ -151,16 +146,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Refuse, by name, flags that do not go together."""
-    if args.method in HF_METHODS and (args.tree or args.tree_paths):
+    """Refuse, by name, flags that do not go together (a method's by what its catalog entry says it can do)."""
+    m = METHODS[args.method]
+    if m.own_loop and (args.tree or args.tree_paths):
         p.error(f"{args.method} proposes chains only; drop --tree")
-    if args.ngram_store and args.method != "ngram" and args.hybrid_ngram is None:
+    if args.ngram_store and not m.ngram_store and args.hybrid_ngram is None:
         p.error("--ngram-store is n-gram lookup's datastore: use it with --method ngram or --hybrid-ngram")
-    if args.ngram_learn and args.method != "ngram" and args.hybrid_ngram is None:
+    if args.ngram_learn and not m.ngram_store and args.hybrid_ngram is None:
         p.error("--ngram-learn grows n-gram lookup's datastore: use it with --method ngram or --hybrid-ngram")
     if args.ngram_learn and args.batch_size > 1:
         p.error("--ngram-learn learns from one sequence at a time: use --batch-size 1")
-    if args.hybrid_ngram is not None and (args.method in ("ngram", *HF_METHODS) or args.tree_paths
+    if args.hybrid_ngram is not None and (not m.model or m.own_loop or args.tree_paths
                                           or args.batch_size > 1 or args.predict or args.hybrid_ngram < 0):
         p.error("--hybrid-ngram SCORE (>= 0) puts n-gram lookup in front of a head or --method draft-model, in chains or "
                 "dynamic trees (--tree) at batch size 1, without --predict (which drafter runs depends on k)")
@@ -169,9 +165,9 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                                    or args.hybrid_model_tree[2] > args.tree_total_tokens):
         p.error("--hybrid-model-tree DEPTH TOPK TOKENS is the model's tree behind n-gram lookup: with --hybrid-ngram and "
                 "--tree, at most --tree-depth deep and --tree-total-tokens tokens (the verify block)")
-    if args.method == "ngram" and args.tree_paths:
-        p.error("--tree-paths ranks a model's candidates; n-gram lookup grows a dynamic tree: use --tree")
-    if args.method in HF_METHODS and (args.temperature > 0 or args.predict):
+    if not m.ranked_trees and not m.own_loop and args.tree_paths:
+        p.error(f"--tree-paths ranks a model's candidates; {args.method} grows a dynamic tree: use --tree")
+    if m.own_loop and (args.temperature > 0 or args.predict):
         p.error(f"{args.method} is benchmarked greedy and without --predict (transformers' loop is one call)")
     if args.verify_greedy and args.temperature > 0:
         p.error("--verify-greedy checks greedy output; it needs --temperature 0")
@@ -181,25 +177,21 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error("--max-new-tokens must be >= 1 (the prompt's forward yields the first token)")
     if args.ngram_max < 1:
         p.error("--ngram-max is the longest suffix n-gram lookup looks up: >= 1")
-    if args.compile and args.method in HF_METHODS:
+    if args.compile and m.own_loop:
         p.error("--compile runs headstart's loops (transformers' loops are eager)")
-    if args.batch_size > 1 and (args.tree or args.tree_paths or args.method in HF_METHODS or args.predict):
+    if args.batch_size > 1 and (args.tree or args.tree_paths or m.own_loop or args.predict):
         p.error("--batch-size > 1 decodes headstart's chains: drop --tree/--tree-paths/--predict, or use a headstart "
                 "method (transformers' loops are benchmarked at batch size 1)")
-
-    if args.confidence_threshold and (args.method in ("ngram", "hf-prompt-lookup") or args.tree or args.tree_paths
-                                      or args.batch_size > 1):
+    if args.confidence_threshold and (not m.model or args.tree or args.tree_paths or args.batch_size > 1):
         p.error("--confidence-threshold stops the chains of a model drafter at batch size 1: not n-gram lookup, trees "
                 "(a dynamic tree already keeps its likeliest drafts) or --batch-size > 1")
-    if args.tune_blocks and (args.compile or args.batch_size > 1 or args.tree or args.tree_paths
-                             or args.method in HF_METHODS):
+    if args.tune_blocks and (args.compile or args.batch_size > 1 or args.tree or args.tree_paths or m.own_loop):
         p.error("--tune-blocks pads an eager runner's chain blocks: not with --compile (it pads to its graphs), "
                 "--batch-size > 1, trees or transformers' loops")
     if args.confidence_threshold and args.predict:
         p.error("--predict times full chains of k = 1..8 drafts; run it without --confidence-threshold")
-    if not 0 <= args.confidence_threshold < 1:
-        p.error("--confidence-threshold is a probability in [0, 1)")
-
+    if m.draft and not args.draft:
+        p.error(f"--method {args.method} needs --draft ({m.draft})")
 
 
 def versus_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
@@ -243,11 +235,10 @@ class Method:
 
 
 def build_method(p: argparse.ArgumentParser, args: argparse.Namespace, setup: DecodeSetup) -> Method:
-    device, dtype, target, tokenizer = setup.device, setup.dtype, setup.target, setup.tokenizer
+    target, tokenizer = setup.target, setup.tokenizer
     pads = None
     max_len = args.max_len or (min(1024, target.context_length) if args.compile else target.context_length)
-    vocab_size = target.lm_head.weight.shape[0]
-    reads_aux = args.method in HEADS and HEADS[args.method].cls.needs.aux_hidden_states
+    reads_aux = METHODS[args.method].reads_aux
     batched = args.batch_size > 1  # the batch's own runner (decode/batch_generate.py), compiled with --compile
     runner = (RaggedRunner if batched else TargetRunner)(target, max_len=max_len, with_aux=reads_aux, compile=args.compile)
     if args.tune_blocks:
@@ -258,7 +249,6 @@ def build_method(p: argparse.ArgumentParser, args: argparse.Namespace, setup: De
         print("blocks of n tokens run at: " + ", ".join(f"{n} -> {m}" for n, m in pads.items()), file=sys.stderr,
               flush=True)
     tree = None
-    shared_batch = None  # with --compile and --batch-size > 1: the head's one batched drafter
     if args.tree_paths:
         tree = StaticTree(tuple(tuple(path) for path in json.loads(Path(args.tree_paths).read_text())))
     elif args.tree:
@@ -283,44 +273,14 @@ def build_method(p: argparse.ArgumentParser, args: argparse.Namespace, setup: De
     else:
         runner.precompile([1], masked=[1 + (tree.total_tokens if isinstance(tree, DynamicTree) else len(tree.paths))],
                           keeps=True)
-    store = NgramStore.from_conversations(args.ngram_store, tokenizer) if args.ngram_store else None
+    store = ngram_store_from_conversations(args.ngram_store, tokenizer) if args.ngram_store else None
     if args.ngram_learn and store is None:
         store = NgramStore()  # learning only: SuffixDecoding's global tree from nothing
-    if args.method in HEADS:
-        if not args.draft:
-            p.error(f"--method {args.method} needs --draft (the head's directory)")
-        head = load_head(args.method, args.draft, target, args.allow_other_target).to(device=device, dtype=target.lm_head_weight.dtype)
-        if args.compile and not batched:  # one drafter for every prompt (begin starts it afresh): compiled once, up front
-            shared_drafter = drafter_for(head, max_len, compile=True)
-            # a threshold drafts step by step through the masked step's graphs, as trees do
-            shared_drafter.precompile(compiled_block, trees=tree is not None or args.confidence_threshold > 0)
-            make = lambda: shared_drafter  # noqa: E731
-        else:
-            make = lambda: drafter_for(head, max_len)  # noqa: E731
-        make = with_threshold(make, args.confidence_threshold)
-        if args.compile and batched and HEADS[args.method].batch_drafter is not None:  # built once: compiled once
-            shared_batch = batch_drafter_for(head, max_len, args.batch_size, compile=True)
-            make_batch = lambda b: shared_batch  # noqa: E731  (begin resets it to each batch, of any size)
-        else:
-            make_batch = lambda b: batch_drafter_for(head, max_len, b)  # noqa: E731
-    elif args.method in ("draft-model", "hf-assisted"):
-        if not args.draft:
-            p.error(f"--method {args.method} needs --draft (an HF causal LM directory)")
-        if load_tokenizer(args.draft).get_vocab() != tokenizer.get_vocab():
-            p.error(f"the draft model {args.draft} has another tokenizer than the target {args.target}; "
-                    "a draft model must share its target's vocabulary")
-        draft_model = load_causal_lm(TargetConfig(path=args.draft, dtype=dtype, device=device))
-        draft_runner = draft_model_runner(draft_model, max_len, compile=args.compile and not batched)  # built once: compiled once
-        draft_runner.precompile(range(1, compiled_block + 1), masked=range(1, compiled_block + 1) if tree else ())
-        make = with_threshold(lambda: DraftModelDrafter(draft_runner, max_len, vocab_size), args.confidence_threshold)
-        if args.batch_size > 1:  # a Target wrapper hooks the model: only where the batch drafter runs it
-            draft_target = as_draft_target(draft_model)
-            make_batch = lambda b: DraftModelBatchDrafter(draft_target, max_len, vocab_size, b)  # noqa: E731
-        else:
-            make_batch = None
-    else:
-        make = lambda: NgramDrafter(args.ngram_max, store=store, learn=args.ngram_learn)  # noqa: E731
-        make_batch = None  # one n-gram lookup per sequence
+    try:
+        built = METHODS[args.method].build(MethodContext(args, setup, max_len, compiled_block, store))
+    except MethodError as err:
+        p.error(str(err))
+    make = built.make
     hybrids: list[HybridDrafter] = []
     if args.hybrid_ngram is not None:
         model_drafter = make
@@ -331,16 +291,7 @@ def build_method(p: argparse.ArgumentParser, args: argparse.Namespace, setup: De
                                          args.hybrid_ngram,
                                          max_flush=compiled_block if args.compile else None, model_tree=model_tree))
             return hybrids[-1]
-    own_loop = None
-    if args.method in HF_METHODS:
-        own_loop = HFSpeculation(target.model, args.num_speculative_tokens, pad_token_id=tokenizer.pad_token_id or 0,
-                                 confidence_threshold=args.confidence_threshold,
-                                 **({"assistant": draft_model} if args.method == "hf-assisted" else {"prompt_lookup": True}))
-    # n-gram lookup runs no model; in a batch only EAGLE-3's and MTP's batched layers compile (Medusa's heads, the draft
-    # model's batch runner and per-sequence drafters run eagerly)
-    compiled_drafter = args.compile and args.method not in ("ngram", *HF_METHODS) and (
-        not batched or hasattr(shared_batch, "precompile"))
-    return Method(args, runner, make, make_batch, own_loop, tree, store, hybrids, compiled_drafter, pads)
+    return Method(args, runner, make, built.make_batch, built.own_loop, tree, store, hybrids, built.compiled, pads)
 
 
 def describe(method: Method, report: dict, setup: DecodeSetup) -> tuple[str, str]:

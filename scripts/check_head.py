@@ -4,7 +4,7 @@
     python scripts/check_head.py --head runs/eagle3/final --target ... --questions configs/demo/eval/mt_bench.jsonl
 
 Reads any head headstart exports (EAGLE-3 flat or speculators, Medusa, MTP) and prints one line per
-problem, naming the file and the key (models/head_check.py lists what is checked); exits 1 on any.
+problem, naming the file and the key (heads/exports.py lists what is checked); exits 1 on any.
 With ``--questions`` it also decodes the first turns of a few questions with headstart's decoder
 (greedy chain of --k drafts, output checked equal to plain greedy decoding) and prints tau, so a head
 that loads but accepts nothing shows up here and not in production.
@@ -15,28 +15,26 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
 
-from headstart.models.head_check import check_head
+from headstart.heads.exports import check_head
 from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
+from headstart.decode.benchmark import decode_setup, run_benchmark
+from headstart.scripts.benchmark import build_method, build_parser, check_args
 
 
 def measure_tau(head_dir: str, head: str, target_path: str, questions: str, limit: int, k: int, max_new_tokens: int,
                 allow_other_target: bool) -> dict:
-    from headstart.decode.benchmark import read_questions, run_benchmark
-    from headstart.decode.target_runner import TargetRunner
-    from headstart.models.registry import drafter_for, load_head
-    from headstart.models.target import Target, TargetConfig, load_tokenizer
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    target = Target.from_pretrained(TargetConfig(path=target_path, dtype="bfloat16" if device == "cuda" else "float32",
-                                                 device=device))
-    tokenizer = load_tokenizer(target_path)
-    model = load_head(head, head_dir, target, allow_other_target).to(device=device, dtype=target.lm_head_weight.dtype)
-    runner = TargetRunner(target, max_len=target.context_length, with_aux=model.needs.aux_hidden_states)
-    eos = {t for t in [tokenizer.eos_token_id, target.model.generation_config.eos_token_id] if isinstance(t, int)}
-    qs = [dict(q, turns=q["turns"][:1]) for q in read_questions(questions)[:limit]]
-    report = run_benchmark(runner, lambda: drafter_for(model, target.context_length), tokenizer, qs, k, max_new_tokens, eos,
+    """The head decoding the first turns of ``limit`` questions in greedy chains of ``k``, built as ``headstart bench``
+    builds ``--method HEAD`` (the one catalog of drafting methods), its output checked against plain greedy."""
+    p = build_parser()
+    args = p.parse_args(["--target", target_path, "--method", head, "--draft", head_dir, "--questions", questions,
+                         "--num-speculative-tokens", str(k), "--max-new-tokens", str(max_new_tokens), "--out", "-"]
+                        + (["--allow-other-target"] if allow_other_target else []))
+    check_args(p, args)
+    setup = decode_setup(target_path, None, questions, limit)
+    method = build_method(p, args, setup)
+    qs = [dict(q, turns=q["turns"][:1]) for q in setup.questions]
+    report = run_benchmark(method.runner, method.make, setup.tokenizer, qs, k, max_new_tokens, setup.eos,
                            verify_greedy=True, hf_reference=False, progress=lambda _: None)
     return {**report["results"]["overall"], "mismatches": report["mismatches"]}
 

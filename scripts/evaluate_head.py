@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 
-from headstart.models.registry import load_head
+from headstart.heads.registry import load_head
 from headstart.trainer.config import load_config
 from headstart.trainer.run import build_trainer
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from headstart.models.export import convert_head
+from headstart.heads.exports import convert_head
 from headstart.models.provenance import fingerprint
 
 

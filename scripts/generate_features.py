@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from headstart.trainer.progress import progress_bar
 
-from headstart.models.registry import head_spec
+from headstart.heads.registry import head_spec
 from headstart.models.target import Target
 from headstart.trainer.batches import collate
 from headstart.trainer.config import load_config
@@ -42,7 +42,7 @@ from headstart.trainer.feature_store import (
     write_manifest,
     write_shard,
 )
-from headstart.trainer.run import _tokenized_data
+from headstart.trainer.run import tokenized_data
 
 
 def check_plan(out: Path, plan: dict, is_main: bool) -> None:
@@ -67,7 +67,7 @@ def generate(config, resume: bool = False, overwrite: bool = False) -> dict | No
     claim_output_dir(fc.path, JOB_PLAN, "feature job", resume, overwrite, info)
     storage = Storage.for_head(head_spec(config.draft.head).cls.needs, fc.aux, fc.target_dist, fc.topk, fc.hidden)
     out = Path(fc.path)
-    dataset = _tokenized_data(config, info)
+    dataset = tokenized_data(config, info)
     target = Target.from_pretrained(replace(config.target, device=str(info.device)))
     identity = target_identity(config.target.path, target.aux_layer_ids, config.target.dtype)
     plan = {"world_size": info.world_size, "samples_per_shard": fc.samples_per_shard, "num_rows": len(dataset),

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from transformers import AutoConfig
 
-from headstart.models.eagle3 import Eagle3Config
+from headstart.heads.eagle3.module import Eagle3Config
 
 
 def main() -> None:

@@ -23,19 +23,18 @@ from pathlib import Path
 import torch
 
 from headstart.decode.benchmark import prompt_ids, read_questions
-from headstart.decode.medusa_drafter import rank_accuracy
+from headstart.heads.medusa.drafter import rank_accuracy
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import best_static_tree, expected_accept_length
-from headstart.models.registry import load_head
+from headstart.heads.registry import load_head
 from headstart.models.target import Target, TargetConfig, load_tokenizer
+from headstart.trainer.batches import split_eval
+from headstart.trainer.config import load_config
+from headstart.trainer.data import build_dataset
+from headstart.trainer.decode_eval import held_out_prompts
 
 
 def held_out_prompts_of(recipe: str, n: int) -> tuple[str, list[torch.Tensor]]:
-    from headstart.trainer.batches import split_eval
-    from headstart.trainer.config import load_config
-    from headstart.trainer.data import build_dataset
-    from headstart.trainer.decode_eval import held_out_prompts
-
     config = load_config(recipe)
     dataset, _ = build_dataset(config.data, load_tokenizer(config.target.path, config.target.trust_remote_code))
     _, eval_data = split_eval(dataset, config.train.eval_fraction, config.train.seed)

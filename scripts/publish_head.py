@@ -15,10 +15,12 @@ import shlex
 import shutil
 from pathlib import Path
 
-from headstart.models.head_check import detect_layout
-from headstart.models.registry import HEADS, option_names
+from headstart.heads.exports import detect_layout
+from headstart.heads.registry import HEADS, option_names
 from headstart.trainer.checkpoint import latest_checkpoint
 from headstart.trainer.run_dir import BEST_RECORD
+from headstart.trainer.config import load_config, to_dict
+from headstart.decode.report import append_section
 
 COLUMNS = {"acc": "top-1 accuracy (draft argmax = target argmax)", "top5": "top-5 accuracy (target argmax in draft top-5)",
            "accept": "expected acceptance sum min(p, q)"}
@@ -42,8 +44,6 @@ RESOLVED_AT_START = {"target.aux_layer_ids"}
 def overrides_of(recipe: str, run_config: dict) -> list[str]:
     """The ``--section.key=value`` flags (shell-quoted, values in YAML) that turn ``recipe`` into the run's config:
     what the card's command needs to train this head again. The output directory and logging are left out."""
-    from headstart.trainer.config import load_config, to_dict
-
     planned = _flat(json.loads(json.dumps(to_dict(load_config(recipe)))))  # tuples -> lists, as run_config.json
     ran = _flat(run_config)
     flags = []
@@ -132,8 +132,6 @@ All eval records: `eval_metrics.json`.
 """)
     print(f"published {final} -> {out}: sim accept len {last['sim_accept_len']:.3f}{chosen}")
     if args.benchmarks:
-        from headstart.decode.report import append_section
-
         body = (f"Held-out evaluation of `{out}` at step {last['step']}, trained by "
                 f"`{command}` ({t['max_steps']} steps, batch {t['batch_size']}/rank, {t.get('optimizer', 'adamw')}, lr {t['lr']}); "
                 f"eval loss {last['loss']:.3f}, simulated acceptance length **{last['sim_accept_len']:.3f}** "

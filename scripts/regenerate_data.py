@@ -32,6 +32,12 @@ from headstart.trainer.regenerate import (
     run_shards,
 )
 from headstart.trainer.reply_backends import HFBackend, OpenAIBackend, SamplingSettings, ServerDown
+from headstart.trainer.config import load_config
+from headstart.models.target import TargetConfig, load_causal_lm, load_tokenizer
+from headstart.models.provenance import fingerprint
+from headstart.trainer.distributed import barrier, init_distributed
+from headstart.trainer.errors import report_error
+from headstart.trainer.output_dir import JOB_PLAN, claim_output_dir
 
 
 def parse(argv: list[str] | None):
@@ -66,8 +72,6 @@ def parse(argv: list[str] | None):
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     if args.config:
-        from headstart.trainer.config import load_config
-
         if not Path(args.config).is_file():
             p.error(f"--config {args.config}: no such file")
         recipe = load_config(args.config)
@@ -89,8 +93,6 @@ def backend_for(args, sampling: SamplingSettings, device: torch.device):
     if args.backend == "openai":
         return OpenAIBackend(args.endpoint, args.model or args.target, sampling, args.concurrency, args.retries,
                              args.backoff, args.timeout, args.api_key)
-    from headstart.models.target import TargetConfig, load_causal_lm, load_tokenizer
-
     dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
     model = load_causal_lm(TargetConfig(path=args.target, dtype=dtype, device=str(device))).eval()
     return HFBackend(model, load_tokenizer(args.target), sampling, args.batch_size)
@@ -98,11 +100,6 @@ def backend_for(args, sampling: SamplingSettings, device: torch.device):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    from headstart.models.provenance import fingerprint
-    from headstart.trainer.distributed import barrier, init_distributed
-    from headstart.trainer.errors import report_error
-    from headstart.trainer.output_dir import JOB_PLAN, claim_output_dir
-
     info = init_distributed()
     out = Path(args.output)
     sampling = SamplingSettings(args.temperature, args.top_p, args.max_new_tokens, args.seed)

@@ -10,16 +10,16 @@ from tiny_models import random_eagle3_head, tiny_causal_lm
 from headstart.decode.batch_generate import PerSequence, batch_plain_generate, batch_speculative_generate
 from headstart.decode.draft_model import DraftModelDrafter
 from headstart.decode.draft_model_batch_drafter import DraftModelBatchDrafter, as_draft_target
-from headstart.decode.eagle3_batch_drafter import Eagle3BatchDrafter
-from headstart.decode.eagle3_drafter import Eagle3Drafter
+from headstart.heads.eagle3.batch_drafter import Eagle3BatchDrafter
+from headstart.heads.eagle3.drafter import Eagle3Drafter
 from headstart.decode.generate import plain_generate, speculative_generate
-from headstart.decode.medusa_batch_drafter import MedusaBatchDrafter
-from headstart.decode.medusa_drafter import MedusaDrafter
-from headstart.decode.mtp_batch_drafter import MTPBatchDrafter
-from headstart.decode.mtp_drafter import MTPDrafter
+from headstart.heads.medusa.batch_drafter import MedusaBatchDrafter
+from headstart.heads.medusa.drafter import MedusaDrafter
+from headstart.heads.mtp.batch_drafter import MTPBatchDrafter
+from headstart.heads.mtp.drafter import MTPDrafter
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.target_runner import RaggedRunner, TargetRunner
-from headstart.models.mtp import build_mtp
+from headstart.heads.mtp.module import build_mtp
 from headstart.models.target import Target
 
 MAX_LEN = 160
@@ -252,7 +252,7 @@ def test_a_demo_head_batched_accepts_exactly_as_alone(name):
     proposals -- not just the target's tokens -- are checked against the one-sequence drafter round by round."""
     from pathlib import Path
 
-    from headstart.models.registry import batch_drafter_for, drafter_for, load_head
+    from headstart.heads.registry import batch_drafter_for, drafter_for, load_head
     from headstart.models.target import TargetConfig, load_tokenizer
 
     repo = Path(__file__).resolve().parents[1]

@@ -11,16 +11,16 @@ from tiny_models import random_eagle3_head, tiny_causal_lm
 
 from headstart.benchmarks.drafter_launches import eager_ops
 from headstart.decode.draft_model import DraftModelDrafter, draft_model_runner
-from headstart.decode.eagle3_drafter import Eagle3Drafter
+from headstart.heads.eagle3.drafter import Eagle3Drafter
 from headstart.decode.generate import plain_generate, speculative_generate
 from headstart.decode.hybrid import HybridDrafter
-from headstart.decode.medusa_drafter import MedusaDrafter
-from headstart.decode.mtp_drafter import MTPDrafter
+from headstart.heads.medusa.drafter import MedusaDrafter
+from headstart.heads.mtp.drafter import MTPDrafter
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.static_blocks import StaticBlocks
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import DynamicTree, ancestor_mask, build_dynamic_tree
-from headstart.models.mtp import build_mtp
+from headstart.heads.mtp.module import build_mtp
 from headstart.models.target import Target
 
 BACKENDS = ["eager", pytest.param("inductor", marks=pytest.mark.slow)]

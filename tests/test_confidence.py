@@ -13,7 +13,7 @@ from headstart.decode.draft_model import DraftModelDrafter
 from headstart.decode.generate import greedy_generate, speculative_generate
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.target_runner import TargetRunner
-from headstart.models.registry import drafter_for, load_head
+from headstart.heads.registry import drafter_for, load_head
 from headstart.models.target import Target, TargetConfig, load_causal_lm, load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]

@@ -23,7 +23,7 @@ from tiny_models import random_eagle3_head, tiny_causal_lm
 
 from headstart.models.export import export_head
 from headstart.models.head import Features, shift_left
-from headstart.models.mtp import build_mtp
+from headstart.heads.mtp.module import build_mtp
 from headstart.models.provenance import fingerprint
 from headstart.models.target import Target, TargetConfig
 
@@ -150,8 +150,8 @@ def test_mtp_export_of_a_qwen3_next_target_loads_in_speculators_with_the_same_fi
 
 def test_the_committed_demo_head_converted_to_speculators_reads_the_same(tmp_path):
     """Real trained weights, the demo target in bf16 as shipped: the export a user would serve."""
-    from headstart.models.eagle3 import Eagle3Draft
-    from headstart.models.export import convert_head
+    from headstart.heads.eagle3.module import Eagle3Draft
+    from headstart.heads.exports import convert_head
 
     demo = Path(__file__).parents[1] / "configs" / "demo"
     convert_head(demo / "eagle3-head", tmp_path / "spec", "speculators", fingerprint(demo / "target"))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from headstart.models.eagle3 import Eagle3Draft
+from headstart.heads.eagle3.module import Eagle3Draft
 from headstart.models.target import Target, TargetConfig, load_tokenizer
 from headstart.trainer.batches import collate
 from headstart.trainer.data import DataConfig, build_dataset
@@ -49,7 +49,7 @@ def _gsm8k_features(tmp_path, target, head, n: int = 8):
 
 def test_demo_medusa_heads_beat_fresh_ones_and_fit_the_shipped_tree(tmp_path):
     from headstart.decode.tree import StaticTree
-    from headstart.models.medusa import MedusaConfig, MedusaHeads
+    from headstart.heads.medusa.module import MedusaConfig, MedusaHeads
 
     target = Target.from_pretrained(TargetConfig(path=str(TARGET), dtype="float32"))
     heads = MedusaHeads.load(REPO / "configs" / "demo" / "medusa-head", target)
@@ -67,7 +67,7 @@ def test_demo_medusa_heads_beat_fresh_ones_and_fit_the_shipped_tree(tmp_path):
 
 
 def test_demo_mtp_layer_loads_in_headstarts_layout_and_beats_a_fresh_one(tmp_path):
-    from headstart.models.mtp import MTPHead, build_mtp
+    from headstart.heads.mtp.module import MTPHead, build_mtp
 
     target = Target.from_pretrained(TargetConfig(path=str(TARGET), dtype="float32"))
     head = MTPHead.load(REPO / "configs" / "demo" / "mtp-head", target)

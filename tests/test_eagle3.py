@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from tiny_models import tiny_causal_lm
 
 from headstart.models.draft_vocab import build_draft_vocab, check_draft_vocab, count_tokens
-from headstart.models.eagle3 import Eagle3Config, Eagle3Draft
+from headstart.heads.eagle3.module import Eagle3Config, Eagle3Draft
 from headstart.models.head import DraftHead, Features
 
 V, H = 128, 32

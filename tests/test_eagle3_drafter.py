@@ -8,11 +8,11 @@ from pathlib import Path
 import torch
 from tiny_models import random_eagle3_head, tiny_causal_lm
 
-from headstart.decode.eagle3_drafter import Eagle3Drafter
+from headstart.heads.eagle3.drafter import Eagle3Drafter
 from headstart.decode.generate import greedy_generate, speculative_generate
 from headstart.decode.target_runner import TargetRunner
 from headstart.models.draft_vocab import build_draft_vocab
-from headstart.models.eagle3 import Eagle3Config, Eagle3Draft
+from headstart.heads.eagle3.module import Eagle3Config, Eagle3Draft
 from headstart.models.target import Target, TargetConfig, load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]

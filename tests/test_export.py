@@ -11,12 +11,13 @@ import torch
 from safetensors.torch import load_file
 from tiny_models import random_eagle3_head, tiny_causal_lm
 
-from headstart.models.eagle3 import Eagle3Config, Eagle3Draft
-from headstart.models.export import convert_head, export_head, layouts_for
+from headstart.heads.eagle3.module import Eagle3Config, Eagle3Draft
+from headstart.heads.exports import convert_head
+from headstart.models.export import export_head, layouts_for
 from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
-from headstart.models.medusa import MedusaConfig, MedusaHeads
+from headstart.heads.medusa.module import MedusaConfig, MedusaHeads
 from headstart.models.provenance import OtherTargetError, fingerprint, read_provenance
-from headstart.models.registry import load_head
+from headstart.heads.registry import load_head
 from headstart.models.target import Target, TargetConfig
 
 
@@ -89,12 +90,12 @@ def test_rope_scaling_survives_the_speculators_layout():
                           rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
                           speculative_tokens=5)
-    from headstart.models.speculators_layout import from_speculators_config, to_speculators_config
+    from headstart.heads.eagle3.speculators import flat_from_speculators, to_speculators_config
 
-    d = to_speculators_config(config, {"name_or_path": "meta-llama/Llama-3.1-8B-Instruct", "architectures": ["X"]})
+    d = to_speculators_config(config.to_hf_dict(), {"name_or_path": "meta-llama/Llama-3.1-8B-Instruct", "architectures": ["X"]})
     assert d["speculators_config"]["verifier"]["name_or_path"] == "meta-llama/Llama-3.1-8B-Instruct"  # not a local path
     assert d["transformer_layer_config"]["rope_parameters"]["rope_type"] == "llama3"
-    assert from_speculators_config(d) == config
+    assert Eagle3Config.from_hf_dict(flat_from_speculators(d)) == config
 
 
 def test_speculators_configs_that_headstart_cannot_run_are_refused_by_key(tmp_path, targets):

@@ -170,7 +170,7 @@ def test_mtp_loss_and_gradients_are_the_same_through_the_kernels(monkeypatch):
     """MTP projects with the target's own (frozen) lm_head over the full vocab: fused when it is a plain linear."""
     from test_mtp import features, randomized
 
-    from headstart.models.mtp import build_mtp
+    from headstart.heads.mtp.module import build_mtp
 
     target = Target(tiny_causal_lm("llama", num_hidden_layers=8))
     head = randomized(build_mtp(target, unroll=2, chunk_tokens=6))

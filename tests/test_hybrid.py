@@ -6,7 +6,7 @@ import pytest
 import torch
 from tiny_models import tiny_causal_lm
 
-from headstart.decode.eagle3_drafter import Eagle3Drafter
+from headstart.heads.eagle3.drafter import Eagle3Drafter
 from headstart.decode.generate import greedy_generate, speculative_generate
 from headstart.decode.hybrid import HybridDrafter
 from headstart.decode.ngram import NgramDrafter
@@ -14,7 +14,7 @@ from headstart.decode.ngram_store import NgramStore
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import DraftTree, DynamicTree
 from headstart.models.draft_vocab import build_draft_vocab
-from headstart.models.eagle3 import Eagle3Config, Eagle3Draft
+from headstart.heads.eagle3.module import Eagle3Config, Eagle3Draft
 from headstart.models.target import Target, TargetOutput
 
 

@@ -11,11 +11,11 @@ import torch
 from tiny_models import tiny_causal_lm
 from trainer_fixtures import make_setup, train_losses
 
-from headstart.decode.medusa_drafter import MedusaDrafter, rank_accuracy
+from headstart.heads.medusa.drafter import MedusaDrafter, rank_accuracy
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import best_static_tree, expected_accept_length
 from headstart.models.head import Features
-from headstart.models.medusa import MedusaConfig, MedusaHeads
+from headstart.heads.medusa.module import MedusaConfig, MedusaHeads
 from headstart.models.target import Target, TargetConfig
 from headstart.trainer.batches import collate
 from headstart.trainer.config import load_config

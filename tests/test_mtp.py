@@ -14,10 +14,10 @@ from tiny_models import tiny_causal_lm
 from trainer_fixtures import make_setup, train_losses
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from headstart.decode.mtp_drafter import MTPDrafter
+from headstart.heads.mtp.drafter import MTPDrafter
 from headstart.models.head import Features
-from headstart.models.mtp import MTPHead, build_mtp
-from headstart.models.mtp_checkpoint import find_native_layout, native_name, split_experts
+from headstart.heads.mtp.module import MTPHead, build_mtp
+from headstart.heads.mtp.checkpoint import find_native_layout, native_name, split_experts
 from headstart.models.target import Target, TargetConfig
 from headstart.trainer.config import load_config
 from headstart.trainer.run import build_trainer
@@ -231,7 +231,8 @@ def test_mtp_trains_through_the_shared_trainer_online_and_offline(tmp_path):
 
 
 def test_offline_reads_moe_layers_as_the_online_target_holds_them_and_refuses_fp8(tmp_path):
-    from headstart.models.mtp_checkpoint import fuse_experts, read_native_mtp, write_target_with_mtp
+    from headstart.heads.mtp.checkpoint import fuse_experts, write_target_with_mtp
+    from headstart.heads.mtp.module import read_native_mtp
     from headstart.models.target_matrices import TargetMatrices
 
     native_checkpoint(tmp_path / "src", "deepseek", shards=False)
@@ -275,7 +276,7 @@ def test_training_unroll_runs_the_memory_linear_ttt_attention_equal_to_the_maske
     """The unroll's attention goes through models/ttt_attention.py (no [T, (j+1)T] mask, blocks of query rows)
     and gives the additive mask + SDPA's loss and gradients: GQA (Qwen3-Next), MLA with its own scaling and
     a value head dim unlike the query's (DeepSeek-V3)."""
-    import headstart.models.mtp as mtp
+    import headstart.heads.mtp.module as mtp
 
     if family == "llama":
         model = tiny_causal_lm("llama", num_hidden_layers=8)

@@ -13,6 +13,7 @@ from tiny_models import tiny_causal_lm
 from headstart.decode.generate import greedy_generate, speculative_generate
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.ngram_store import NgramStore
+from headstart.trainer.ngram_corpus import ngram_store_from_conversations
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import DynamicTree
 from headstart.models.target import Target, load_tokenizer
@@ -118,7 +119,7 @@ def test_the_store_reads_conversations_rendered_as_the_target_sees_them(tmp_path
             {"question": "Q?", "answer": "A."}]  # another format in the same file: the first row's is read
     data = tmp_path / "replies.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    store = NgramStore.from_conversations([str(data)], tokenizer, max_ngram=3)
+    store = ngram_store_from_conversations([str(data)], tokenizer, max_ngram=3)
     reply = tokenizer("It is done now.", add_special_tokens=False)["input_ids"]
     assert store.lookup(tuple(reply[:2]), 4) == [(reply[2], 1.0)]
     user = tokenizer("Say it.", add_special_tokens=False)["input_ids"]
@@ -126,15 +127,15 @@ def test_the_store_reads_conversations_rendered_as_the_target_sees_them(tmp_path
     text = tmp_path / "text.jsonl"
     text.write_text(json.dumps({"text": "plain"}) + "\n")
     with pytest.raises(ValueError, match="not 'text' rows"):
-        NgramStore.from_conversations([str(text)], tokenizer)
+        ngram_store_from_conversations([str(text)], tokenizer)
     empty = tmp_path / "empty.jsonl"
     empty.write_text(json.dumps(rows[1]) + "\n")
     with pytest.raises(ValueError, match="empty.jsonl: no conversation"):
-        NgramStore.from_conversations([str(empty)], tokenizer)
+        ngram_store_from_conversations([str(empty)], tokenizer)
     odd = tmp_path / "odd.jsonl"
     odd.write_text(json.dumps({"prompt": "p", "completion": "c"}) + "\n")
     with pytest.raises(ValueError, match="odd.jsonl: cannot detect the row format"):
-        NgramStore.from_conversations([str(odd)], tokenizer)
+        ngram_store_from_conversations([str(odd)], tokenizer)
 
 
 def test_the_request_wins_at_equal_length_and_the_store_fills_in_longer_or_missing_matches():

@@ -92,7 +92,7 @@ def test_packed_loss_and_gradients_equal_the_padded_ones(tmp_path, head_name, so
     if head_name == "eagle3":
         head.midlayer.self_attn.block = 16  # the checkpointed query blocks too, not only the one-block form
     else:
-        monkeypatch.setattr("headstart.models.mtp.TTT_BLOCK", 16)
+        monkeypatch.setattr("headstart.heads.mtp.module.TTT_BLOCK", 16)
     padded = collate(trainer.train_data, ROWS)
     packed = collate(trainer.train_data, ROWS, pack_tokens=100)
     for batch in (padded, packed):  # every token trained (text rows): a sequence's first tokens are labels too

@@ -13,7 +13,7 @@ from headstart.decode.ngram import NgramDrafter
 from headstart.decode.replay import ReplayRunner, Turn, record_turn
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import DynamicTree
-from headstart.models.registry import drafter_for, load_head
+from headstart.heads.registry import drafter_for, load_head
 from headstart.models.target import Target, TargetConfig, TargetOutput, load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]

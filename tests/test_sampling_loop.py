@@ -10,18 +10,18 @@ from tiny_models import tiny_causal_lm
 
 from headstart.decode.confidence import with_threshold
 from headstart.decode.draft_model import DraftModelDrafter
-from headstart.decode.eagle3_drafter import Eagle3Drafter
+from headstart.heads.eagle3.drafter import Eagle3Drafter
 from headstart.decode.generate import Sampling, speculative_generate
 from headstart.decode.hybrid import HybridDrafter
-from headstart.decode.medusa_drafter import MedusaDrafter
-from headstart.decode.mtp_drafter import MTPDrafter
+from headstart.heads.medusa.drafter import MedusaDrafter
+from headstart.heads.mtp.drafter import MTPDrafter
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import DynamicTree, StaticTree
 from headstart.models.draft_vocab import build_draft_vocab
-from headstart.models.eagle3 import Eagle3Config, Eagle3Draft
-from headstart.models.medusa import MedusaConfig, MedusaHeads
-from headstart.models.mtp import build_mtp
+from headstart.heads.eagle3.module import Eagle3Config, Eagle3Draft
+from headstart.heads.medusa.module import MedusaConfig, MedusaHeads
+from headstart.heads.mtp.module import build_mtp
 from headstart.models.target import Target
 
 V = 8

@@ -111,7 +111,7 @@ SILENT = {
 def test_what_a_server_gets_wrong_silently_check_head_reports(exported, tmp_path, mistake):
     """Each mistake passes a server's loader without an error (the loader model shows what it becomes),
     and scripts/check_head.py names it."""
-    from headstart.models.head_check import check_head
+    from headstart.heads.exports import check_head
 
     config_edit, rename, drop, silently = SILENT[mistake]
     variant = _variant(exported, tmp_path / "head", config_edit, rename, drop)

@@ -12,7 +12,7 @@ import yaml
 import torch
 from trainer_fixtures import make_setup, train_losses
 
-from headstart.models.eagle3 import Eagle3Draft
+from headstart.heads.eagle3.module import Eagle3Draft
 from headstart.trainer.checkpoint import latest_checkpoint
 from headstart.trainer.config import load_config
 from headstart.trainer.loop import Trainer
@@ -216,8 +216,8 @@ def test_config_errors(tmp_path):
 
 
 def test_draft_section_is_flat_in_a_recipe_and_typed_per_head(tmp_path):
-    from headstart.models.medusa import MedusaOptions
-    from headstart.models.mtp import MTPOptions
+    from headstart.heads.medusa.module import MedusaOptions
+    from headstart.heads.mtp.module import MTPOptions
     from headstart.trainer.config import to_dict
 
     (tmp_path / "m.yaml").write_text("draft:\n  head: medusa\n  num_heads: 3\n  step_weight: 1\n  loss_chunk_tokens: 64\n")

@@ -10,14 +10,14 @@ import torch
 from tiny_models import random_eagle3_head, tiny_causal_lm
 
 from headstart.decode.draft_model import DraftModelDrafter
-from headstart.decode.eagle3_drafter import Eagle3Drafter
+from headstart.heads.eagle3.drafter import Eagle3Drafter
 from headstart.decode.generate import greedy_generate, speculative_generate
-from headstart.decode.medusa_drafter import MedusaDrafter
-from headstart.decode.mtp_drafter import MTPDrafter
+from headstart.heads.medusa.drafter import MedusaDrafter
+from headstart.heads.mtp.drafter import MTPDrafter
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import DraftTree, DynamicTree, StaticTree, build_dynamic_tree, build_static_tree, verify_tree
-from headstart.models.medusa import MedusaConfig, MedusaHeads
-from headstart.models.mtp import build_mtp
+from headstart.heads.medusa.module import MedusaConfig, MedusaHeads
+from headstart.heads.mtp.module import build_mtp
 from headstart.models.target import Target
 
 

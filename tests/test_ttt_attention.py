@@ -37,7 +37,7 @@ def test_blockwise_equals_dense_forward_and_gradients(T, block, steps):
 
 
 def test_the_draft_loss_and_its_gradients_do_not_depend_on_blocks_chunks_or_recomputation(monkeypatch):
-    import headstart.models.eagle3 as eagle3
+    import headstart.heads.eagle3.module as eagle3
 
     draft = tiny_draft(ttt_steps=4)
     f = random_features(draft, B=2, T=23)  # row 1 ends in padding

@@ -40,7 +40,7 @@ def random_eagle3_head(target, draft_vocab_size: int = 48, counts_seed: int | No
     import torch
 
     from headstart.models.draft_vocab import build_draft_vocab
-    from headstart.models.eagle3 import Eagle3Config, Eagle3Draft
+    from headstart.heads.eagle3.module import Eagle3Config, Eagle3Draft
 
     head = Eagle3Draft(Eagle3Config.from_target(target.config, draft_vocab_size, aux_layer_ids), **kwargs)
     g = None if counts_seed is None else torch.Generator().manual_seed(counts_seed)

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS, DraftConfig
-from headstart.models.registry import draft_fields, split_draft_section
+from headstart.heads.registry import draft_fields, split_draft_section
 from headstart.models.target import TargetConfig
 from headstart.trainer.data import DataConfig
 
@@ -153,7 +153,7 @@ def _build(cls: type, values: dict[str, Any], where: str):
 
 
 def _build_draft(values: dict[str, Any], where: str) -> DraftConfig:
-    """The flat draft section: the head's own fields go to its options dataclass (models/registry.py)."""
+    """The flat draft section: the head's own fields go to its options dataclass (heads/registry.py)."""
     if not isinstance(values, dict):
         raise ValueError(f"{where.rstrip('.')}: expected a mapping, got {values!r}")
     spec, shared, own = split_draft_section(values, where)

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from headstart.models.registry import drafter_for
+from headstart.heads.registry import drafter_for
 from headstart.decode.benchmark import decode_tau
 from headstart.decode.target_runner import TargetRunner
 from headstart.models.target import Target

@@ -14,8 +14,8 @@ from safetensors.torch import load_file, save_file
 from headstart.models.draft_vocab import count_tokens
 from headstart.models.export import export_head, layouts_for
 from headstart.models.provenance import fingerprint
-from headstart.models.registry import build_head
-from headstart.models.target import Target, _dtype, load_tokenizer
+from headstart.heads.registry import build_head
+from headstart.models.target import Target, dtype_of, load_tokenizer
 from headstart.models.target_matrices import TargetMatrices
 from headstart.models.train_compile import compile_parts
 from headstart.trainer.batches import split_eval
@@ -44,7 +44,7 @@ def token_counts(dataset: datasets.Dataset, vocab_size: int, cache_dir: str | No
     return counts
 
 
-def _tokenized_data(config: RunConfig, info: DistInfo):
+def tokenized_data(config: RunConfig, info: DistInfo):
     tokenizer = load_tokenizer(config.target.path, config.target.trust_remote_code)
     # Rank 0 tokenizes (and fills the cache); the others then read the cache.
     if not info.is_main:
@@ -59,7 +59,7 @@ def _tokenized_data(config: RunConfig, info: DistInfo):
 def build_trainer(config: RunConfig, info: DistInfo | None = None) -> Trainer:
     info = info or init_distributed()
     torch.manual_seed(config.train.seed)
-    dataset = _tokenized_data(config, info)
+    dataset = tokenized_data(config, info)
     data_fingerprint = dataset._fingerprint
     dataset = dataset.add_column("row", list(range(len(dataset))))  # the key of stored features
     train_data, eval_data = split_eval(dataset, config.train.eval_fraction, config.train.seed)
@@ -100,7 +100,7 @@ def build_trainer(config: RunConfig, info: DistInfo | None = None) -> Trainer:
     module = backend.module
     if offline:
         features = OfflineFeatures(store, target, module.needs, module.target_vocab_ids().to(info.device),
-                                   _dtype(config.target.dtype))
+                                   dtype_of(config.target.dtype))
     else:
         features = OnlineFeatures(target, module.needs, module.target_vocab_ids().to(info.device))
 

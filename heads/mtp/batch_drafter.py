@@ -1,6 +1,6 @@
 """MTP drafting for a batch of sequences of different lengths: one pass of the MTP layer per step for every row.
 
-The steps of the one-sequence drafter (decode/mtp_drafter.py) -- committed pairs (h_j, x_{j+1}) at rotary position
+The steps of the one-sequence drafter (heads/mtp/drafter.py) -- committed pairs (h_j, x_{j+1}) at rotary position
 j in the layer's own KV cache, draft step i >= 1 one position further, attending to the committed keys and its own
 earlier steps -- on a ragged cache of one layer (``RaggedBlocks``, decode/ragged_blocks.py: eager, or with ``compile``
 compiled graphs): row b's committed length is its own, its padding attends only to itself and is never attended to,
@@ -13,7 +13,7 @@ import torch
 
 from headstart.decode.batch_generate import padded_rows, shifted_prompts
 from headstart.decode.ragged_blocks import RaggedBlocks
-from headstart.models.mtp import MTPHead
+from headstart.heads.mtp.module import MTPHead
 from headstart.models.target import TargetOutput, additive_mask
 
 

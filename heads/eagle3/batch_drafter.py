@@ -1,6 +1,6 @@
 """EAGLE-3 drafting for a batch of sequences of different lengths: one draft forward per step for every row.
 
-The same steps as the one-sequence drafter (decode/eagle3_drafter.py) -- a committed pair (f_j, x_{j+1}) per
+The same steps as the one-sequence drafter (heads/eagle3/drafter.py) -- a committed pair (f_j, x_{j+1}) per
 position in the draft's own KV cache, draft step i >= 1 at rotary position t + i attending to the committed keys
 and its own earlier steps -- with each row's committed length its own, as in the target's ``StaticRaggedKVCache``: row
 b writes at its own slots, its padding (a shorter prompt, fewer accepted tokens) attends only to itself and is
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from headstart.decode.batch_generate import padded_rows, shifted_prompts
 from headstart.decode.ragged_blocks import RaggedBlocks
-from headstart.models.eagle3 import Eagle3Draft
+from headstart.heads.eagle3.module import Eagle3Draft
 from headstart.models.target import TargetOutput
 
 

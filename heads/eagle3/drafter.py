@@ -16,7 +16,7 @@ from headstart.decode.confidence import confident
 from headstart.decode.kv_cache import static_address
 from headstart.decode.static_blocks import ChainGraph, StaticBlocks, TreeGraph, causal_allowed
 from headstart.decode.tree import DynamicTree, ExpandedNodes, grow_static_tree
-from headstart.models.eagle3 import Eagle3Draft
+from headstart.heads.eagle3.module import Eagle3Draft
 from headstart.models.target import TargetOutput
 
 

@@ -17,7 +17,7 @@ from headstart.decode.kv_cache import PositionalKVCache, StaticKVCache, static_a
 from headstart.decode.static_blocks import ChainGraph, StaticBlocks, TreeGraph, causal_allowed, self_mask
 from headstart.models.target import additive_mask
 from headstart.decode.tree import ExpandedNodes, grow_static_tree
-from headstart.models.mtp import MTPHead
+from headstart.heads.mtp.module import MTPHead
 from headstart.models.target import TargetOutput
 
 

@@ -1,6 +1,6 @@
 """Medusa drafting for a batch: every head runs once per round on the stacked last states of all rows.
 
-As the one-sequence drafter (decode/medusa_drafter.py): after each verification row b's target state at its last
+As the one-sequence drafter (heads/medusa/drafter.py): after each verification row b's target state at its last
 accepted position is read, and the top-1 of heads 1..k is its chain.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from headstart.models.medusa import MedusaHeads
+from headstart.heads.medusa.module import MedusaHeads
 from headstart.models.target import TargetOutput
 
 

@@ -1,91 +1,31 @@
-"""The registry of draft heads: one entry per head names every part of it the rest of headstart uses.
+"""The head catalog and what reads it: one line a head (``HEADS``), each head's ``HeadSpec`` in its own folder.
 
 A head is a module class (``cls``: its feature ``needs``, ``loss``, export ``layouts``, the writer
 ``save_pretrained`` and the reader ``load``), the dataclass of its own recipe fields, a builder, the drafter
-that decodes it, a detector and checker for its exports, and what its card says. The trainer, the feature
-pipeline, the decoder, ``check_head``, ``publish_head`` and the export tools read heads only through this
-table; adding a head is one new entry here and its own files (docs/ARCHITECTURE.md walks through one).
+that decodes it, a detector and checker for its exports, and what its card says (heads/spec.py). The trainer,
+the feature pipeline, the decoder's method catalog, ``check_head``, ``publish_head`` and the export tools read
+heads only through this table; adding a head is its folder plus one line here (docs/ARCHITECTURE.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from headstart.decode.batch_generate import PerSequence
-from headstart.decode.eagle3_batch_drafter import Eagle3BatchDrafter
-from headstart.decode.eagle3_drafter import Eagle3Drafter
-from headstart.decode.medusa_batch_drafter import MedusaBatchDrafter
-from headstart.decode.medusa_drafter import MedusaDrafter
-from headstart.decode.mtp_batch_drafter import MTPBatchDrafter
-from headstart.decode.mtp_drafter import MTPDrafter
-from headstart.models.eagle3 import Eagle3Draft, Eagle3Options, build_eagle3
-from headstart.models.eagle3_check import check_eagle3, detect_eagle3
+from headstart.heads.eagle3.spec import EAGLE3
+from headstart.heads.medusa.spec import MEDUSA
+from headstart.heads.mtp.spec import MTP
+from headstart.heads.spec import HeadSpec
 from headstart.models.head import DraftConfig, DraftHead
-from headstart.models.medusa import MedusaHeads, MedusaOptions, build_medusa, detect_medusa
-from headstart.models.mtp import MTPHead, MTPOptions, build_mtp_head
-from headstart.models.mtp_checkpoint import detect_mtp
 from headstart.models.provenance import check_record, check_target
-from headstart.models.speculators_layout import convert_eagle3
 
 
-@dataclass(frozen=True)
-class HeadSpec:
-    """Everything headstart asks of one kind of head."""
-
-    title: str
-    """What a card calls it ("EAGLE-3 head")."""
-    cls: type
-    """The module class: ``needs``, ``loss``, ``layouts``, ``save_pretrained`` (writer), ``load(directory, target)``."""
-    options: type
-    """Dataclass of the recipe fields only this head reads (a recipe's ``draft:`` section, besides the shared ones)."""
-    build: Callable[[DraftConfig, Any, torch.Tensor], DraftHead]
-    """(draft config, target, loss-masked token counts [V]) -> a fresh head for that target."""
-    drafter: Callable[..., Any]
-    """(finished head, cache length, compile=False) -> the decoder's ``Drafter`` for it (decode/generate.py);
-    ``compile``: its draft step through ``torch.compile`` at static shapes (decode/static_blocks.py)."""
-    detect: Callable[[Path, dict], str | None]
-    """(export directory, its config.json) -> the layout it holds, or None if it is not this head's."""
-    cards: dict[str, str]
-    """Per layout it can be exported in, what a published head's card says of it (files, which server reads it)."""
-    unit: str
-    """What one row of the per-step metrics describes ("TTT step k")."""
-    check: Callable[[Path, str, Any], list] | None = None
-    """``check_head``'s rules: (directory, layout, target config) -> problems; None: the reader's refusals."""
-    convert: Callable[..., Path] | None = None
-    """(source, out, to layout, verifier, force) -> out: rewrite an export in another of its layouts."""
-    batch_drafter: Callable[..., Any] | None = None
-    """(finished head, cache length, batch size, compile=, backend=) -> a ``BatchDrafter`` running one draft forward for every row
-    (decode/batch_generate.py); None: the batch runs one ``drafter`` per sequence."""
-
-
-HEADS: dict[str, HeadSpec] = {
-    "eagle3": HeadSpec(
-        title="EAGLE-3 head", cls=Eagle3Draft, options=Eagle3Options, build=build_eagle3, drafter=Eagle3Drafter,
-        batch_drafter=Eagle3BatchDrafter,
-        detect=detect_eagle3, check=check_eagle3, convert=convert_eagle3, unit="TTT step k",
-        cards={"flat": "Flat EAGLE-3 server layout (config.json + model.safetensors with d2t/t2d; no embed_tokens: the "
-                       "target's are used).",
-               "speculators": "vLLM's speculators layout (`vllm serve` detects it; the config names the target)."}),
-    "medusa": HeadSpec(
-        title="Medusa heads", cls=MedusaHeads, options=MedusaOptions, build=build_medusa, drafter=MedusaDrafter,
-        batch_drafter=MedusaBatchDrafter, detect=detect_medusa, unit="head k+1 (predicts token t+k+2)",
-        cards={"vllm": "vLLM's Medusa layout (config.json with num_heads / num_hidden_layers, blocks.{i}.layers.{j} "
-                       "and lm_heads.{i} in model.safetensors)."}),
-    "mtp": HeadSpec(
-        title="MTP layer", cls=MTPHead, options=MTPOptions, build=build_mtp_head, drafter=MTPDrafter,
-        batch_drafter=MTPBatchDrafter, detect=detect_mtp, unit="unrolled step k (predicts token t+k+2)",
-        cards={"headstart": "headstart's own MTP layout for a dense target (config.json + model.safetensors: enorm, "
-                            "hnorm, eh_proj, block.*, norm; the target's embedding and lm_head are shared).",
-               "deepseek": "DeepSeek-V3's own checkpoint layout: a copy of the target with the trained layer as "
-                           "model.layers.{L}.* (what vLLM's and SGLang's MTP loaders read).",
-               "qwen3_next": "Qwen3-Next's own checkpoint layout: a copy of the target with the trained layer as mtp.*."}),
-}
+HEADS: dict[str, HeadSpec] = {"eagle3": EAGLE3, "medusa": MEDUSA, "mtp": MTP}
+"""The head catalog: one line a head; each head's spec is in its folder (heads/<name>/spec.py)."""
 
 DEFAULT_HEAD = "eagle3"
 """The head a recipe trains when its ``draft:`` section names none."""

@@ -17,7 +17,7 @@ distribution at t+1+j over its full vocab (models/vocab_loss.py: chunked, recomp
 
 Layouts (docs/FORMATS.md section D): a target that ships MTP tensors -- DeepSeek-V3
 (``model.layers.{N}.*``, N = num_hidden_layers) or Qwen3-Next (``mtp.*``) -- is read from and
-written back to its own checkpoint (models/mtp_checkpoint.py); a fresh layer for a dense target is
+written back to its own checkpoint (heads/mtp/checkpoint.py); a fresh layer for a dense target is
 saved in headstart's own layout (``HeadstartMTP``: config.json + model.safetensors), which no
 server loads (see the README).
 """
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.profiler import record_function
@@ -39,7 +40,9 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from headstart.models.head import DraftConfig, FeatureNeeds, Features, check_layout, shift_left
 from headstart.models.ttt_attention import ttt_attention
-from headstart.models.target import _decoder_layers, additive_mask, text_config
+from headstart.heads.mtp.checkpoint import MARKER, find_native_layout, fuse_experts, head_name, write_target_with_mtp
+from headstart.models.target import additive_mask, decoder_layers, text_config
+from headstart.models.target_matrices import weight_files
 from headstart.models.vocab_loss import VocabProjection, multi_step_loss
 
 @dataclass(frozen=True)
@@ -242,13 +245,11 @@ class MTPHead(nn.Module):
     def save_pretrained(self, directory: str | Path, dtype: torch.dtype = torch.bfloat16,
                         state_dict: dict[str, torch.Tensor] | None = None, layout: str | None = None,
                         verifier: dict | None = None) -> None:
-        """Native layouts are written back into a copy of the target (models/mtp_checkpoint.py);
+        """Native layouts are written back into a copy of the target (heads/mtp/checkpoint.py);
         a dense target's layer goes to headstart's own layout."""
         check_layout(self, layout)
         tensors = state_dict if state_dict is not None else self.export_state_dict()
         if self.config.layout != "headstart":
-            from headstart.models.mtp_checkpoint import write_target_with_mtp
-
             write_target_with_mtp(self.source, directory, tensors, self.config.layout, self.config.layer_index)
             return
         directory = Path(directory)
@@ -265,8 +266,6 @@ class MTPHead(nn.Module):
     def load(cls, directory: str | Path, target) -> "MTPHead":
         """An MTP layer for ``target``: from a target checkpoint that carries one (native layouts) or
         from headstart's own layout; refused by name if it does not fit."""
-        from headstart.models.mtp_checkpoint import find_native_layout, read_native_mtp
-
         directory = Path(directory)
         if find_native_layout(directory, text_config(target.config).num_hidden_layers) is not None:
             return read_native_mtp(directory, target)
@@ -295,6 +294,34 @@ def load_tensors(head: MTPHead, tensors: dict[str, torch.Tensor], where: str) ->
     head.load_state_dict({k: v.to(expected[k].dtype) for k, v in tensors.items()}, strict=False)
 
 
+def read_native_mtp(directory: str | Path, target, **kwargs):
+    """The MTP layer stored in the target checkpoint ``directory``, as an ``MTPHead`` for ``target``."""
+    root = Path(directory)
+    n_layers = text_config(target.config).num_hidden_layers
+    layout = find_native_layout(root, n_layers)
+    if layout is None:
+        raise ValueError(f"{root}: no MTP tensors of a known layout ({', '.join(m.format(N=n_layers) for m in MARKER.values())})")
+    head = MTPHead.for_target(target, MTPConfig.from_target(target.config, layout), **kwargs)
+    files = weight_files(root)
+    mine = {n: head_name(n, layout, n_layers) for n in files}
+    mine = {native: name for native, name in mine.items() if name is not None}
+    quantized = [n for n in mine if n.endswith("weight_scale_inv")]
+    if quantized:
+        raise ValueError(f"{root}: the MTP layer is FP8 block-quantized ({quantized[0]}); headstart trains it in "
+                         "bf16 -- dequantize the checkpoint first")
+    by_file: dict[Path, list[str]] = {}
+    for native in mine:
+        by_file.setdefault(files[native], []).append(native)
+    tensors = {}
+    for path, names in by_file.items():  # one open per shard
+        with safe_open(str(path), framework="pt") as f:
+            for native in names:
+                tensors[mine[native]] = f.get_tensor(native)
+    expected = head.export_state_dict()
+    load_tensors(head, {k: v for k, v in fuse_experts(tensors).items() if k in expected}, f"{root} ({layout} MTP layer)")
+    head.source = str(root.resolve())
+    return head
+
 
 def target_classes(target) -> tuple[type, type, type]:
     """The target's decoder layer, norm and rotary classes. A ``TargetMatrices`` (offline: no model)
@@ -303,7 +330,7 @@ def target_classes(target) -> tuple[type, type, type]:
     if model is None:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(target.config)
-    layers = _decoder_layers(model)
+    layers = decoder_layers(model)
     base = next(m for m in model.modules() if any(c is layers for c in m.children()))  # the module holding the layers
     return type(layers[-1]), type(base.norm), type(base.rotary_emb)
 
@@ -312,8 +339,6 @@ def build_mtp(target, unroll: int = 3, step_weight: float = 0.8, chunk_tokens: i
               divergence: str = "kl") -> MTPHead:
     """The MTP layer to train for ``target``: the one its checkpoint ships (DeepSeek-V3, Qwen3-Next
     layouts), or a fresh one whose decoder block starts as a copy of the target's last layer."""
-    from headstart.models.mtp_checkpoint import find_native_layout, fuse_experts, read_native_mtp
-
     n_layers = text_config(target.config).num_hidden_layers
     if target.path and find_native_layout(target.path, n_layers) is not None:
         return read_native_mtp(target.path, target, unroll=unroll, step_weight=step_weight, chunk_tokens=chunk_tokens,

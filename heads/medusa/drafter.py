@@ -18,7 +18,7 @@ from headstart.decode.confidence import confident_prefix
 from headstart.decode.generate import plain_generate
 from headstart.decode.static_blocks import compile_step
 from headstart.decode.target_runner import TargetRunner
-from headstart.models.medusa import MedusaHeads
+from headstart.heads.medusa.module import MedusaHeads
 from headstart.models.target import TargetOutput
 
 

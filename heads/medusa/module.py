@@ -34,6 +34,7 @@ from torch import nn
 from headstart.models.head import DraftConfig, FeatureNeeds, Features, check_layout
 from headstart.models.target import text_config
 from headstart.models.vocab_loss import VocabProjection, multi_step_loss
+from headstart.models.draft_vocab import build_draft_vocab
 
 
 @dataclass(frozen=True)
@@ -273,8 +274,6 @@ class MedusaHeads(nn.Module):
 
 def build_medusa(draft: DraftConfig, target, token_counts: torch.Tensor) -> MedusaHeads:
     """Fresh Medusa heads for ``target`` (a Target or TargetMatrices), their lm_heads starting as the target's."""
-    from headstart.models.draft_vocab import build_draft_vocab
-
     options = draft.options or MedusaOptions()
     if draft.config:
         config = MedusaConfig.from_hf_dict(json.loads(Path(draft.config).read_text()), draft.config)

@@ -28,8 +28,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from headstart.models.target import text_config
-from headstart.models.target_matrices import _weight_files
+from headstart.models.target_matrices import weight_files
 
 NATIVE = {
     # head tensor prefix -> native prefix ("{N}" = the MTP layer's index)
@@ -103,7 +102,7 @@ def find_native_layout(directory: str | Path, layer_index: int) -> str | None:
     root = Path(directory)
     if not (root / "model.safetensors.index.json").is_file() and not (root / "model.safetensors").is_file():
         return None
-    names = set(_weight_files(root))
+    names = set(weight_files(root))
     for layout, marker in MARKER.items():
         if marker.format(N=layer_index) in names:
             return layout
@@ -119,37 +118,6 @@ def detect_mtp(directory: Path, config: dict) -> str | None:
     return find_native_layout(directory, int(layers))
 
 
-def read_native_mtp(directory: str | Path, target, **kwargs):
-    """The MTP layer stored in the target checkpoint ``directory``, as an ``MTPHead`` for ``target``."""
-    from headstart.models.mtp import MTPConfig, MTPHead, load_tensors
-
-    root = Path(directory)
-    n_layers = text_config(target.config).num_hidden_layers
-    layout = find_native_layout(root, n_layers)
-    if layout is None:
-        raise ValueError(f"{root}: no MTP tensors of a known layout ({', '.join(m.format(N=n_layers) for m in MARKER.values())})")
-    head = MTPHead.for_target(target, MTPConfig.from_target(target.config, layout), **kwargs)
-    files = _weight_files(root)
-    mine = {n: head_name(n, layout, n_layers) for n in files}
-    mine = {native: name for native, name in mine.items() if name is not None}
-    quantized = [n for n in mine if n.endswith("weight_scale_inv")]
-    if quantized:
-        raise ValueError(f"{root}: the MTP layer is FP8 block-quantized ({quantized[0]}); headstart trains it in "
-                         "bf16 -- dequantize the checkpoint first")
-    by_file: dict[Path, list[str]] = {}
-    for native in mine:
-        by_file.setdefault(files[native], []).append(native)
-    tensors = {}
-    for path, names in by_file.items():  # one open per shard
-        with safe_open(str(path), framework="pt") as f:
-            for native in names:
-                tensors[mine[native]] = f.get_tensor(native)
-    expected = head.export_state_dict()
-    load_tensors(head, {k: v for k, v in fuse_experts(tensors).items() if k in expected}, f"{root} ({layout} MTP layer)")
-    head.source = str(root.resolve())
-    return head
-
-
 def write_target_with_mtp(source: str | Path, out: str | Path, tensors: dict[str, torch.Tensor], layout: str,
                           layer_index: int) -> None:
     """A copy of the target checkpoint ``source`` whose MTP layer is ``tensors`` (head names).
@@ -158,7 +126,7 @@ def write_target_with_mtp(source: str | Path, out: str | Path, tensors: dict[str
     only MTP tensors is dropped); the new MTP tensors go to ``model-mtp.safetensors`` in the dtype
     the source stored them in; other files (config, tokenizer) are copied."""
     source, out = Path(source), Path(out)
-    files = _weight_files(source)
+    files = weight_files(source)
     if out.resolve() == source.resolve() or any(out.resolve() in p.resolve().parents for p in files.values()):
         raise ValueError(f"{out}: writing the target with its new MTP layer there would overwrite the files it is read "
                          f"from ({source}); choose another directory")

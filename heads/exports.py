@@ -1,9 +1,10 @@
-"""Everything a server would get silently wrong about an exported head, found before deploying it.
+"""Dispatch over the head catalog for exported heads: which head and layout a directory holds (``detect_layout``),
+converting it to another layout (``convert_head``), and ``check_head``: everything a server would get silently wrong about an exported head, found before deploying it.
 
 ``check_head(directory, target_path)`` finds which registered head and layout the directory holds (each
 head's ``detect``), checks the record of the target it was trained for, and runs that head's rules (its
 registry entry's ``check``: EAGLE-3 reads its config and tensors' names, shapes and dtypes key by key,
-``models/eagle3_check.py``); a head without its own rules is checked by its reader (``load``), which refuses by
+``heads/eagle3/check.py``); a head without its own rules is checked by its reader (``load``), which refuses by
 name what does not fit the target. It returns one ``Problem`` per thing wrong, each naming the file and key.
 """
 
@@ -11,28 +12,19 @@ from __future__ import annotations
 
 import json
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
-from safetensors import safe_open
+from transformers import AutoConfig
 
+from headstart.heads.registry import HEADS, load_head
+from headstart.models.problem import Problem
 from headstart.models.provenance import PROVENANCE_FILE, check_record, read_provenance, target_mismatch
-
-
-@dataclass(frozen=True)
-class Problem:
-    file: str
-    key: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.file}: {self.key}: " + " ".join(self.message.split())  # one line per problem
+from headstart.models.target import TargetConfig
+from headstart.models.target_matrices import TargetMatrices
 
 
 def detect_layout(directory: Path) -> tuple[str, str] | None:
     """(head name, layout) of an exported head, asking each registered head's ``detect`` in turn."""
-    from headstart.models.registry import HEADS  # the registry names these rules: imported when called
-
     config_path = Path(directory) / "config.json"
     if not config_path.is_file():
         return None
@@ -44,24 +36,15 @@ def detect_layout(directory: Path) -> tuple[str, str] | None:
     return None
 
 
-def tensor_meta(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
-    with safe_open(str(path), framework="pt") as f:
-        return {k: (tuple(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype()) for k in f.keys()}
-
-
 def check_head(directory: str | Path, target_path: str | Path,
                allow_other_target: bool = False) -> tuple[str, list[Problem], list[str]]:
     """(what the directory holds, the problems found, notes) for an exported head used with ``target_path``."""
-    from transformers import AutoConfig
-
     directory = Path(directory)
     try:
         found = detect_layout(directory)
     except Exception as err:  # an unreadable config.json or safetensors index: report it, do not crash
         return "unreadable", [Problem(str(directory / "config.json"), "-", f"cannot be read: {err}")], []
     if found is None:
-        from headstart.models.registry import HEADS
-
         known = "; ".join(f"{name}: {', '.join(spec.cards)}" for name, spec in HEADS.items())
         return "unknown", [Problem(str(directory / "config.json"), "-", "not a head headstart can read: expected an "
                                    f"export of a registered head ({known})")], []
@@ -80,8 +63,6 @@ def check_head(directory: str | Path, target_path: str | Path,
         notes.append(f"warning: {why}")
     elif why:
         problems.append(Problem(record_file, "target", why))
-    from headstart.models.registry import HEADS
-
     spec = HEADS[head]
     if spec.check is not None:
         try:
@@ -97,10 +78,6 @@ def check_head(directory: str | Path, target_path: str | Path,
 def check_by_loading(head: str, directory: Path, target_path: str | Path) -> list[Problem]:
     """A head without rules of its own: its reader refuses by name what does not fit (names, shapes, its config
     against the target)."""
-    from headstart.models.registry import load_head
-    from headstart.models.target import TargetConfig
-    from headstart.models.target_matrices import TargetMatrices
-
     try:
         matrices = TargetMatrices(TargetConfig(path=str(target_path), dtype="float32"))
         with warnings.catch_warnings():  # the target's identity was checked by check_head, once
@@ -109,3 +86,23 @@ def check_by_loading(head: str, directory: Path, target_path: str | Path) -> lis
     except Exception as err:
         return [Problem(str(directory), head, str(err))]
     return []
+
+
+def convert_head(source: str | Path, out: str | Path, to: str, verifier: dict | None = None,
+                 force: bool = False) -> Path:
+    """Rewrite an exported head in another of its layouts (its registry entry's ``convert``), tensors unchanged.
+    ``verifier``: the target's fingerprint, for layouts whose config names it."""
+    for name in ("config.json", "model.safetensors"):
+        if not (Path(source) / name).is_file():
+            raise FileNotFoundError(f"{source}: no {name}; expected an exported head")
+    found = detect_layout(Path(source))
+    if found is None:
+        raise ValueError(f"{source}: not an export of a registered head ({sorted(HEADS)})")
+    spec = HEADS[found[0]]
+    if to not in spec.cards:
+        raise ValueError(f"{source} holds {found[0]} ({found[1]} layout); {found[0]} heads are exported in "
+                         f"{list(spec.cards)}, not {to!r}")
+    if spec.convert is None:
+        raise ValueError(f"{found[0]} heads have no layout converter")
+    return spec.convert(source, out, to, verifier, force)
+

@@ -22,9 +22,9 @@ import torch
 from safetensors import safe_open
 
 from headstart.models.draft_vocab import check_draft_vocab
-from headstart.models.eagle3 import _rope_of
-from headstart.models.head_check import Problem, tensor_meta
-from headstart.models.speculators_layout import ARCHITECTURES, FLAT_LAYER, SPECULATORS_LAYER, UNSUPPORTED, layer_rope
+from headstart.heads.eagle3.config import rope_of
+from headstart.models.problem import Problem, tensor_meta
+from headstart.heads.eagle3.speculators import ARCHITECTURES, FLAT_LAYER, SPECULATORS_LAYER, UNSUPPORTED, layer_rope
 from headstart.models.target import text_config
 
 _FLAT, _SPECULATORS = "flat", "speculators"
@@ -113,7 +113,7 @@ def check_eagle3(directory: Path, layout: str, target_config) -> list[Problem]:
     if tc_max and (layer.get("max_position_embeddings") or 0) < tc_max:
         bad(cfg_file, lk + "max_position_embeddings", f"{layer.get('max_position_embeddings')} < the target's {tc_max}: "
             "SGLang keeps the draft's limit, so long prompts fail")
-    theta, scaling = _rope_of(tc)
+    theta, scaling = rope_of(tc)
     mine_theta, mine_scaling = layer_rope(layer)
     if abs(mine_theta - theta) > 1e-6 * theta:
         bad(cfg_file, lk + "rope_theta", f"{mine_theta} != the target's {theta}")

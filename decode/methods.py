@@ -1,0 +1,129 @@
+"""The drafting methods that are not heads, as one catalog: n-gram lookup, a draft model, and transformers' own
+assisted generation and prompt lookup (run for comparison). Heads join them from the head catalog
+(heads/methods.py ``drafting_methods``); ``headstart bench``, ``generate`` and ``check_head --questions`` build any
+method through that one table, and refuse flags a method cannot take by what its entry says it can do, never by
+its name. Adding a drafting method is one entry here (or one head folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from headstart.decode.benchmark import DecodeSetup
+from headstart.decode.confidence import with_threshold
+from headstart.decode.draft_model import DraftModelDrafter, draft_model_runner
+from headstart.decode.draft_model_batch_drafter import DraftModelBatchDrafter, as_draft_target
+from headstart.decode.hf_peers import HFSpeculation
+from headstart.decode.ngram import NgramDrafter
+from headstart.decode.ngram_store import NgramStore
+from headstart.models.target import TargetConfig, load_causal_lm, load_tokenizer
+
+
+class MethodError(ValueError):
+    """A method's flags do not fit it (the command line reports it as a usage error)."""
+
+
+@dataclass
+class MethodContext:
+    """What building a method reads: its flags, the shared target, the drafters' cache length, the largest block a
+    compiled drafter runs after a prompt, and the n-gram datastore (or None)."""
+
+    args: argparse.Namespace
+    setup: DecodeSetup
+    max_len: int
+    compiled_block: int
+    store: NgramStore | None
+
+    @property
+    def batched(self) -> bool:
+        return self.args.batch_size > 1
+
+    @property
+    def vocab_size(self) -> int:
+        return self.setup.target.lm_head.weight.shape[0]
+
+
+@dataclass
+class Drafting:
+    """A built method: its drafter factories (one sequence; a batch of any size, or None: one drafter per row), or
+    transformers' own loop; and whether ``--compile`` compiled its drafter."""
+
+    make: Callable[[], object] | None
+    make_batch: Callable[[int], object] | None = None
+    own_loop: HFSpeculation | None = None
+    compiled: bool = False
+
+
+@dataclass(frozen=True)
+class DraftingMethod:
+    """One way of drafting and what it can do; the flags a method cannot take are refused by these fields."""
+
+    help: str
+    """One line for ``--method``'s help."""
+    build: Callable[[MethodContext], Drafting]
+    draft: str | None = None
+    """What ``--draft`` names for it ("the head's exported directory"); None: it takes no ``--draft``."""
+    model: bool = True
+    """It runs a model with draft probabilities: ``--confidence-threshold`` can stop its chains, ``--compile`` compiles
+    it and ``--hybrid-ngram`` can put n-gram lookup in front of it."""
+    ranked_trees: bool = True
+    """It ranks candidates, so a static tree of rank paths (``--tree-paths``) fits it."""
+    own_loop: bool = False
+    """transformers' loop, one call a turn: chains only, greedy, eager, batch 1, no ``--predict``."""
+    ngram_store: bool = False
+    """It is n-gram lookup: ``--ngram-store`` and ``--ngram-learn`` are its own flags."""
+    reads_aux: bool = False
+    """It reads the target's aux hidden states (EAGLE-3-like heads): the runner captures them."""
+
+
+def _ngram(ctx: MethodContext) -> Drafting:
+    args = ctx.args
+    return Drafting(lambda: NgramDrafter(args.ngram_max, store=ctx.store, learn=args.ngram_learn))
+
+
+def _draft_model(ctx: MethodContext) -> Drafting:
+    args = ctx.args
+    draft_model = load_draft_model(ctx)
+    runner = draft_model_runner(draft_model, ctx.max_len, compile=args.compile and not ctx.batched)  # compiled once
+    runner.precompile(range(1, ctx.compiled_block + 1), masked=range(1, ctx.compiled_block + 1) if args.tree else ())
+    make = with_threshold(lambda: DraftModelDrafter(runner, ctx.max_len, ctx.vocab_size), args.confidence_threshold)
+    make_batch = None
+    if ctx.batched:  # a Target wrapper hooks the model: only where the batch drafter runs it
+        draft_target = as_draft_target(draft_model)
+        make_batch = lambda b: DraftModelBatchDrafter(draft_target, ctx.max_len, ctx.vocab_size, b)  # noqa: E731
+    return Drafting(make, make_batch, compiled=args.compile and not ctx.batched)
+
+
+def load_draft_model(ctx: MethodContext):
+    """``--draft`` as an HF causal LM sharing the target's vocabulary, refused by name otherwise."""
+    args, setup = ctx.args, ctx.setup
+    if load_tokenizer(args.draft).get_vocab() != setup.tokenizer.get_vocab():
+        raise MethodError(f"the draft model {args.draft} has another tokenizer than the target {args.target}; "
+                          "a draft model must share its target's vocabulary")
+    return load_causal_lm(TargetConfig(path=args.draft, dtype=setup.dtype, device=setup.device))
+
+
+def _hf(assisted: bool) -> Callable[[MethodContext], Drafting]:
+    def build(ctx: MethodContext) -> Drafting:
+        args, setup = ctx.args, ctx.setup
+        peer = {"assistant": load_draft_model(ctx)} if assisted else {"prompt_lookup": True}
+        return Drafting(None, own_loop=HFSpeculation(setup.target.model, args.num_speculative_tokens,
+                                                     pad_token_id=setup.tokenizer.pad_token_id or 0,
+                                                     confidence_threshold=args.confidence_threshold, **peer))
+
+    return build
+
+
+METHODS: dict[str, DraftingMethod] = {
+    "ngram": DraftingMethod("n-gram lookup in the request's own tokens (and --ngram-store's)", _ngram, model=False,
+                            ranked_trees=False, ngram_store=True),
+    "draft-model": DraftingMethod("a small causal LM of the target's vocabulary", _draft_model,
+                                  draft="an HF causal LM directory"),
+    "hf-assisted": DraftingMethod("transformers' assisted generation with --draft's model (greedy)", _hf(True),
+                                  draft="an HF causal LM directory", ranked_trees=False, own_loop=True),
+    "hf-prompt-lookup": DraftingMethod("transformers' prompt lookup (greedy)", _hf(False), model=False,
+                                       ranked_trees=False, own_loop=True),
+}
+"""The drafting methods that are not heads, one entry each."""

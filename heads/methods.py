@@ -1,0 +1,43 @@
+"""Every drafting method headstart runs, in one table: a method per head of the catalog (heads/registry.py), and the
+methods that are not heads (decode/methods.py). ``headstart bench``, ``generate`` and ``check_head --questions``
+build a method only through ``drafting_methods``."""
+
+from __future__ import annotations
+
+from headstart.decode.confidence import with_threshold
+from headstart.decode.methods import METHODS, Drafting, DraftingMethod, MethodContext
+from headstart.heads.registry import HEADS, batch_drafter_for, drafter_for, load_head
+from headstart.heads.spec import HeadSpec
+
+
+def head_method(name: str, spec: HeadSpec) -> DraftingMethod:
+    """A head as a drafting method: its exported directory in ``--draft``, its drafter from its spec."""
+
+    def build(ctx: MethodContext) -> Drafting:
+        args, target = ctx.args, ctx.setup.target
+        head = load_head(name, args.draft, target, args.allow_other_target).to(device=ctx.setup.device,
+                                                                              dtype=target.lm_head_weight.dtype)
+        if args.compile and not ctx.batched:  # one drafter for every prompt (begin starts it afresh): compiled once, up front
+            shared = drafter_for(head, ctx.max_len, compile=True)
+            # a threshold drafts step by step through the masked step's graphs, as trees do
+            shared.precompile(ctx.compiled_block, trees=bool(args.tree or args.tree_paths) or args.confidence_threshold > 0)
+            make = lambda: shared  # noqa: E731
+        else:
+            make = lambda: drafter_for(head, ctx.max_len)  # noqa: E731
+        make = with_threshold(make, args.confidence_threshold)
+        compiled = args.compile and not ctx.batched
+        if args.compile and ctx.batched and spec.batch_drafter is not None:  # built once: compiled once
+            shared_batch = batch_drafter_for(head, ctx.max_len, args.batch_size, compile=True)
+            make_batch = lambda b: shared_batch  # noqa: E731  (begin resets it to each batch, of any size)
+            compiled = hasattr(shared_batch, "precompile")  # Medusa's batched heads run eagerly
+        else:
+            make_batch = lambda b: batch_drafter_for(head, ctx.max_len, b)  # noqa: E731
+        return Drafting(make, make_batch, compiled=compiled)
+
+    return DraftingMethod(f"a trained {spec.title} (its exported directory in --draft)", build,
+                          draft="the head's exported directory", reads_aux=spec.cls.needs.aux_hidden_states)
+
+
+def drafting_methods() -> dict[str, DraftingMethod]:
+    """Every method by its ``--method`` name: the heads first, then the others."""
+    return {**{name: head_method(name, spec) for name, spec in HEADS.items()}, **METHODS}

@@ -1,0 +1,43 @@
+"""``HeadSpec``: everything headstart asks of one kind of head. Each head's folder fills one (``heads/<name>/spec.py``)
+and the catalog (heads/registry.py) lists them; the trainer, the feature pipeline, the decoder's method catalog,
+``check_head``, ``publish_head`` and the export tools read a head only through its spec."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from headstart.models.head import DraftConfig, DraftHead
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    """Everything headstart asks of one kind of head."""
+
+    title: str
+    """What a card calls it ("EAGLE-3 head")."""
+    cls: type
+    """The module class: ``needs``, ``loss``, ``layouts``, ``save_pretrained`` (writer), ``load(directory, target)``."""
+    options: type
+    """Dataclass of the recipe fields only this head reads (a recipe's ``draft:`` section, besides the shared ones)."""
+    build: Callable[[DraftConfig, Any, torch.Tensor], DraftHead]
+    """(draft config, target, loss-masked token counts [V]) -> a fresh head for that target."""
+    drafter: Callable[..., Any]
+    """(finished head, cache length, compile=False) -> the decoder's ``Drafter`` for it (decode/generate.py);
+    ``compile``: its draft step through ``torch.compile`` at static shapes (decode/static_blocks.py)."""
+    detect: Callable[[Path, dict], str | None]
+    """(export directory, its config.json) -> the layout it holds, or None if it is not this head's."""
+    cards: dict[str, str]
+    """Per layout it can be exported in, what a published head's card says of it (files, which server reads it)."""
+    unit: str
+    """What one row of the per-step metrics describes ("TTT step k")."""
+    check: Callable[[Path, str, Any], list] | None = None
+    """``check_head``'s rules: (directory, layout, target config) -> problems; None: the reader's refusals."""
+    convert: Callable[..., Path] | None = None
+    """(source, out, to layout, verifier, force) -> out: rewrite an export in another of its layouts."""
+    batch_drafter: Callable[..., Any] | None = None
+    """(finished head, cache length, batch size, compile=, backend=) -> a ``BatchDrafter`` running one draft forward for every row
+    (decode/batch_generate.py); None: the batch runs one ``drafter`` per sequence."""
