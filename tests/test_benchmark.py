@@ -10,7 +10,7 @@ import torch
 from conftest import CHATML_TEMPLATE, make_tokenizer
 from tiny_models import random_eagle3_head, tiny_causal_lm
 
-from headstart.decode.eagle3_drafter import Eagle3Drafter
+from headstart.heads.eagle3.drafter import Eagle3Drafter
 from headstart.decode.benchmark import Tally, markdown_table, read_questions, run_benchmark, split_table
 from headstart.decode.generate import Generation
 from headstart.decode.ngram import NgramDrafter
@@ -76,16 +76,24 @@ def test_run_benchmark_multi_turn_and_verification(tmp_path):
 @pytest.mark.parametrize("batch_size", [1, 2])
 def test_a_new_prompt_length_costs_neither_timing(batch_size, monkeypatch):
     """Speculative decoding runs first each turn: without the untimed pass over the prompt, the first-call cost of
-    every new prompt length (on a GPU: allocator growth, kernel choice; 0.2 s here) would land in its prompt time and
-    never in plain decoding's."""
+    every new prompt length (on a GPU: allocator growth, kernel choice) would land in its prompt time and never in
+    plain decoding's. The clock is a fake one (every reading 1 us later, a forward of a new shape 0.2 s), so the
+    property is tested without timing anything: on a busy machine the real clock's noise would be the test."""
     from headstart.decode.batch_generate import RaggedRunner
 
+    now = [0.0]
+
+    def fake_clock() -> float:
+        now[0] += 1e-6
+        return now[0]
+
+    monkeypatch.setattr(time, "perf_counter", fake_clock)
     seen: set[tuple[int, ...]] = set()
     for cls in (TargetRunner, RaggedRunner):
         def cold_forward(self, input_ids, *args, _forward=cls.forward, **kwargs):
             if tuple(input_ids.shape) not in seen:
                 seen.add(tuple(input_ids.shape))
-                time.sleep(0.2)
+                now[0] += 0.2
             return _forward(self, input_ids, *args, **kwargs)
         monkeypatch.setattr(cls, "forward", cold_forward)
     tokenizer = make_tokenizer(CHATML_TEMPLATE, "<|im_end|>")
@@ -96,7 +104,7 @@ def test_a_new_prompt_length_costs_neither_timing(batch_size, monkeypatch):
                            hf_reference=False, progress=lambda _: None, batch_size=batch_size)
     prompt = report["results"]["overall"]["prompt_ms"]
     assert len(seen) > 2  # the prompts had new lengths to pay for
-    assert abs(prompt["speculative"] - prompt["plain"]) < 100, prompt
+    assert prompt["speculative"] < 1 and prompt["plain"] < 1, prompt  # no 200 ms first call in either timing
 
 
 def test_a_batch_is_predicted_from_its_forward_seconds_not_from_tau():
