@@ -44,7 +44,7 @@ from headstart.decode.benchmark import (
 )
 from headstart.decode.generate import Sampling
 from headstart.decode.hf_peers import HFSpeculation
-from headstart.decode.methods import DraftingMethod, MethodContext, MethodError
+from headstart.decode.methods import MethodContext, MethodError
 from headstart.decode.hybrid import HybridDrafter, ngram_share
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.ngram_store import NgramStore
@@ -55,8 +55,6 @@ from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
 from headstart.decode.tree import DynamicTree, StaticTree
 from headstart.heads.methods import drafting_methods
 
-METHODS: dict[str, DraftingMethod] = drafting_methods()
-"""Every ``--method``: the heads of the catalog and the methods that are not heads (heads/methods.py)."""
 
 SHARED = ("target", "questions", "limit", "per_category", "dtype", "max_new_tokens", "temperature", "top_p", "top_k",
           "seed", "verify_greedy", "no_hf_reference", "batch_size", "benchmarks")
@@ -65,8 +63,9 @@ SHARED = ("target", "questions", "limit", "per_category", "dtype", "max_new_toke
 
 def add_method_args(p: argparse.ArgumentParser) -> None:
     """The drafting method's flags: which drafter, its shape, n-gram lookup, compilation (``build_method`` reads them)."""
-    p.add_argument("--method", choices=list(METHODS), required=True,
-                   help="; ".join(f"{name}: {m.help}" for name, m in METHODS.items()))
+    methods = drafting_methods()  # every --method: the heads of the catalog, then the other methods
+    p.add_argument("--method", choices=list(methods), required=True,
+                   help="; ".join(f"{name}: {m.help}" for name, m in methods.items()))
     p.add_argument("--draft", help="the head's exported directory, or the draft model's HF directory")
     p.add_argument("--max-len", type=int, default=None,
                    help="KV cache length of the target and drafter (default: the target's max_position_embeddings)")
@@ -147,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse, by name, flags that do not go together (a method's by what its catalog entry says it can do)."""
-    m = METHODS[args.method]
+    m = drafting_methods()[args.method]
     if m.own_loop and (args.tree or args.tree_paths):
         p.error(f"{args.method} proposes chains only; drop --tree")
     if args.ngram_store and not m.ngram_store and args.hybrid_ngram is None:
@@ -238,7 +237,8 @@ def build_method(p: argparse.ArgumentParser, args: argparse.Namespace, setup: De
     target, tokenizer = setup.target, setup.tokenizer
     pads = None
     max_len = args.max_len or (min(1024, target.context_length) if args.compile else target.context_length)
-    reads_aux = METHODS[args.method].reads_aux
+    method = drafting_methods()[args.method]
+    reads_aux = method.reads_aux
     batched = args.batch_size > 1  # the batch's own runner (decode/batch_generate.py), compiled with --compile
     runner = (RaggedRunner if batched else TargetRunner)(target, max_len=max_len, with_aux=reads_aux, compile=args.compile)
     if args.tune_blocks:
@@ -277,7 +277,7 @@ def build_method(p: argparse.ArgumentParser, args: argparse.Namespace, setup: De
     if args.ngram_learn and store is None:
         store = NgramStore()  # learning only: SuffixDecoding's global tree from nothing
     try:
-        built = METHODS[args.method].build(MethodContext(args, setup, max_len, compiled_block, store))
+        built = method.build(MethodContext(args, setup, max_len, compiled_block, store))
     except MethodError as err:
         p.error(str(err))
     make = built.make
@@ -348,9 +348,9 @@ def run_table(report: dict) -> str:
     return table
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = build_parser()
-    args = p.parse_args()
+    args = p.parse_args(argv)
     check_args(p, args)
     second = versus_args(p, args) if args.versus else None
     setup = decode_setup(args.target, args.dtype, args.questions, args.limit, args.per_category)
