@@ -6,9 +6,10 @@ target forward of [B, 1 + longest draft], and commits row b's accepted prefix an
 length. A sequence that finishes leaves the batch. Greedy output and tau per sequence are those of decoding it
 alone (decode/generate.py); sampling output follows the warped target exactly, as there.
 
-The drafter is a ``BatchDrafter``: a head's batched drafter where its registry entry has one (EAGLE-3, MTP, Medusa:
-one draft forward per step for every row), else ``PerSequence`` over its one-sequence drafters (the draft model,
-n-gram lookup), whose cost grows with B.
+The drafter is a ``BatchDrafter``: a head's drafter (heads/<name>/drafter.py: one draft forward per step for every
+row, a batch of any size), the draft model's batched drafter, else ``PerSequence`` over one-sequence drafters (n-gram
+lookup), whose cost grows with B. Its methods carry ``_batch`` in their names, so one class can be both a ``Drafter``
+(decode/generate.py) and a ``BatchDrafter``.
 """
 
 from __future__ import annotations
@@ -113,17 +114,17 @@ def batch_plain_generate(runner: RaggedRunner, prompts: list[torch.Tensor], max_
 
 
 class BatchDrafter(Protocol):
-    """A drafter for a batch (its rows follow the loop's active rows): a head's batched drafter runs one draft
-    forward for every row; ``PerSequence`` adapts any one-sequence ``Drafter``. A drafter that samples also has
-    ``propose_sampled(budgets, sampling, generator) -> (drafts, q per row [k_b, V] or None)``."""
+    """A drafter for a batch (its rows follow the loop's active rows): a head's drafter runs one draft forward for
+    every row; ``PerSequence`` adapts any one-sequence ``Drafter``. A drafter that samples also has
+    ``propose_sampled_batch(budgets, sampling, generator) -> (drafts, q per row [k_b, V] or None)``."""
 
-    def begin(self, prompts: list[torch.Tensor], states: TargetOutput, next_tokens: list[int]) -> None:
+    def begin_batch(self, prompts: list[torch.Tensor], states: TargetOutput, next_tokens: list[int]) -> None:
         """Prompts [1, T_b], the target's states over the right-padded prefill [B, T_max, ...], first tokens."""
 
-    def propose(self, budgets: list[int]) -> list[torch.Tensor]:
+    def propose_batch(self, budgets: list[int]) -> list[torch.Tensor]:
         """Up to budgets[b] draft tokens for row b."""
 
-    def update(self, emitted: list[list[int]], states: TargetOutput) -> None:
+    def update_batch(self, emitted: list[list[int]], states: TargetOutput) -> None:
         """Row b's emitted tokens; the target's states [B, n_max, ...] of the positions that produced them."""
 
     def select(self, rows: list[int]) -> None:
@@ -136,14 +137,14 @@ class PerSequence:
     def __init__(self, drafters: list[Drafter]) -> None:
         self.drafters = drafters
 
-    def begin(self, prompts: list[torch.Tensor], states: TargetOutput, next_tokens: list[int]) -> None:
+    def begin_batch(self, prompts: list[torch.Tensor], states: TargetOutput, next_tokens: list[int]) -> None:
         for b, (d, p) in enumerate(zip(self.drafters, prompts)):
             d.begin(p, _row(states, b, p.shape[1]), next_tokens[b])
 
-    def propose(self, budgets: list[int]) -> list[torch.Tensor]:
+    def propose_batch(self, budgets: list[int]) -> list[torch.Tensor]:
         return [d.propose(k) for d, k in zip(self.drafters, budgets)]
 
-    def propose_sampled(self, budgets: list[int], sampling: Sampling, generator: torch.Generator | None = None):
+    def propose_sampled_batch(self, budgets: list[int], sampling: Sampling, generator: torch.Generator | None = None):
         drafts, qs = [], []
         for d, k in zip(self.drafters, budgets):
             tokens, q = d.propose_sampled(k, sampling, generator) if hasattr(d, "propose_sampled") else (d.propose(k), None)
@@ -151,7 +152,7 @@ class PerSequence:
             qs.append(q)
         return drafts, qs
 
-    def update(self, emitted: list[list[int]], states: TargetOutput) -> None:
+    def update_batch(self, emitted: list[list[int]], states: TargetOutput) -> None:
         for b, (d, e) in enumerate(zip(self.drafters, emitted)):
             d.update(e, _row(states, b, len(e)))
 
@@ -184,16 +185,16 @@ def batch_speculative_generate(
     device = prompts[0].device
     outs, done, first, states = _prefill(runner, prompts, max_new_tokens, eos_ids, sampling, generator)
     clock.lap("prefill")
-    drafter.begin(prompts, states, first)
+    drafter.begin_batch(prompts, states, first)
     clock.lap("prefill")  # the drafters reading the prompts: a prompt cost
     active, _ = _drop_finished(runner, drafter, list(range(len(prompts))), done)
     rounds = 0
     while active:
         budgets = [min(k, max_new_tokens - len(outs[b].tokens) - 1) for b in active]  # as alone: the drafts fit
-        if sampling is not None and hasattr(drafter, "propose_sampled"):
-            drafts, qs = drafter.propose_sampled(budgets, sampling, generator)
+        if sampling is not None and hasattr(drafter, "propose_sampled_batch"):
+            drafts, qs = drafter.propose_sampled_batch(budgets, sampling, generator)
         else:
-            drafts, qs = drafter.propose(budgets), [None] * len(active)
+            drafts, qs = drafter.propose_batch(budgets), [None] * len(active)
         clock.lap("draft")
         drafts = [d.to(device) for d in drafts]
         counts = [d.numel() for d in drafts]
@@ -230,7 +231,7 @@ def batch_speculative_generate(
         active, kept = _drop_finished(runner, drafter, active, done)  # bookkeeping: the caches lose finished rows
         clock.lap("other")
         if active:  # the drafter reads what its surviving rows emitted
-            drafter.update([emitted_by_row[i] for i in kept], states if len(kept) == len(packed) else _rows(states, kept))
+            drafter.update_batch([emitted_by_row[i] for i in kept], states if len(kept) == len(packed) else _rows(states, kept))
         clock.lap("update")
     clock.lap("other")
     return outs, rounds

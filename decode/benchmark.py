@@ -395,8 +395,8 @@ def _run_batched(runner: RaggedRunner, make_drafter: Callable[[int], BatchDrafte
     for size in sizes:
         runner.precompile_batch(size, [1, k + 1])
         drafter = make_drafter(size)
-        if hasattr(drafter, "precompile"):  # a compiled batched draft layer: commits of 1..k + 1, steps of 1
-            drafter.precompile(size, k + 1)
+        if hasattr(drafter, "precompile_batch"):  # a compiled batched draft layer: commits of 1..k + 1, steps of 1
+            drafter.precompile_batch(size, k + 1)
         warm = [prompt_ids(tokenizer, [{"role": "user", "content": questions[0]["turns"][0]}]).to(device)] * size
         batch_speculative_generate(runner, make_drafter(size), warm, max(8, k + 2), eos_ids, k, sampling, generator)
         batch_plain_generate(runner, warm, 8, eos_ids, sampling, generator)

@@ -35,7 +35,7 @@ class DraftModelBatchDrafter:
         self.runner.commit(counts)
         self.last_logits = fit_vocab(logits.float(), self.vocab_size)
 
-    def begin(self, prompts: list[torch.Tensor], states: TargetOutput, next_tokens: list[int]) -> None:
+    def begin_batch(self, prompts: list[torch.Tensor], states: TargetOutput, next_tokens: list[int]) -> None:
         self.runner.reset(len(prompts))
         self.chain_fed = 0
         self._commit([p[0].tolist() + [t] for p, t in zip(prompts, next_tokens)])
@@ -54,11 +54,11 @@ class DraftModelBatchDrafter:
         return [drafts[b, :k] for b, k in enumerate(budgets)]
 
     @torch.no_grad()
-    def propose(self, budgets: list[int]) -> list[torch.Tensor]:
+    def propose_batch(self, budgets: list[int]) -> list[torch.Tensor]:
         return self._chain(budgets, lambda logits: logits.argmax(-1))
 
     @torch.no_grad()
-    def propose_sampled(self, budgets: list[int], sampling: Sampling, generator: torch.Generator | None = None):
+    def propose_sampled_batch(self, budgets: list[int], sampling: Sampling, generator: torch.Generator | None = None):
         """Drafts sampled from the warped draft distributions, and those distributions q per row [k_b, V]."""
         q_steps: list[torch.Tensor] = []
 
@@ -70,7 +70,7 @@ class DraftModelBatchDrafter:
         q = torch.stack(q_steps, 1) if q_steps else None  # [B, steps, V]
         return drafts, [None if q is None else q[b, :k] for b, k in enumerate(budgets)]
 
-    def update(self, emitted: list[list[int]], states: TargetOutput) -> None:
+    def update_batch(self, emitted: list[list[int]], states: TargetOutput) -> None:
         """Row b's emitted tokens: its accepted drafts that the chain ran stay where they are; the rest is run."""
         keep = [min(len(e) - 1, self.chain_fed) for e in emitted]
         self.runner.commit(keep)

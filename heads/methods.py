@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from headstart.decode.confidence import with_threshold
 from headstart.decode.methods import METHODS, Drafting, DraftingMethod, MethodContext
-from headstart.heads.registry import HEADS, batch_drafter_for, drafter_for, load_head
+from headstart.heads.registry import HEADS, drafter_for, load_head
 from headstart.heads.spec import HeadSpec
 
 
@@ -17,21 +17,16 @@ def head_method(name: str, spec: HeadSpec) -> DraftingMethod:
         args, target = ctx.args, ctx.setup.target
         head = load_head(name, args.draft, target, args.allow_other_target).to(device=ctx.setup.device,
                                                                               dtype=target.lm_head_weight.dtype)
-        if args.compile and not ctx.batched:  # one drafter for every prompt (begin starts it afresh): compiled once, up front
+        if args.compile:  # one drafter for every prompt or batch (begin starts it afresh): compiled once, up front
             shared = drafter_for(head, ctx.max_len, compile=True)
-            # a threshold drafts step by step through the masked step's graphs, as trees do
-            shared.precompile(ctx.compiled_block, trees=bool(args.tree or args.tree_paths) or args.confidence_threshold > 0)
-            make = lambda: shared  # noqa: E731
+            if not ctx.batched:  # a threshold drafts step by step through the masked step's graphs, as trees do
+                shared.precompile(ctx.compiled_block, trees=bool(args.tree or args.tree_paths) or args.confidence_threshold > 0)
+            make = make_batch = lambda *_: shared  # noqa: E731
         else:
-            make = lambda: drafter_for(head, ctx.max_len)  # noqa: E731
+            make = make_batch = lambda *_: drafter_for(head, ctx.max_len)  # noqa: E731
+        # A batch compiles where the head's drafter has a compiled batch path (Medusa's few ops run eagerly).
+        compiled = args.compile and (not ctx.batched or hasattr(shared, "precompile_batch"))
         make = with_threshold(make, args.confidence_threshold)
-        compiled = args.compile and not ctx.batched
-        if args.compile and ctx.batched and spec.batch_drafter is not None:  # built once: compiled once
-            shared_batch = batch_drafter_for(head, ctx.max_len, args.batch_size, compile=True)
-            make_batch = lambda b: shared_batch  # noqa: E731  (begin resets it to each batch, of any size)
-            compiled = hasattr(shared_batch, "precompile")  # Medusa's batched heads run eagerly
-        else:
-            make_batch = lambda b: batch_drafter_for(head, ctx.max_len, b)  # noqa: E731
         return Drafting(make, make_batch, compiled=compiled)
 
     return DraftingMethod(f"a trained {spec.title} (its exported directory in --draft)", build,

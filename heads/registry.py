@@ -15,7 +15,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from headstart.decode.batch_generate import PerSequence
 from headstart.heads.eagle3.spec import EAGLE3
 from headstart.heads.medusa.spec import MEDUSA
 from headstart.heads.mtp.spec import MTP
@@ -98,19 +97,10 @@ def start_from(head: DraftHead, name: str, directory: str, target) -> None:
 
 
 def drafter_for(head: nn.Module, max_len: int, compile: bool = False, backend: str = "inductor"):
-    """The decoder's drafter for a finished ``head``, its caches holding ``max_len`` positions; ``compile``: its step
-    compiled with dynamo's ``backend`` (build it once and reuse it for every prompt)."""
+    """The decoder's drafter for a finished ``head``, its caches holding ``max_len`` positions: a ``Drafter`` for one
+    sequence and a ``BatchDrafter`` for a batch of any size; ``compile``: its step compiled with dynamo's ``backend``
+    (build it once and reuse it for every prompt or batch)."""
     return spec_of(head).drafter(head, max_len, compile=compile, backend=backend)
-
-
-def batch_drafter_for(head: nn.Module, max_len: int, batch: int, compile: bool = False, backend: str = "inductor"):
-    """The decoder's ``BatchDrafter`` for ``batch`` sequences: the head's batched drafter, or one (eager) drafter per
-    row. ``compile``: the batched drafter's layer compiled (build it once and reuse it: ``begin`` resets it to each
-    batch, of any size)."""
-    spec = spec_of(head)
-    if spec.batch_drafter is not None:
-        return spec.batch_drafter(head, max_len, batch, compile=compile, backend=backend)
-    return PerSequence([spec.drafter(head, max_len) for _ in range(batch)])
 
 
 def load_head(name: str, directory: str, target, allow_other_target: bool = False) -> DraftHead:

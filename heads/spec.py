@@ -26,8 +26,9 @@ class HeadSpec:
     build: Callable[[DraftConfig, Any, torch.Tensor], DraftHead]
     """(draft config, target, loss-masked token counts [V]) -> a fresh head for that target."""
     drafter: Callable[..., Any]
-    """(finished head, cache length, compile=False) -> the decoder's ``Drafter`` for it (decode/generate.py);
-    ``compile``: its draft step through ``torch.compile`` at static shapes (decode/static_blocks.py)."""
+    """(finished head, cache length, compile=False, backend=) -> the decoder's drafter for it: a ``Drafter`` for one
+    sequence (decode/generate.py) and a ``BatchDrafter`` for a batch of any size (decode/batch_generate.py), one draft
+    forward per step for every row; ``compile``: its draft step through ``torch.compile`` at static shapes."""
     detect: Callable[[Path, dict], str | None]
     """(export directory, its config.json) -> the layout it holds, or None if it is not this head's."""
     cards: dict[str, str]
@@ -38,6 +39,3 @@ class HeadSpec:
     """``check_head``'s rules: (directory, layout, target config) -> problems; None: the reader's refusals."""
     convert: Callable[..., Path] | None = None
     """(source, out, to layout, verifier, force) -> out: rewrite an export in another of its layouts."""
-    batch_drafter: Callable[..., Any] | None = None
-    """(finished head, cache length, batch size, compile=, backend=) -> a ``BatchDrafter`` running one draft forward for every row
-    (decode/batch_generate.py); None: the batch runs one ``drafter`` per sequence."""

@@ -10,12 +10,9 @@ from tiny_models import random_eagle3_head, tiny_causal_lm
 from headstart.decode.batch_generate import PerSequence, batch_plain_generate, batch_speculative_generate
 from headstart.decode.draft_model import DraftModelDrafter
 from headstart.decode.draft_model_batch_drafter import DraftModelBatchDrafter, as_draft_target
-from headstart.heads.eagle3.batch_drafter import Eagle3BatchDrafter
 from headstart.heads.eagle3.drafter import Eagle3Drafter
 from headstart.decode.generate import plain_generate, speculative_generate
-from headstart.heads.medusa.batch_drafter import MedusaBatchDrafter
 from headstart.heads.medusa.drafter import MedusaDrafter
-from headstart.heads.mtp.batch_drafter import MTPBatchDrafter
 from headstart.heads.mtp.drafter import MTPDrafter
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.target_runner import RaggedRunner, TargetRunner
@@ -96,9 +93,9 @@ def drafter_makers(world):
               "medusa": lambda: MedusaDrafter(heads), "ngram": NgramDrafter,
               "draft-model": lambda: DraftModelDrafter(small, MAX_LEN, vocab)}
     makers = {m: (make, lambda b, make=make: PerSequence([make() for _ in range(b)])) for m, make in single.items()}
-    makers["eagle3-batched"] = (single["eagle3"], lambda b: Eagle3BatchDrafter(eagle3, MAX_LEN, b))
-    makers["mtp-batched"] = (single["mtp"], lambda b: MTPBatchDrafter(mtp, MAX_LEN, b))
-    makers["medusa-batched"] = (single["medusa"], lambda b: MedusaBatchDrafter(heads, MAX_LEN, b))
+    makers["eagle3-batched"] = (single["eagle3"], lambda b: Eagle3Drafter(eagle3, MAX_LEN))
+    makers["mtp-batched"] = (single["mtp"], lambda b: MTPDrafter(mtp, MAX_LEN))
+    makers["medusa-batched"] = (single["medusa"], lambda b: MedusaDrafter(heads, MAX_LEN))
     draft = as_draft_target(small)
     makers["draft-model-batched"] = (single["draft-model"], lambda b: DraftModelBatchDrafter(draft, MAX_LEN, vocab, b))
     return makers
@@ -162,9 +159,9 @@ def test_batched_speculative_samples_follow_the_target(small_vocab, drafter):
         small_model.lm_head.weight.mul_(30.0)  # its own peaky q, far from the target's p
     small = as_draft_target(small_model)
     make = {"eagle3-sampled": lambda: PerSequence([Eagle3Drafter(head, 32) for _ in range(250)]),
-            "eagle3-batched": lambda: Eagle3BatchDrafter(head, 32, 250),
+            "eagle3-batched": lambda: Eagle3Drafter(head, 32),
             "medusa": lambda: PerSequence([MedusaDrafter(heads) for _ in range(250)]),
-            "mtp-batched": lambda: MTPBatchDrafter(mtp, 32, 250),
+            "mtp-batched": lambda: MTPDrafter(mtp, 32),
             "draft-model-batched": lambda: DraftModelBatchDrafter(small, 32, V, 250)}[drafter]
     g = torch.Generator().manual_seed(0)
     pairs = []
@@ -197,9 +194,9 @@ def test_batched_draft_steps_compute_each_rows_logits_as_alone(world, name, monk
         batch_drafter = lambda b: DraftModelBatchDrafter(draft, MAX_LEN, vocab, b)  # noqa: E731
     else:
         head = (random_eagle3_head(target) if name == "eagle3" else build_mtp(target)).double()
-        single_cls, batch_cls = (Eagle3Drafter, Eagle3BatchDrafter) if name == "eagle3" else (MTPDrafter, MTPBatchDrafter)
-        single_drafter = lambda: single_cls(head, MAX_LEN)  # noqa: E731
-        batch_drafter = lambda b: batch_cls(head, MAX_LEN, b)  # noqa: E731
+        cls = Eagle3Drafter if name == "eagle3" else MTPDrafter
+        single_drafter = lambda: cls(head, MAX_LEN)  # noqa: E731
+        batch_drafter = lambda b: cls(head, MAX_LEN)  # noqa: E731
 
     def record(drafter):  # every draft distribution the drafter computes, in order
         if name == "eagle3":
@@ -234,12 +231,12 @@ def test_batched_draft_steps_compute_each_rows_logits_as_alone(world, name, monk
     ragged.reset(len(ps))
     logits, states = ragged.forward(ids, valid=lengths)
     ragged.commit(lengths)
-    d.begin(ps, states, [int(logits[b, n - 1].argmax()) for b, n in enumerate(lengths)])
-    d.propose([4] * len(ps))
+    d.begin_batch(ps, states, [int(logits[b, n - 1].argmax()) for b, n in enumerate(lengths)])
+    d.propose_batch([4] * len(ps))
     block = torch.tensor([e + [0] * (4 - len(e)) for e in emitted])
     _, states = ragged.forward(block, valid=[len(e) for e in emitted])
-    d.update(emitted, states)
-    d.propose([3] * len(ps))
+    d.update_batch(emitted, states)
+    d.propose_batch([3] * len(ps))
     assert len(calls) == len(expected[0]) == 1 + 3 + 1 + 2
     for b in range(len(ps)):
         for got, want in zip(calls, expected[b]):
@@ -248,11 +245,12 @@ def test_batched_draft_steps_compute_each_rows_logits_as_alone(world, name, monk
 
 @pytest.mark.parametrize("name", ["eagle3", "mtp", "medusa"])
 def test_a_demo_head_batched_accepts_exactly_as_alone(name):
-    """A trained head (the demo heads on the demo target, in float64) accepts drafts, so the batched drafter's
-    proposals -- not just the target's tokens -- are checked against the one-sequence drafter round by round."""
+    """A trained head (the demo heads on the demo target, in float64) accepts drafts, so its drafter's batch proposals
+    -- not just the target's tokens -- are checked against its one-sequence proposals round by round, at batch 3 and
+    1, one drafter serving all three."""
     from pathlib import Path
 
-    from headstart.heads.registry import batch_drafter_for, drafter_for, load_head
+    from headstart.heads.registry import drafter_for, load_head
     from headstart.models.target import TargetConfig, load_tokenizer
 
     repo = Path(__file__).resolve().parents[1]
@@ -264,12 +262,13 @@ def test_a_demo_head_batched_accepts_exactly_as_alone(name):
     ps = [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
                                         return_tensors="pt", return_dict=True)["input_ids"] for t in texts]
     alone, ragged = TargetRunner(target, 256), RaggedRunner(target, 256)
-    expected = [speculative_generate(alone, drafter_for(head, 256), p, 40, set(), 4) for p in ps]
-    drafter = batch_drafter_for(head, 256, len(ps))
-    assert not isinstance(drafter, PerSequence)  # the head's own batched drafter is under test
+    drafter = drafter_for(head, 256)  # the head's one drafter: each prompt alone, then as a batch, then a batch of 1
+    expected = [speculative_generate(alone, drafter, p, 40, set(), 4) for p in ps]
     outs, _ = batch_speculative_generate(ragged, drafter, ps, 40, set(), 4)
     for got, want in zip(outs, expected):
         assert got.tokens == want.tokens and got.accepted == want.accepted and got.proposed == want.proposed
+    (one,), _ = batch_speculative_generate(ragged, drafter, ps[1:2], 40, set(), 4)
+    assert (one.tokens, one.accepted, one.proposed) == (expected[1].tokens, expected[1].accepted, expected[1].proposed)
     # The case under test: rounds accept drafts (EAGLE-3 accepts most, Medusa's demo heads least).
     assert sum(sum(w.accepted) for w in expected) > {"eagle3": 20, "mtp": 10, "medusa": 10}[name]
 
@@ -309,10 +308,10 @@ def test_batch_caches_grow_past_their_first_allocation(world):
     alone, ragged = TargetRunner(target, 400), RaggedRunner(target, 400)
     head = random_eagle3_head(target).double()
     expected = [speculative_generate(alone, Eagle3Drafter(head, 400), p, 30, set(), 3).tokens for p in ps]
-    drafter = Eagle3BatchDrafter(head, 400, len(ps))
+    drafter = Eagle3Drafter(head, 400)
     outs, _ = batch_speculative_generate(ragged, drafter, ps, 30, set(), 3)
     assert [o.tokens for o in outs] == expected
-    assert drafter.blocks.cache.layers[0].keys.shape[2] > 256 and ragged.cache.layers[0].keys.shape[2] > 256  # both grew
+    assert drafter.rows.cache.layers[0].keys.shape[2] > 256 and ragged.cache.layers[0].keys.shape[2] > 256  # both grew
 
 
 @pytest.mark.parametrize("method,backend", [("ngram", "eager"), ("eagle3-batched", "eager"),
@@ -366,11 +365,11 @@ def test_compiled_batch_drafters_draft_as_alone_and_compile_nothing_mid_generati
     _, target, alone, ragged = world
     torch.manual_seed(0)
     head = (random_eagle3_head(target) if name == "eagle3" else build_mtp(target)).double()
-    single_cls, batch_cls = (Eagle3Drafter, Eagle3BatchDrafter) if name == "eagle3" else (MTPDrafter, MTPBatchDrafter)
+    cls = Eagle3Drafter if name == "eagle3" else MTPDrafter
     ps = prompts()
     plain = [plain_generate(alone, p, 110, set()).tokens for p in ps]
     eos = {plain[0][4], plain[3][9]} - set(plain[1])
-    expected = [speculative_generate(alone, single_cls(head, MAX_LEN), p, 110, eos, 3) for p in ps]
+    expected = [speculative_generate(alone, cls(head, MAX_LEN), p, 110, eos, 3) for p in ps]
     assert len(expected[0].tokens) <= 5 and ps[1].shape[1] + len(expected[1].tokens) > 128
     graphs = []
 
@@ -379,9 +378,9 @@ def test_compiled_batch_drafters_draft_as_alone_and_compile_nothing_mid_generati
         return gm.forward if backend == "eager" else torch._inductor.compile(gm, example_inputs)
 
     torch._dynamo.reset()
-    drafter = batch_cls(head, MAX_LEN, len(ps), compile=True, backend=counting)
-    drafter.precompile(len(ps), 4)
-    drafter.precompile(3, 4)
+    drafter = cls(head, MAX_LEN, compile=True, backend=counting)
+    drafter.precompile_batch(len(ps), 4)
+    drafter.precompile_batch(3, 4)
     assert len(graphs) == 16  # widths 1..4 x key windows 128 and 160 x batch sizes 4 and 3
     runner = RaggedRunner(target, MAX_LEN, compile=True, backend=counting)  # the target compiled too, as --compile runs
     runner.precompile_batch(len(ps), [1, 4])
@@ -392,11 +391,11 @@ def test_compiled_batch_drafters_draft_as_alone_and_compile_nothing_mid_generati
         assert (got.tokens, got.accepted, got.proposed) == (want.tokens, want.accepted, want.proposed)
     outs, _ = batch_speculative_generate(ragged, drafter, ps[:3], 110, eos, 3)
     assert [(o.tokens, o.accepted) for o in outs] == [(w.tokens, w.accepted) for w in expected[:3]]
-    assert len(graphs) == 24 and drafter.blocks.cache.layers[0].keys.shape[0] == 3  # dead rows kept, nothing recompiled
-    eager = batch_cls(head, MAX_LEN, len(ps))
+    assert len(graphs) == 24 and drafter.rows.cache.layers[0].keys.shape[0] == 3  # dead rows kept, nothing recompiled
+    eager = cls(head, MAX_LEN)
     outs, _ = batch_speculative_generate(ragged, eager, ps, 110, eos, 3)
     assert [o.tokens for o in outs] == [w.tokens for w in expected]
-    assert eager.blocks.cache.layers[0].keys.shape[0] == 0  # eagerly, finished rows left the buffers
+    assert eager.rows.cache.layers[0].keys.shape[0] == 0  # eagerly, finished rows left the buffers
 
 
 def test_compiled_ragged_blocks_raise_dynamos_recompile_limit_to_what_they_compile():

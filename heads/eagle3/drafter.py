@@ -1,10 +1,19 @@
-"""EAGLE-3 drafting at inference, consistent with its training-time test.
+"""EAGLE-3 drafting at inference, consistent with its training-time test: one drafter for one sequence or a batch.
 
 Draft position j pairs the target's aux feature f_j with token x_{j+1}, and its output predicts
 x_{j+2}. Committed pairs live in the draft's own KV cache (one layer). To propose k tokens from
 the last committed position t, step i (i >= 1) feeds back the previous step's hidden output with
 the token just drafted, at rotary position t + i, attending to the committed keys plus the keys of
 its own earlier steps -- the same attention pattern and positions as TTT step i.
+
+Both paths run the head's one step (``Eagle3Draft.step``, training's) over their own cache:
+- one sequence (``begin``/``propose``/``update`` and the tree methods: decode/generate.py's loops) on a one-row cache
+  whose compiled form is a whole chain or tree as one graph (decode/static_blocks.py);
+- a batch of any size, 1 included (``begin_batch``/``propose_batch``/``update_batch``/``select``:
+  decode/batch_generate.py's loop), on a ragged cache (decode/ragged_blocks.py): row b's committed length its own, its
+  padding attending only to itself, its speculative slots overwritten by its next commit.
+The one-sequence path serves batch 1: trees, ``--confidence-threshold`` and the compiled whole-chain and whole-tree
+graphs exist there only, and its decoding is what ``benchmarks/versus_revision.py`` holds against earlier revisions.
 """
 
 from __future__ import annotations
@@ -12,8 +21,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from headstart.decode.batch_generate import padded_rows, shifted_prompts
 from headstart.decode.confidence import confident
 from headstart.decode.kv_cache import static_address
+from headstart.decode.ragged_blocks import RaggedBlocks
 from headstart.decode.static_blocks import ChainGraph, StaticBlocks, TreeGraph, causal_allowed
 from headstart.decode.tree import DynamicTree, ExpandedNodes, grow_static_tree
 from headstart.heads.eagle3.module import Eagle3Draft
@@ -22,10 +33,12 @@ from headstart.models.target import TargetOutput
 
 class Eagle3Drafter:
     def __init__(self, head: Eagle3Draft, max_len: int, compile: bool = False, backend: str = "inductor") -> None:
-        """``compile``: the draft step through ``torch.compile`` at static shapes (decode/static_blocks.py), CUDA
-        graphs on a GPU; build one drafter and reuse it for every prompt (``begin`` starts afresh), so it compiles
-        once."""
+        """``compile``: the draft step through ``torch.compile`` at static shapes (decode/static_blocks.py and, for a
+        batch, decode/ragged_blocks.py), CUDA graphs on a GPU; build one drafter and reuse it for every prompt or batch
+        (``begin``/``begin_batch`` start afresh), so it compiles once."""
         self.head = head.eval()
+        self.compile, self.backend = compile, backend
+        self._rows: RaggedBlocks | None = None  # the batch path's ragged cache, built at its first batch
         c = head.config
         self.max_len = max_len
         device, dtype = head.fc.weight.device, head.fc.weight.dtype
@@ -45,6 +58,8 @@ class Eagle3Drafter:
         self.last_hidden: torch.Tensor | None = None  # [1, 1, H] output at the last committed position
         self.last_logits: torch.Tensor | None = None  # [1, V_d]
         self.confidence_threshold = 0.0  # > 0: a chain stops after a draft it is less sure of (decode/confidence.py)
+        self.rows_hidden: torch.Tensor | None = None  # [B, 1, H] a batch's output at each row's last committed position
+        self.rows_logits: torch.Tensor | None = None  # [B, V_d]
 
     @torch.no_grad()
     def precompile(self, max_block: int, trees: bool = True) -> None:
@@ -256,3 +271,94 @@ class Eagle3Drafter:
         out = self._step(hidden, self.to_target(tokens).view(1, m), committed + done, positions, allowed)
         self._tree_hidden = torch.cat([self._tree_hidden, out[0]])
         return self._logits(out)[0]
+
+    # -- a batch (decode/batch_generate.py) --------------------------------------------------------
+    @property
+    def rows(self) -> RaggedBlocks:
+        """The batch path's ragged one-layer cache (compiled with ``compile``), built when a batch first needs it."""
+        if self._rows is None:
+            self._rows = RaggedBlocks(self._row_layer, self.max_len, self.keys.device, self.compile, self.backend)
+        return self._rows
+
+    @property
+    def lengths(self) -> list[int]:
+        """Committed draft positions per row of the batch."""
+        return self.rows.lengths
+
+    def precompile_batch(self, batch: int, max_block: int) -> None:
+        """With ``compile``: the layer's blocks of 1..max_block pairs (a commit of k + 1, a draft step's 1) for ``batch``
+        rows, compiled now."""
+        self.rows.precompile(batch, range(1, max_block + 1), self.head.config.hidden_size, self.head.fc.weight.dtype)
+
+    def _row_layer(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor,
+                   cache) -> torch.Tensor:
+        """``RaggedBlocks``' step: the draft layer on pairs, its attention reading the cache's visible slots."""
+        layer = cache.layers[0]
+
+        def cached(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            keys, values = layer.update(k, v)
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed.unsqueeze(1))
+
+        return self.head.step(hidden, tokens, positions, cached)
+
+    @torch.no_grad()
+    def _commit_rows(self, aux_hidden: torch.Tensor, tokens: torch.Tensor, counts: list[int]) -> None:
+        """Row b's next counts[b] pairs: aux [B, n, k*H], tokens [B, n] (padded past counts[b])."""
+        out = self.rows(self.head.fc(aux_hidden.to(self.head.fc.weight.dtype)), tokens, self.lengths, counts)
+        self.rows.commit(counts)
+        last = torch.tensor(counts, device=out.device) - 1
+        self.rows_hidden = out[torch.arange(out.shape[0], device=out.device), last].unsqueeze(1)
+        self.rows_logits = self._logits(self.rows_hidden)[:, -1]
+
+    def begin_batch(self, prompts: list[torch.Tensor], states: TargetOutput, next_tokens: list[int]) -> None:
+        """Prompts [1, T_b] each, the target's states over the right-padded batch [B, T_max, ...], first tokens."""
+        tokens, counts = shifted_prompts(prompts, next_tokens)
+        self.rows.reset(len(prompts))
+        self._commit_rows(states.aux_hidden_states[:, : max(counts)], tokens, counts)
+
+    def _draft_rows(self, steps: int, pick) -> torch.Tensor:
+        """``steps`` draft steps for every row; ``pick(logits [B, V_d]) -> draft ids [B]``. Returns target ids [B, steps]."""
+        tokens: list[torch.Tensor] = []
+        hidden, logits = self.rows_hidden, self.rows_logits
+        lengths = self.lengths
+        for i in range(steps):
+            if i > 0:  # speculative slots after each row's committed ones
+                hidden = self.rows(hidden, tokens[-1][:, None], [n - 1 + i for n in lengths], [1] * len(lengths))
+                logits = self._logits(hidden)[:, -1]
+            tokens.append(self.to_target(pick(logits)))
+        if not tokens:
+            return torch.empty(len(lengths), 0, dtype=torch.long, device=self.keys.device)
+        return torch.stack(tokens, dim=1)
+
+    @torch.no_grad()
+    def propose_batch(self, budgets: list[int]) -> list[torch.Tensor]:
+        drafts = self._draft_rows(max(budgets), lambda logits: logits.argmax(-1))
+        return [drafts[b, :k] for b, k in enumerate(budgets)]
+
+    @torch.no_grad()
+    def propose_sampled_batch(self, budgets: list[int], sampling, generator: torch.Generator | None = None):
+        """Drafts sampled from the warped draft distribution: per row (tokens [k_b], q [k_b, V]), q over the target
+        vocab (zero outside the draft vocab)."""
+        q_steps: list[torch.Tensor] = []
+
+        def pick(logits: torch.Tensor) -> torch.Tensor:
+            q_steps.append(sampling.probs(logits))  # [B, V_d]
+            return torch.multinomial(q_steps[-1], 1, generator=generator).squeeze(1)
+
+        drafts = self._draft_rows(max(budgets), pick)
+        B, steps = drafts.shape
+        q = torch.zeros(B, steps, self.head.config.vocab_size, device=self.keys.device)
+        if q_steps:
+            q[:, :, self.head.target_vocab_ids()] = torch.stack(q_steps, dim=1)
+        return [drafts[b, :k] for b, k in enumerate(budgets)], [q[b, :k] for b, k in enumerate(budgets)]
+
+    def update_batch(self, emitted: list[list[int]], states: TargetOutput) -> None:
+        """Row b's emitted tokens and the target's states [B, n_max, ...] of the positions that produced them."""
+        tokens, counts = padded_rows(emitted, self.keys.device)
+        self._commit_rows(states.aux_hidden_states[:, : max(counts)], tokens, counts)
+
+    def select(self, rows: list[int]) -> None:
+        """Keep only these rows of the batch, in this order (finished sequences leave it)."""
+        self.rows.select(rows)
+        index = torch.tensor(rows, dtype=torch.long, device=self.keys.device)
+        self.rows_hidden, self.rows_logits = self.rows_hidden[index], self.rows_logits[index]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from headstart.heads.eagle3.batch_drafter import Eagle3BatchDrafter
 from headstart.heads.eagle3.check import check_eagle3, detect_eagle3
 from headstart.heads.eagle3.convert import convert_eagle3
 from headstart.heads.eagle3.drafter import Eagle3Drafter
@@ -11,7 +10,6 @@ from headstart.heads.spec import HeadSpec
 
 EAGLE3 = HeadSpec(
     title="EAGLE-3 head", cls=Eagle3Draft, options=Eagle3Options, build=build_eagle3, drafter=Eagle3Drafter,
-    batch_drafter=Eagle3BatchDrafter,
     detect=detect_eagle3, check=check_eagle3, convert=convert_eagle3, unit="TTT step k",
     cards={"flat": "Flat EAGLE-3 server layout (config.json + model.safetensors with d2t/t2d; no embed_tokens: the "
                    "target's are used).",

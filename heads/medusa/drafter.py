@@ -6,6 +6,10 @@ round. The heads do not see each other's tokens, so a chain is the top-1 of head
 node at depth d with rank r is head d's rank-r token whatever its parent (Medusa's static trees);
 ``tree_expand`` therefore runs nothing.
 
+A batch of any size (``begin_batch``/``propose_batch``/``update_batch``/``select``: decode/batch_generate.py) runs
+every head once per round on the stacked last states of all rows, eagerly: a round is one ResBlock and lm_head per head
+over [B, H], a few ops.
+
 ``rank_accuracy`` measures, on the target's own greedy outputs, how often head i's rank-r token is
 the target's next-but-i token: the input of ``decode.tree.best_static_tree``.
 """
@@ -34,6 +38,7 @@ class MedusaDrafter:
         self.token_map = heads.token_map  # [V'] target ids of a truncated vocab, or None
         self.logits: torch.Tensor | None = None  # [K, V']: head i's logits for the token after the next one
         self.confidence_threshold = 0.0  # > 0: a chain stops after a draft its head is less sure of (decode/confidence.py)
+        self.rows_drafts: torch.Tensor | None = None  # [B, K] a batch's top-1 of each head for every row, as target ids
 
     @torch.no_grad()
     def precompile(self, max_block: int = 1, trees: bool = True) -> None:
@@ -74,6 +79,27 @@ class MedusaDrafter:
             raise ValueError(f"these Medusa heads predict {self.num_heads} tokens ahead; a tree deeper than "
                              f"{self.num_heads} levels cannot be drafted (shorten the tree paths or --tree-depth)")
         return self.logits[depth].expand(tokens.numel(), -1)
+
+
+    # -- a batch (decode/batch_generate.py) --------------------------------------------------------
+    @torch.no_grad()
+    def _read_rows(self, states: TargetOutput, counts: list[int]) -> None:
+        """Row b's state at its counts[b]-th position: the one that produced its last emitted token."""
+        hidden = states.last_hidden_state
+        last = hidden[torch.arange(hidden.shape[0], device=hidden.device), torch.tensor(counts, device=hidden.device) - 1]
+        self.rows_drafts = self.to_target(self.heads.head_logits(last).argmax(-1).T)  # [B, K]
+
+    def begin_batch(self, prompts: list[torch.Tensor], states: TargetOutput, next_tokens: list[int]) -> None:
+        self._read_rows(states, [p.shape[1] for p in prompts])
+
+    def update_batch(self, emitted: list[list[int]], states: TargetOutput) -> None:
+        self._read_rows(states, [len(e) for e in emitted])
+
+    def propose_batch(self, budgets: list[int]) -> list[torch.Tensor]:
+        return [self.rows_drafts[b, : min(k, self.num_heads)] for b, k in enumerate(budgets)]
+
+    def select(self, rows: list[int]) -> None:
+        self.rows_drafts = self.rows_drafts[torch.tensor(rows, dtype=torch.long, device=self.rows_drafts.device)]
 
 
 @torch.no_grad()

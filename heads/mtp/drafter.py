@@ -6,19 +6,25 @@ tokens from the last committed pair, step i (i >= 1) feeds back the layer's prev
 token just drafted, one position further, attending to the committed keys and its own earlier
 steps -- the attention pattern and positions of training step i. Trees expand top-k children the
 same way, each node attending to the committed context, its expanded ancestors and itself.
+
+One drafter for one sequence or a batch, both running the head's one layer over their own cache: one sequence
+(``begin``/``propose``/``update``, trees) on a one-row cache whose compiled form is a whole chain or tree as one graph;
+a batch of any size, 1 included (``begin_batch``/``propose_batch``/``update_batch``/``select``), on a ragged cache
+(decode/ragged_blocks.py), each row's committed length its own -- as EAGLE-3's drafter does (heads/eagle3/drafter.py).
 """
 
 from __future__ import annotations
 
 import torch
 
+from headstart.decode.batch_generate import padded_rows, shifted_prompts
 from headstart.decode.confidence import confident
 from headstart.decode.kv_cache import PositionalKVCache, StaticKVCache, static_address
+from headstart.decode.ragged_blocks import RaggedBlocks
 from headstart.decode.static_blocks import ChainGraph, StaticBlocks, TreeGraph, causal_allowed, self_mask
-from headstart.models.target import additive_mask
 from headstart.decode.tree import ExpandedNodes, grow_static_tree
 from headstart.heads.mtp.module import MTPHead
-from headstart.models.target import TargetOutput
+from headstart.models.target import TargetOutput, additive_mask
 
 
 class MTPDrafter:
@@ -28,6 +34,10 @@ class MTPDrafter:
         self.head = head.eval()
         self.max_len = max_len
         self.device = head.eh_proj.weight.device
+        self.compile, self.backend = compile, backend
+        self._rows: RaggedBlocks | None = None  # the batch path's ragged cache, built at its first batch
+        self.rows_hidden: torch.Tensor | None = None  # [B, 1, H] a batch's layer output at each row's last committed pair
+        self.rows_logits: torch.Tensor | None = None  # [B, V]
         self.cache = StaticKVCache(1, max_len, self.device) if compile else PositionalKVCache(1, max_len)
         self._blocks = StaticBlocks(self._static_step, max_len, self.device, backend) if compile else None  # tree levels
         # A commit (the step and its logits) as one graph per block size, its chain mask built in the graph.
@@ -197,3 +207,61 @@ class MTPDrafter:
         out = self._step(hidden, tokens.view(1, m), committed + done, positions, allowed)
         self._tree_hidden = torch.cat([self._tree_hidden, out[0]])
         return self.head.logits(out)[0].float()
+
+    # -- a batch (decode/batch_generate.py) --------------------------------------------------------
+    @property
+    def rows(self) -> RaggedBlocks:
+        """The batch path's ragged one-layer cache (compiled with ``compile``), built when a batch first needs it."""
+        if self._rows is None:
+            self._rows = RaggedBlocks(self._row_layer, self.max_len, self.device, self.compile, self.backend)
+        return self._rows
+
+    def precompile_batch(self, batch: int, max_block: int) -> None:
+        """With ``compile``: the layer's blocks of 1..max_block pairs for ``batch`` rows, compiled now."""
+        self.rows.precompile(batch, range(1, max_block + 1), self.head.eh_proj.out_features, self.head.eh_proj.weight.dtype)
+
+    def _row_layer(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor,
+                   cache) -> torch.Tensor:
+        """``RaggedBlocks``' step: the MTP layer on pairs (hidden [B, n, H], tokens [B, n]) at rotary ``positions``."""
+        x = self.head.fuse(tokens, hidden, positions)
+        return self.head.layer(x, positions, additive_mask(allowed, x.dtype), cache)
+
+    @torch.no_grad()
+    def _commit_rows(self, hidden: torch.Tensor, tokens: torch.Tensor, counts: list[int]) -> None:
+        """Row b's next counts[b] pairs: hidden [B, n, H], tokens [B, n] (padded past counts[b])."""
+        out = self.rows(hidden, tokens, self.rows.lengths, counts)
+        self.rows.commit(counts)
+        last = torch.tensor(counts, device=out.device) - 1
+        self.rows_hidden = out[torch.arange(out.shape[0], device=out.device), last].unsqueeze(1)
+        self.rows_logits = self.head.logits(self.rows_hidden)[:, -1].float()
+
+    def begin_batch(self, prompts: list[torch.Tensor], states: TargetOutput, next_tokens: list[int]) -> None:
+        """Prompts [1, T_b] each, the target's states over the right-padded batch [B, T_max, ...], first tokens."""
+        tokens, counts = shifted_prompts(prompts, next_tokens)
+        self.rows.reset(len(prompts))
+        self._commit_rows(states.last_hidden_state[:, : max(counts)], tokens.to(self.device), counts)
+
+    @torch.no_grad()
+    def propose_batch(self, budgets: list[int]) -> list[torch.Tensor]:
+        """Up to budgets[b] greedy drafts for row b: step i feeds back step i-1's output and draft."""
+        tokens: list[torch.Tensor] = []
+        hidden, logits = self.rows_hidden, self.rows_logits
+        lengths = self.rows.lengths
+        for i in range(max(budgets)):
+            if i > 0:  # speculative slots after each row's committed ones
+                hidden = self.rows(hidden, tokens[-1][:, None], [n - 1 + i for n in lengths], [1] * len(lengths))
+                logits = self.head.logits(hidden)[:, -1]
+            tokens.append(logits.argmax(-1))
+        drafts = torch.stack(tokens, dim=1) if tokens else torch.empty(len(lengths), 0, dtype=torch.long, device=self.device)
+        return [drafts[b, :k] for b, k in enumerate(budgets)]
+
+    def update_batch(self, emitted: list[list[int]], states: TargetOutput) -> None:
+        """Row b's emitted tokens and the target's states [B, n_max, ...] of the positions that produced them."""
+        tokens, counts = padded_rows(emitted, self.device)
+        self._commit_rows(states.last_hidden_state[:, : max(counts)], tokens, counts)
+
+    def select(self, rows: list[int]) -> None:
+        """Keep only these rows of the batch, in this order (finished sequences leave it)."""
+        self.rows.select(rows)
+        index = torch.tensor(rows, dtype=torch.long, device=self.device)
+        self.rows_hidden, self.rows_logits = self.rows_hidden[index], self.rows_logits[index]

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from headstart.heads.mtp.batch_drafter import MTPBatchDrafter
 from headstart.heads.mtp.checkpoint import detect_mtp
 from headstart.heads.mtp.drafter import MTPDrafter
 from headstart.heads.mtp.module import MTPHead, MTPOptions, build_mtp_head
 from headstart.heads.spec import HeadSpec
 
 MTP = HeadSpec(
-    title="MTP layer", cls=MTPHead, options=MTPOptions, build=build_mtp_head, drafter=MTPDrafter,
-    batch_drafter=MTPBatchDrafter, detect=detect_mtp, unit="unrolled step k (predicts token t+k+2)",
+    title="MTP layer", cls=MTPHead, options=MTPOptions, build=build_mtp_head, drafter=MTPDrafter, detect=detect_mtp, unit="unrolled step k (predicts token t+k+2)",
     cards={"headstart": "headstart's own MTP layout for a dense target (config.json + model.safetensors: enorm, "
                         "hnorm, eh_proj, block.*, norm; the target's embedding and lm_head are shared).",
            "deepseek": "DeepSeek-V3's own checkpoint layout: a copy of the target with the trained layer as "

@@ -1,0 +1,92 @@
+"""A head's drafter against the same head's drafter at another git revision, paired in one process.
+
+``headstart bench --versus`` compares two drafting methods turn by turn on one machine (the two take turns at going
+first), which is what a drafter change needs: this CPU drifts by tens of percent between runs minutes apart. This
+script loads ``heads/<head>/drafter.py`` as it was at ``--rev`` (its imports resolve against today's package: a drafter
+whose dependencies changed since cannot be loaded, and the error says which import), adds it to the drafting-method
+catalog as ``<head>@<rev>``, and runs ``headstart bench`` with the remaining flags and ``--versus '--method
+<head>@<rev>'`` with today's ``--draft``, chain length, tree and ``--compile``. results.json's ``paired`` holds the tokens/s ratio of
+today's drafter to the revision's, over all turns and turn by turn.
+
+    python benchmarks/versus_revision.py --rev 507313e -- --target configs/demo/target --draft configs/demo/eagle3-head \\
+        --method eagle3 --questions configs/demo/eval/mt_bench.jsonl --per-category 1 --max-new-tokens 128 --num-speculative-tokens 4 \\
+        --out runs/versus-drafter
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from headstart.decode import methods as decode_methods
+from headstart.decode.confidence import with_threshold
+from headstart.decode.methods import Drafting, DraftingMethod, MethodContext
+from headstart.heads.registry import head_spec, load_head
+from headstart.scripts import benchmark
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def drafter_class_at(rev: str, head: str) -> type:
+    """The drafter class of ``heads/<head>/drafter.py`` at git revision ``rev`` (the spec's class name)."""
+    path = f"heads/{head}/drafter.py"
+    try:
+        source = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=REPO, check=True, capture_output=True, text=True).stdout
+    except subprocess.CalledProcessError as e:
+        raise SystemExit(f"git show {rev}:{path} failed: {e.stderr.strip()}") from e
+    name = head_spec(head).drafter.__name__
+    file = Path(tempfile.mkdtemp()) / f"{head}_drafter_at_{rev}.py"
+    file.write_text(source)
+    spec = importlib.util.spec_from_file_location(file.stem, file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not hasattr(module, name):
+        raise SystemExit(f"{path} at {rev} has no class {name}")
+    return getattr(module, name)
+
+
+def revision_method(head: str, cls: type, rev: str) -> DraftingMethod:
+    """``head``'s method with the revision's drafter class: built as heads/methods.py builds a head's, batch 1."""
+
+    def build(ctx: MethodContext) -> Drafting:
+        args, target = ctx.args, ctx.setup.target
+        loaded = load_head(head, args.draft, target, args.allow_other_target).to(device=ctx.setup.device,
+                                                                                dtype=target.lm_head_weight.dtype)
+        if args.compile:
+            shared = cls(loaded, ctx.max_len, compile=True)
+            shared.precompile(ctx.compiled_block, trees=bool(args.tree or args.tree_paths) or args.confidence_threshold > 0)
+            make = lambda: shared  # noqa: E731
+        else:
+            make = lambda: cls(loaded, ctx.max_len)  # noqa: E731
+        return Drafting(with_threshold(make, args.confidence_threshold), compiled=args.compile)
+
+    spec = head_spec(head)
+    return DraftingMethod(f"{spec.title} drafted by {cls.__name__} at {rev}", build, draft="the head's exported directory",
+                          reads_aux=spec.cls.needs.aux_hidden_states)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rev", required=True, help="the git revision whose drafter is the baseline")
+    p.add_argument("bench", nargs=argparse.REMAINDER, help="-- then headstart bench's flags for today's drafter")
+    args = p.parse_args(argv)
+    flags = args.bench[1:] if args.bench[:1] == ["--"] else args.bench
+    first = benchmark.build_parser().parse_args(flags)
+    name = f"{first.method}@{args.rev}"
+    decode_methods.METHODS[name] = revision_method(first.method, drafter_class_at(args.rev, first.method), args.rev)
+    # the revision's drafter in the same shape as today's: chain length, tree, compilation
+    rival = ["--method", name, "--draft", first.draft, "--num-speculative-tokens", str(first.num_speculative_tokens)]
+    if first.tree:
+        rival += ["--tree", "--tree-depth", str(first.tree_depth), "--tree-topk", str(first.tree_topk),
+                  "--tree-total-tokens", str(first.tree_total_tokens)]
+    rival += ["--compile"] if first.compile else []
+    benchmark.main(flags + ["--versus", shlex.join(rival)])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
