@@ -77,6 +77,8 @@ def read_eagle3(req: dict, inputs: dict) -> tuple[dict, dict]:
         "aux_layer_ids": list(c.eagle_aux_hidden_state_layer_ids or []),
         "draft_vocab_size": c.draft_vocab_size,
         "norm_before_residual": c.norm_before_residual,
+        "fc_norm": getattr(c, "fc_norm", None),
+        "norm_output": getattr(c, "norm_output", None),
         "target_hidden_size": c.target_hidden_size,
         "verifier": c.speculators_config.verifier.name_or_path,
         "speculative_tokens": c.speculators_config.proposal_methods[0].speculative_tokens,

@@ -35,14 +35,17 @@ def tiny_causal_lm(family: str, **overrides) -> PreTrainedModel:
     return AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
 
 
-def random_eagle3_head(target, draft_vocab_size: int = 48, counts_seed: int | None = None, aux_layer_ids=None, **kwargs):
-    """An untrained EAGLE-3 head for ``target`` (a headstart Target) with a random draft vocab."""
+def random_eagle3_head(target, draft_vocab_size: int = 48, counts_seed: int | None = None, aux_layer_ids=None,
+                       fc_norm: bool = False, norm_output: bool = False, **kwargs):
+    """An untrained EAGLE-3 head for ``target`` (a headstart Target) with a random draft vocab; ``fc_norm`` and
+    ``norm_output``: EAGLE-3.1's norms."""
     import torch
 
     from headstart.models.draft_vocab import build_draft_vocab
     from headstart.heads.eagle3.module import Eagle3Config, Eagle3Draft
 
-    head = Eagle3Draft(Eagle3Config.from_target(target.config, draft_vocab_size, aux_layer_ids), **kwargs)
+    config = Eagle3Config.from_target(target.config, draft_vocab_size, aux_layer_ids, fc_norm=fc_norm, norm_output=norm_output)
+    head = Eagle3Draft(config, **kwargs)
     g = None if counts_seed is None else torch.Generator().manual_seed(counts_seed)
     head.set_draft_vocab(*build_draft_vocab(torch.randint(0, 9, (target.vocab_size,), generator=g), draft_vocab_size))
     head.load_target_embeddings(target.embed_tokens.weight)

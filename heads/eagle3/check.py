@@ -10,7 +10,9 @@ tests/test_server_loaders.py):
 - aux layer ids: vLLM reads the top-level ones, SGLang only ``eagle_config``'s, which it captures + 1;
   absent, each uses its default, right only by chance;
 - ``norm_before_residual`` absent means true on vLLM's speculators route;
-- ``max_position_embeddings`` below the target's: SGLang does not raise it, long prompts fail.
+- ``max_position_embeddings`` below the target's: SGLang does not raise it, long prompts fail;
+- EAGLE-3.1's ``fc_norm``: one ``fc_norm.{i}.weight`` [H_t] per aux layer, present exactly when the key is true
+  (a norm the config does not switch on is a tensor vLLM refuses; one it switches on but lacks stays random).
 """
 
 from __future__ import annotations
@@ -84,9 +86,9 @@ def check_eagle3(directory: Path, layout: str, target_config) -> list[Problem]:
     if layout == _SPECULATORS:
         if (d.get("architectures") or [ARCHITECTURES[0]])[0] not in ARCHITECTURES:
             bad(cfg_file, "architectures", f"{d.get('architectures')}: not one of {list(ARCHITECTURES)}")
-        for key in UNSUPPORTED:
-            if d.get(key):
-                bad(cfg_file, key, "true: a norm headstart's head does not have (headstart cannot decode it)")
+    for key in UNSUPPORTED:
+        if d.get(key):
+            bad(cfg_file, key, "true: a norm headstart's head does not have (headstart cannot decode it)")
     nbr = d.get("norm_before_residual")
     if nbr or (layout == _SPECULATORS and nbr is None):
         bad(cfg_file, "norm_before_residual", f"{'absent (true on this route)' if nbr is None else nbr}: headstart's "
@@ -146,6 +148,8 @@ def check_eagle3(directory: Path, layout: str, target_config) -> list[Problem]:
         "d2t": (V_d,),
         "t2d": (V,),
     }
+    if d.get("fc_norm"):  # EAGLE-3.1
+        expected.update({f"fc_norm.{i}.weight": (H_t,) for i in range(n_aux)})
     optional = {"embed_tokens.weight": (V, H)}
     if layout == _SPECULATORS:  # midlayer.* names count as layers.0.* (vLLM maps them)
         meta = {(SPECULATORS_LAYER + k[len(FLAT_LAYER):] if k.startswith(FLAT_LAYER) else k): v for k, v in meta.items()}

@@ -27,6 +27,10 @@ class Eagle3Options:
     feature_noise: float = 0.0
     """Std of Gaussian noise added to the target's aux hidden states (the draft's input features) while training:
     the draft then learns to draft from features like its own imperfect ones (speculators trains with 0.05)."""
+    fc_norm: bool = False
+    """EAGLE-3.1: an RMSNorm on each target layer's feature before ``fc`` (vLLM's and speculators' ``fc_norm``)."""
+    norm_output: bool = False
+    """EAGLE-3.1: each step carries its final-normed state to the next (vLLM's and speculators' ``norm_output``)."""
 
 
 @dataclass(frozen=True)
@@ -50,10 +54,21 @@ class Eagle3Config:
     hidden_act: str = "silu"
     speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS
     """Tokens a server drafts per step unless told otherwise (speculators' ``speculative_tokens``)."""
+    fc_norm: bool = False
+    """EAGLE-3.1: one RMSNorm per target layer's feature before ``fc`` (tensors ``fc_norm.{i}.weight`` [H_t])."""
+    norm_output: bool = False
+    """EAGLE-3.1: the state carried from one step to the next is the final-normed one (no tensor of its own)."""
+
+    @property
+    def variant(self) -> str:
+        """"EAGLE-3.1" with either of its norms on, else "EAGLE-3"."""
+        return "EAGLE-3.1" if self.fc_norm or self.norm_output else "EAGLE-3"
 
     @classmethod
-    def from_target(cls, target_config, draft_vocab_size: int = 32000, aux_layer_ids=None) -> "Eagle3Config":
-        """Derive a draft config from any HF decoder config (hidden size, heads, rope, vocab)."""
+    def from_target(cls, target_config, draft_vocab_size: int = 32000, aux_layer_ids=None, fc_norm: bool = False,
+                    norm_output: bool = False) -> "Eagle3Config":
+        """Derive a draft config from any HF decoder config (hidden size, heads, rope, vocab); ``fc_norm`` and
+        ``norm_output``: EAGLE-3.1's norms."""
         tc = text_config(target_config)
         n_layers = tc.num_hidden_layers
         ids = check_servable_ids(default_aux_layer_ids(n_layers) if aux_layer_ids is None else aux_layer_ids, n_layers)
@@ -74,6 +89,8 @@ class Eagle3Config:
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
             max_position_embeddings=tc.max_position_embeddings,
+            fc_norm=fc_norm,
+            norm_output=norm_output,
         )
 
     def to_hf_dict(self) -> dict:
@@ -97,6 +114,9 @@ class Eagle3Config:
             "tie_word_embeddings": False,
             "target_hidden_size": self.target_hidden_size,
             "norm_before_residual": False,
+            # EAGLE-3.1's norms: vLLM's llama_eagle3 and SpecForge read these keys (false: EAGLE-3) (docs/FORMATS.md)
+            "fc_norm": self.fc_norm,
+            "norm_output": self.norm_output,
             "eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids),
             # SGLang reads only this nested copy and captures id + 1 (docs/FORMATS.md).
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in self.aux_layer_ids],
@@ -116,6 +136,9 @@ class Eagle3Config:
         if d.get("norm_before_residual"):
             raise ValueError("EAGLE-3 config.json: norm_before_residual is true; headstart's head adds the un-normed "
                              "hidden state (SGLang implements only false)")
+        if d.get("norm_before_fc") or (d.get("eagle_config") or {}).get("norm_before_fc"):
+            raise ValueError("EAGLE-3 config.json: norm_before_fc is true (one norm over the concatenated features, "
+                             "gpt-oss's variant); headstart's head has EAGLE-3.1's per-layer fc_norm instead")
         heads = d["num_attention_heads"]
         return cls(
             hidden_size=d["hidden_size"],
@@ -134,6 +157,8 @@ class Eagle3Config:
             max_position_embeddings=d.get("max_position_embeddings", 4096),
             hidden_act=d.get("hidden_act", "silu"),
             speculative_tokens=d.get("headstart", {}).get("speculative_tokens", DEFAULT_SPECULATIVE_TOKENS),
+            fc_norm=bool(d.get("fc_norm", False)),
+            norm_output=bool(d.get("norm_output", False)),
         )
 
     @classmethod

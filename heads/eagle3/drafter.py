@@ -110,7 +110,7 @@ class Eagle3Drafter:
                        allowed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``_commit``'s arithmetic for m pairs at static shapes: (the layer's outputs [1, m, H], the draft logits
         after the last of them [1, 1, V_d]: the only ones a commit reads)."""
-        out = self._static_step(self.head.fc(aux_hidden), tokens, positions, allowed)
+        out = self._static_step(self.head.project(aux_hidden), tokens, positions, allowed)
         return out, self._logits(out[:, -1:])
 
     def _static_step(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
@@ -169,7 +169,7 @@ class Eagle3Drafter:
         return self.to_target(kept), parents, levels, mask
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.head.lm_head(self.head.norm(hidden))
+        return self.head.draft_logits(hidden)
 
     @torch.no_grad()
     def _commit(self, aux_hidden: torch.Tensor, next_tokens: torch.Tensor) -> None:
@@ -181,7 +181,7 @@ class Eagle3Drafter:
             out, logits = self._commits.causal(aux_hidden, next_tokens, self.length)
             self.last_logits = logits[:, -1]
         else:
-            out = self._step(self.head.fc(aux_hidden), next_tokens, self.length)
+            out = self._step(self.head.project(aux_hidden), next_tokens, self.length)
             self.last_logits = self._logits(out[:, -1:])[:, -1]
         self.length += n
         self.last_hidden = out[:, -1:]
@@ -304,7 +304,7 @@ class Eagle3Drafter:
     @torch.no_grad()
     def _commit_rows(self, aux_hidden: torch.Tensor, tokens: torch.Tensor, counts: list[int]) -> None:
         """Row b's next counts[b] pairs: aux [B, n, k*H], tokens [B, n] (padded past counts[b])."""
-        out = self.rows(self.head.fc(aux_hidden.to(self.head.fc.weight.dtype)), tokens, self.lengths, counts)
+        out = self.rows(self.head.project(aux_hidden.to(self.head.fc.weight.dtype)), tokens, self.lengths, counts)
         self.rows.commit(counts)
         last = torch.tensor(counts, device=out.device) - 1
         self.rows_hidden = out[torch.arange(out.shape[0], device=out.device), last].unsqueeze(1)

@@ -6,6 +6,10 @@
              h_{k+1} = a + mlp(post_attention_layernorm(a))
              logits_k = lm_head(norm(h_{k+1}))                 # over the draft vocab, predicts token t+2+k
 
+EAGLE-3.1 (``Eagle3Config.fc_norm`` / ``norm_output``, as vLLM and speculators define them): ``fc_norm`` puts one
+RMSNorm on each target layer's feature before ``fc`` (h_0 = fc(cat(fc_norm_i(f_i)))); ``norm_output`` carries the
+final-normed state norm(h_{k+1}) to the next step instead of h_{k+1} (the logits are lm_head(norm(h_{k+1})) either way).
+
 Training-time test (TTT) unrolls K steps. A query at position t in step k attends to the step-0 keys
 at positions <= t (causal) plus, in each step 1..k, only the key at its own position t; rotary
 position of step k is t + k, which is what the drafter sees at inference (one more per draft step).
@@ -114,6 +118,9 @@ class Eagle3Draft(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)
         self.fc = nn.Linear(n_aux * config.target_hidden_size, config.hidden_size, bias=False)
+        if config.fc_norm:  # EAGLE-3.1: one norm per target layer's feature, before fc
+            self.fc_norm = nn.ModuleList(LlamaRMSNorm(config.target_hidden_size, eps=config.rms_norm_eps)
+                                         for _ in range(n_aux))
         self.midlayer = Eagle3DecoderLayer(config)
         self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
@@ -142,18 +149,35 @@ class Eagle3Draft(nn.Module):
         # Training goes through forward so FSDP2 / ZeRO-3 hooks gather the parameters.
         return self.loss(features)
 
+    def project(self, aux: torch.Tensor) -> torch.Tensor:
+        """The target's aux hidden states [B, T, n * H_t] -> the first step's hidden [B, T, H]: ``fc``, after each
+        layer's own norm with ``fc_norm`` (EAGLE-3.1)."""
+        if self.config.fc_norm:
+            aux = torch.cat([norm(f) for norm, f in zip(self.fc_norm, aux.chunk(len(self.fc_norm), dim=-1))], dim=-1)
+        return self.fc(aux)
+
+    def readout(self, hidden: torch.Tensor) -> torch.Tensor:
+        """What ``lm_head`` reads from a step's state: its final norm, or the state itself where the step already
+        carries the normed one (``norm_output``, EAGLE-3.1)."""
+        return hidden if self.config.norm_output else self.norm(hidden)
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """A step's state [..., H] -> draft-vocab logits [..., V_d] in the head's dtype (what the drafters read)."""
+        return self.lm_head(self.readout(hidden))
+
     def step(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
              attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """One draft step, the one both training and decoding run: the pairs (hidden [B, n, H], token [B, n]) at
-        rotary ``positions`` [B, n] -> the layer's output [B, n, H] (what ``logits`` reads, and the next step's
-        hidden). Only ``attend(q, k, v)`` -> [B, nh, n, hd] differs: the TTT pattern over the unrolled steps' keys
+        rotary ``positions`` [B, n] -> the step's state [B, n, H] (what ``logits`` reads, and the next step's hidden):
+        the layer's output, or its final norm with ``norm_output``. Only ``attend(q, k, v)`` -> [B, nh, n, hd] differs: the TTT pattern over the unrolled steps' keys
         in training (``unroll_hidden``), the drafter's KV cache when decoding (heads/eagle3/drafter.py)."""
         with record_function("head: draft step"):  # a part of the step for torch.profiler
             cos, sin = self.rotary_emb(hidden, positions)
             x = self.midlayer.attn_input(self.embed_tokens(tokens).to(hidden.dtype), hidden)
             out = attend(*self.midlayer.self_attn.qkv(x, cos, sin))  # [B, nh, n, hd]
             B, nh, n, hd = out.shape
-            return self.midlayer.finish(hidden, self.midlayer.self_attn.o_proj(out.transpose(1, 2).reshape(B, n, nh * hd)))
+            out = self.midlayer.finish(hidden, self.midlayer.self_attn.o_proj(out.transpose(1, 2).reshape(B, n, nh * hd)))
+            return self.norm(out) if self.config.norm_output else out
 
     def unroll_hidden(self, f: Features, needed: torch.Tensor | None = None):
         """Yield the TTT steps' hidden outputs [B, T, H] (what ``logits`` reads): step k at position t reads token
@@ -167,7 +191,7 @@ class Eagle3Draft(nn.Module):
         aux = f.aux_hidden_states.to(self.fc.weight.dtype)
         if self.training and self.feature_noise > 0:
             aux = aux + torch.randn_like(aux) * self.feature_noise
-        hidden = self.fc(aux)  # [B, T, H]
+        hidden = self.project(aux)  # [B, T, H]
         base_pos, documents = f.positions(), f.documents()  # a packed batch: each document from position 0
         keys, values = [], []
         block = self.midlayer.self_attn.block
@@ -206,7 +230,7 @@ class Eagle3Draft(nn.Module):
             yield self.logits(hidden)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(hidden)).float()
+        return self.draft_logits(hidden).float()
 
     def loss(self, f: Features) -> tuple[torch.Tensor, dict[str, float]]:
         """Unrolled TTT loss: forward KL to the target on the draft vocab, step weights w^k, summed over
@@ -234,7 +258,7 @@ class Eagle3Draft(nn.Module):
             # Only the trained positions' logits, a chunk at a time, recomputed in backward: no [B, T, V_d]
             # float32 tensor is kept per step (target restricted to the draft vocab, renormalised).
             step_sum, correct, top5, accept = chunked_vocab_loss(
-                VocabProjection(self.norm, self.lm_head.weight), hidden[b, t], lambda rows: target_rows[rows], b * T + t + 1 + k, torch.zeros_like(b),
+                VocabProjection(self.readout, self.lm_head.weight), hidden[b, t], lambda rows: target_rows[rows], b * T + t + 1 + k, torch.zeros_like(b),
                 soft=True, chunk_tokens=self.chunk_tokens, recompute=len(b) * V_d > RECOMPUTE_ABOVE,
                 divergence=self.divergence, full_metrics=f.full_metrics)
             total = total + (self.step_weight**k) * step_sum / denominator
@@ -310,8 +334,13 @@ def build_eagle3(draft: DraftConfig, target, token_counts: torch.Tensor) -> Eagl
     options = draft.options or Eagle3Options()
     if draft.config:
         config = Eagle3Config.from_json(draft.config)
+        wrong = [k for k in ("fc_norm", "norm_output") if getattr(options, k) and not getattr(config, k)]
+        if wrong:
+            raise ValueError(f"draft.{', draft.'.join(wrong)} is true but draft.config ({draft.config}) sets it false: "
+                             "set it in the config file, or drop draft.config")
     else:
-        config = Eagle3Config.from_target(target.config, options.draft_vocab_size, target.aux_layer_ids)
+        config = Eagle3Config.from_target(target.config, options.draft_vocab_size, target.aux_layer_ids,
+                                          fc_norm=options.fc_norm, norm_output=options.norm_output)
     config.check_target(target.config)
     if tuple(config.aux_layer_ids) != tuple(target.aux_layer_ids):
         raise ValueError(f"the draft config reads layers {list(config.aux_layer_ids)} but the target is set "

@@ -10,8 +10,9 @@ Written explicitly, because readers fall back silently when a key is absent:
 - ``norm_before_residual``: absent means true on this route (headstart trains false);
 - ``draft_vocab_size`` and ``target_hidden_size``.
 
-The reader refuses options headstart's head does not implement (``norm_before_residual``,
-``norm_before_fc``, ``fc_norm``, ``norm_output`` true) instead of loading a different network.
+EAGLE-3.1's two norms (``fc_norm``, ``norm_output``) are top-level keys here as in the flat layout, both ways. The
+reader refuses options headstart's head does not implement (``norm_before_residual``, ``norm_before_fc`` true)
+instead of loading a different network.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ SPECULATORS_VERSION = "0.9.0"  # the speculators release the conformance tests r
 ARCHITECTURE = "Eagle3DraftModel"
 ARCHITECTURES = (ARCHITECTURE, "Eagle3Speculator")  # speculators <= 0.9 writes the older name
 FLAT_LAYER, SPECULATORS_LAYER = "midlayer.", "layers.0."  # the decoder layer's prefix in each layout
-UNSUPPORTED = ("norm_before_fc", "fc_norm", "norm_output")  # speculators options headstart's head does not have
+UNSUPPORTED = ("norm_before_fc",)  # speculators options headstart's head does not have
+NORMS = ("fc_norm", "norm_output")  # EAGLE-3.1's, carried as they are
 
 
 def is_speculators(config: dict) -> bool:
@@ -79,8 +81,7 @@ def to_speculators_config(flat: dict, verifier: dict | None) -> dict:
         "target_hidden_size": flat["target_hidden_size"],
         "norm_before_residual": False,
         "norm_before_fc": False,
-        "fc_norm": False,
-        "norm_output": False,
+        **{key: bool(flat.get(key, False)) for key in NORMS},
         "embed_requires_grad": False,
         "tie_word_embeddings": False,
         "eagle_aux_hidden_state_layer_ids": list(flat["eagle_aux_hidden_state_layer_ids"]),
@@ -127,6 +128,7 @@ def flat_from_speculators(d: dict, where: str = "config.json") -> dict:
         **layer, "architectures": ["LlamaForCausalLMEagle3"], "rope_theta": rope_theta, "rope_scaling": scaling,
         "draft_vocab_size": d["draft_vocab_size"], "target_hidden_size": d.get("target_hidden_size"),
         "eagle_aux_hidden_state_layer_ids": d["eagle_aux_hidden_state_layer_ids"],
+        **{key: bool(d.get(key, False)) for key in NORMS},
         "headstart": {**(d.get("headstart") or {}), "speculative_tokens": proposals[0].get("speculative_tokens", DEFAULT_SPECULATIVE_TOKENS)},
     }
 
