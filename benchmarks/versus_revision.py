@@ -44,6 +44,7 @@ def drafter_class_at(rev: str, head: str) -> type:
     file.write_text(source)
     spec = importlib.util.spec_from_file_location(file.stem, file)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[file.stem] = module  # torch.compile's tracing looks the module up by name
     spec.loader.exec_module(module)
     if not hasattr(module, name):
         raise SystemExit(f"{path} at {rev} has no class {name}")

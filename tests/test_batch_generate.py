@@ -314,9 +314,9 @@ def test_batch_caches_grow_past_their_first_allocation(world):
     assert drafter.rows.cache.layers[0].keys.shape[2] > 256 and ragged.cache.layers[0].keys.shape[2] > 256  # both grew
 
 
-@pytest.mark.parametrize("method,backend", [("ngram", "eager"), ("eagle3-batched", "eager"),
-                                            pytest.param("mtp-batched", "eager", marks=pytest.mark.slow),
-                                            pytest.param("eagle3-batched", "inductor", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("method,backend", [pytest.param("ngram", "eager", marks=pytest.mark.slow), ("eagle3-batched", "eager"),
+                                            pytest.param("mtp-batched", "eager", marks=pytest.mark.nightly),
+                                            pytest.param("eagle3-batched", "inductor", marks=pytest.mark.nightly)])
 def test_a_compiled_batch_decodes_each_prompt_as_alone_and_finished_rows_recompile_nothing(world, method, backend):
     """``RaggedRunner(compile=True)``: rows that finish early stay as dead rows of the static batch, so after
     ``precompile`` (plain decoding's width 1 and the verify's k + 1, at each key window) nothing compiles
@@ -355,9 +355,9 @@ def test_a_compiled_batch_decodes_each_prompt_as_alone_and_finished_rows_recompi
     assert compiled.cache.layers[0].keys is buffer and buffer.shape[0] == 4  # its own buffers again, dead rows kept
 
 
-@pytest.mark.parametrize("name,backend", [("eagle3", "eager"), ("mtp", "eager"),
-                                          pytest.param("eagle3", "inductor", marks=pytest.mark.slow),
-                                          pytest.param("mtp", "inductor", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name,backend", [("eagle3", "eager"), pytest.param("mtp", "eager", marks=pytest.mark.slow),
+                                          pytest.param("eagle3", "inductor", marks=pytest.mark.nightly),
+                                          pytest.param("mtp", "inductor", marks=pytest.mark.nightly)])
 def test_compiled_batch_drafters_draft_as_alone_and_compile_nothing_mid_generation(world, name, backend):
     """EAGLE-3's and MTP's batched layers compiled (``RaggedBlocks``): one drafter reused for batches of 4 and 3 rows,
     rows finishing early, a row crossing a key window -- every row decodes as alone, and after ``precompile`` (blocks
@@ -398,6 +398,7 @@ def test_compiled_batch_drafters_draft_as_alone_and_compile_nothing_mid_generati
     assert eager.rows.cache.layers[0].keys.shape[0] == 0  # eagerly, finished rows left the buffers
 
 
+@pytest.mark.slow  # 26 s here: with CI's slow tests, out of the default suite's ten minutes
 def test_compiled_ragged_blocks_raise_dynamos_recompile_limit_to_what_they_compile():
     """Every ``RaggedBlocks`` compiles the same ``_run``: two of them with many widths and key windows need more
     graphs than dynamo's default limit of 64 per function, past which it would quietly run the rest eagerly."""

@@ -52,7 +52,7 @@ def section(path: Path, title: str) -> str:
     return text.split(f"\n## {title}\n", 1)[1]
 
 
-@pytest.mark.slow  # a lab script run by hand; 17-31 s here, so with the slow tests (CI runs both)
+@pytest.mark.nightly  # a lab script run by hand, so with the nightly tests
 def test_ablate_recipe_trains_each_variant_and_measures_its_head(tmp_path):
     """Two variants (the recipe as it is, and one override) of a 2-step EAGLE-3 recipe on a tiny target, each
     measured by scripts/benchmark.py. The script swallows a failed training or benchmark (its row gets nan),
@@ -98,7 +98,7 @@ def test_ablate_recipe_trains_each_variant_and_measures_its_head(tmp_path):
         assert {"math", "chat"} <= set(report["results"]) and report["results"]["overall"]["tau"] == r["tau"]
 
 
-@pytest.mark.slow  # a lab script run by hand; 17-31 s here, so with the slow tests (CI runs both)
+@pytest.mark.nightly  # a lab script run by hand, so with the nightly tests
 def test_ablate_recipe_keeps_a_failed_variant_out_of_the_benchmarks_file(tmp_path):
     """A variant whose training fails (an unknown override) exits 1 naming it, and writes no row of NaNs to
     BENCHMARKS.md: with no variant measured, no section at all; next to a measured head (an existing one,
@@ -155,7 +155,7 @@ def test_bench_features_times_the_first_step_from_each_store(tmp_path):
     assert "| `five` | 5 | 24 |" in proc.stdout and "| `one` | 1 | 24 |" in proc.stdout
 
 
-@pytest.mark.slow  # a lab script run by hand; 17-31 s here, so with the slow tests (CI runs both)
+@pytest.mark.nightly  # a lab script run by hand, so with the nightly tests
 def test_bench_memory_measures_before_and_after_at_one_length(tmp_path):
     """One short length (T=16), both implementations; on CPU each is a fresh worker process measuring peak RSS
     (on a GPU the script runs its CUDA path instead, and the same checks hold). The head is the script's own
@@ -188,7 +188,7 @@ def test_bench_memory_measures_before_and_after_at_one_length(tmp_path):
     assert math.isfinite(measured["after"]["loss"]) and measured["after"]["loss"] > 0
 
 
-@pytest.mark.slow  # a lab script run by hand; 17-31 s here, so with the slow tests (CI runs both)
+@pytest.mark.nightly  # a lab script run by hand, so with the nightly tests
 def test_bench_regenerate_runs_every_backend_on_the_demo_target(tmp_path):
     """hf at batch 1 and 16 in process, and openai against `transformers serve` (which the script starts, offline,
     on the demo target): one row from each of two demo data files, 4 new tokens, greedy."""
@@ -211,6 +211,7 @@ def test_bench_regenerate_runs_every_backend_on_the_demo_target(tmp_path):
     assert header in proc.stdout
 
 
+@pytest.mark.slow  # 49 s here: with CI's slow tests, out of the default suite's ten minutes
 def test_compare_methods_tabulates_two_benchmark_runs(tmp_path):
     """Two tiny scripts/benchmark.py runs on the demo target (n-gram with a datastore, chain of 2; the demo draft model, chain of 3,
     its two questions decoded as one batch by its batch drafter), then one table of both."""
@@ -268,7 +269,7 @@ def test_compare_methods_tabulates_two_benchmark_runs(tmp_path):
     assert "- machine: NVIDIA H200, torch 2.11.0+cu130\n" in section(tmp_path / "C.md", "On the GPU")
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 def test_a_hybrid_run_names_its_head_store_and_share_of_ngram_rounds(tmp_path):
     """scripts/benchmark.py --hybrid-ngram: the demo EAGLE-3 head behind n-gram lookup with a datastore that learns each
     reply (--ngram-learn), in a dynamic tree;
@@ -430,6 +431,7 @@ def test_drafter_launches_tables_a_compiled_drafter(tmp_path):
     assert body.rstrip().endswith("A note.")
 
 
+@pytest.mark.slow  # 43 s here: with CI's slow tests, out of the default suite's ten minutes
 def test_versus_decodes_a_second_method_in_the_same_run_and_compare_methods_pairs_them(tmp_path):
     """scripts/benchmark.py --versus: n-gram lookup and transformers' prompt lookup on the same turns in one process;
     the second method's run directory is OUT/versus (its own table row), results.json has the turn-by-turn
@@ -463,6 +465,7 @@ def test_versus_decodes_a_second_method_in_the_same_run_and_compare_methods_pair
         assert refused.returncode == 2 and f"{named} is the first's" in refused.stderr
 
 
+@pytest.mark.slow  # 37 s here: with CI's slow tests, out of the default suite's ten minutes
 def test_the_models_own_tree_behind_ngram_lookup_is_named_and_refused_where_it_cannot_be(tmp_path):
     """--hybrid-model-tree: compare_methods names the model's tree in the mode column; the flag is refused without
     --hybrid-ngram and --tree, or with more tokens than the verify block holds (before the target loads)."""
@@ -479,3 +482,23 @@ def test_the_models_own_tree_behind_ngram_lookup_is_named_and_refused_where_it_c
                 ["--hybrid-ngram", "1", "--tree", "--tree-depth", "4", "--hybrid-model-tree", "5", "4", "8"]):
         refused = subprocess.run([*base, *bad], cwd=tmp_path, env=OFFLINE, capture_output=True, text=True, timeout=600)
         assert refused.returncode == 2 and "--hybrid-model-tree DEPTH TOPK TOKENS is the model's tree" in refused.stderr
+
+
+@pytest.mark.slow  # two decodes of two MT-bench turns on the demo target, ~20 s
+def test_versus_revision_pairs_a_heads_drafter_with_the_same_heads_at_a_git_revision(tmp_path):
+    """benchmarks/versus_revision.py: the demo EAGLE-3 head's drafter at HEAD against the same file at HEAD~0 (the
+    revision's class loaded from git), greedy-exact both, the pair in results.json; a revision without the file is
+    refused with git's words."""
+    out = tmp_path / "pair"
+    common = ["--target", str(DEMO_TARGET), "--draft", str(REPO / "configs/demo/eagle3-head"), "--method", "eagle3",
+              "--questions", str(REPO / "configs/demo/eval/mt_bench.jsonl"), "--limit", "1", "--max-new-tokens", "12",
+              "--no-hf-reference", "--verify-greedy", "--num-speculative-tokens", "3"]
+    run("versus_revision.py", "--rev", "HEAD", "--", *common, "--out", out, cwd=tmp_path)
+    report = json.loads((out / "results.json").read_text())
+    second = json.loads((out / "versus" / "results.json").read_text())
+    assert second["args"]["method"] == "eagle3@HEAD" and second["args"]["num_speculative_tokens"] == 3
+    assert report["paired"]["turns"] == 2 and report["mismatches"] == [] and second["mismatches"] == []
+    # the same drafter code on both sides: the same acceptance, turn by turn
+    assert report["results"]["overall"]["tau"] == second["results"]["overall"]["tau"] > 1.0
+    refused = run("versus_revision.py", "--rev", "0000000", "--", *common, "--out", tmp_path / "x", cwd=tmp_path, check=False)
+    assert refused.returncode != 0 and "git show 0000000:heads/eagle3/drafter.py failed" in refused.stderr

@@ -34,6 +34,7 @@ def test_each_command_has_its_scripts_flags(name, capsys):
     assert flags[name] in out
 
 
+@pytest.mark.slow  # 27 s here: with CI's slow tests, out of the default suite's ten minutes
 def test_console_script_and_module_entry_points():
     out = subprocess.run(["headstart", "--help"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "import-gguf" in out.stdout

@@ -23,7 +23,9 @@ from headstart.decode.tree import DynamicTree, ancestor_mask, build_dynamic_tree
 from headstart.heads.mtp.module import build_mtp
 from headstart.models.target import Target
 
-BACKENDS = ["eager", pytest.param("inductor", marks=pytest.mark.slow)]
+BACKENDS = ["eager", pytest.param("inductor", marks=pytest.mark.nightly)]
+SLOW_BACKENDS = [pytest.param("eager", marks=pytest.mark.slow), pytest.param("inductor", marks=pytest.mark.nightly)]
+"""For tests whose eager run alone takes 27-40 s here: with CI's slow tests, out of the default suite's ten minutes."""
 
 
 def prompt() -> torch.Tensor:
@@ -100,7 +102,7 @@ def test_a_block_past_the_static_cache_is_refused_by_name(target):
         plain_generate(runner, prompt(), 40, set())
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 def test_compiled_speculative_sampling_follows_the_target():
     """Lossless on the compiled path (inductor): chi-square against the warped target's exact joint."""
     torch._dynamo.reset()
@@ -170,7 +172,7 @@ def lockstep(runner: TargetRunner, eager, compiled, p: torch.Tensor, k: int, rou
     return proposals
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", SLOW_BACKENDS)
 def test_compiled_drafters_draft_exactly_as_eager(target, backend):
     """One compiled drafter per kind, reused over two prompts: every round's proposals (after commits of 1..k+1
     tokens), and a tree's root and first level, as a fresh eager drafter's; then whole generations, chains and a
@@ -213,7 +215,7 @@ def test_a_block_is_padded_only_to_a_size_that_fits_the_cache():
     assert calls[-1] == (2, (2, 20)) and blocks.sizes == {5, 2}  # 17 + 5 > 20: a graph of its own
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 @pytest.mark.parametrize("drafter", ["eagle3", "mtp", "draft-model"])
 def test_compiled_drafters_sample_the_target(drafter):
     """Lossless with a compiled drafter (inductor) on the compiled target: chi-square against the exact joint."""
@@ -225,7 +227,7 @@ def test_compiled_drafters_sample_the_target(drafter):
     assert stat < critical
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 @pytest.mark.parametrize("drafter", ["eagle3", "mtp"])
 def test_compiled_one_graph_trees_sample_the_target(drafter):
     """Lossless with a tree grown as one graph (inductor; depth 2 fits the first round's budget of the 4-token
@@ -358,7 +360,7 @@ def test_a_compiled_dynamic_tree_is_one_graph_and_the_level_by_level_tree(target
     assert shallow.max_depth == 2 and _root_paths(shallow) == _root_paths(build_dynamic_tree(eager, spec, 2))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", SLOW_BACKENDS)
 def test_compiled_drafters_stop_unsure_chains_as_eager(target, backend, monkeypatch):
     """With a confidence threshold a compiled drafter leaves its one-graph chain for its compiled steps and stops where
     the eager drafter stops: the same proposals round by round and the same output. The rule is made to depend on

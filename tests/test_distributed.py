@@ -89,7 +89,7 @@ def test_decode_evaluation_under_sharding(runs, variant):
     assert evals and all(1.0 <= r["decode_tau"] <= 5.0 and r["decode_tokens"] == 2 * 7 for r in evals)
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 def test_medusa_heads_train_alike_on_fsdp_and_zero3_with_decode_evaluation(tmp_path):
     """The same trainer and backends carry Medusa: 2-rank FSDP2 and ZeRO-3 agree step for step, the
     integrated decode evaluation drafts with the Medusa drafter, and both export vLLM's Medusa layout.
@@ -117,7 +117,7 @@ def test_medusa_heads_train_alike_on_fsdp_and_zero3_with_decode_evaluation(tmp_p
             "lm_heads.0.weight", "lm_heads.1.weight"}
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 def test_mtp_layer_trains_alike_on_fsdp_and_zero3(tmp_path):
     """MTP's unrolled steps call its decoder block several times per forward: FSDP2 and ZeRO-3 still agree."""
     needs("zero3")
@@ -133,7 +133,7 @@ def test_mtp_layer_trains_alike_on_fsdp_and_zero3(tmp_path):
         assert json.loads((tmp_path / name / "final" / "config.json").read_text())["architectures"] == ["HeadstartMTP"]
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 def test_muon_on_two_fsdp_ranks_follows_one_process(tmp_path):
     """Muon orthogonalises whole matrices; on FSDP2 each rank holds a row shard (a DTensor), and the update
     must still be the whole matrix's: the same global batch on 2 ranks and on 1 process trains alike."""

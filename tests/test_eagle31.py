@@ -150,3 +150,41 @@ def test_recipe_fields_switch_the_norms_on_and_a_contradicting_config_file_is_re
     (tmp_path / "draft.json").write_text(json.dumps(plain.to_hf_dict()))
     with pytest.raises(ValueError, match=r"draft.fc_norm, draft.norm_output is true but draft.config .* sets it false"):
         build_eagle3(DraftConfig(head="eagle3", config=str(tmp_path / "draft.json"), options=draft.options), target, counts)
+
+
+def test_converting_a_flat_eagle31_export_to_speculators_keeps_its_norms(target, tmp_path):
+    """What ``scripts/export_head.py --to speculators`` runs: the norm keys stay true and the fc_norm tensors move
+    unchanged, and the result reads back to the same logits."""
+    from safetensors.torch import load_file
+
+    from headstart.heads.eagle3.convert import convert_eagle3
+
+    head = randomized(random_eagle3_head(target, fc_norm=True, norm_output=True, ttt_steps=2))
+    head.save_pretrained(tmp_path / "flat", dtype=torch.float32)
+    convert_eagle3(tmp_path / "flat", tmp_path / "spec", "speculators",
+                   verifier={"name_or_path": "some/target", "architectures": ["LlamaForCausalLM"]})
+    config = json.loads((tmp_path / "spec" / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3" and config["fc_norm"] is True and config["norm_output"] is True
+    flat, spec = load_file(str(tmp_path / "flat" / "model.safetensors")), load_file(str(tmp_path / "spec" / "model.safetensors"))
+    for i in range(3):
+        torch.testing.assert_close(spec[f"fc_norm.{i}.weight"], flat[f"fc_norm.{i}.weight"])
+    back = Eagle3Draft.from_pretrained(tmp_path / "spec", target_embeddings=target.embed_tokens.weight, ttt_steps=2)
+    _, _, f = features(target)
+    with torch.no_grad():
+        for got, want in zip(back.unroll(f), head.unroll(f)):
+            torch.testing.assert_close(got, want)
+
+
+def test_make_draft_config_writes_an_eagle31_config(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, str(repo / "scripts/make_draft_config.py"), "--target", str(repo / "configs/demo/target"),
+                          "--draft-vocab-size", "4096", "--eagle3.1", "--out", str(tmp_path / "d.json")],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "EAGLE-3.1" in run.stdout
+    config = Eagle3Config.from_json(tmp_path / "d.json")
+    assert config.fc_norm and config.norm_output and config.draft_vocab_size == 4096

@@ -107,7 +107,7 @@ def test_speculators_configs_that_headstart_cannot_run_are_refused_by_key(tmp_pa
     d = json.loads((tmp_path / "h" / "config.json").read_text())
     for key, value, message in (("eagle_aux_hidden_state_layer_ids", None, "eagle_aux_hidden_state_layer_ids is missing"),
                                 ("norm_before_residual", True, "norm_before_residual is true or absent"),
-                                ("norm_output", True, "norm_output is true"),
+                                ("norm_before_fc", True, "norm_before_fc is true"),
                                 ("draft_vocab_size", None, "draft_vocab_size is missing")):
         broken = dict(d, **{key: value})
         (tmp_path / "h" / "config.json").write_text(json.dumps(broken))

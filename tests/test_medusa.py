@@ -173,6 +173,7 @@ def test_heads_for_another_target_are_refused_by_name(target, tmp_path):
         MedusaHeads.load(tmp_path / "m", target)
 
 
+@pytest.mark.slow  # 29 s here: with CI's slow tests, out of the default suite's ten minutes
 def test_best_static_tree_is_the_brute_force_optimum():
     acc = torch.tensor([[0.6, 0.2, 0.1], [0.4, 0.2, 0.1], [0.3, 0.1, 0.05]])
     nodes = [p for d in (1, 2, 3) for p in itertools.product(range(3), repeat=d)]

@@ -263,7 +263,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 def test_openai_backend_against_transformers_serve_gives_the_hf_backends_replies(setup, tmp_path):
     """A real OpenAI-compatible server: `transformers serve` serving the demo target, started here. (The
     demo target, not a random one: a random model's byte-level garbage decodes differently token by token,
@@ -298,7 +298,7 @@ def test_openai_backend_against_transformers_serve_gives_the_hf_backends_replies
     assert [r["generated_tokens"] for r in served] == [r["generated_tokens"] for r in local]
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 def test_two_ranks_under_torchrun_write_what_one_process_writes(setup, tmp_path):
     assert run(setup, tmp_path / "one") == 0
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",

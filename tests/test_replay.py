@@ -59,8 +59,8 @@ def demo():
     return target, head, prompts, eos
 
 
-@pytest.mark.parametrize("shape", [pytest.param("chain", marks=pytest.mark.slow), "tree",
-                                   pytest.param("ngram", marks=pytest.mark.slow)])  # a tree exercises the most
+@pytest.mark.parametrize("shape", [pytest.param("chain", marks=pytest.mark.nightly), "tree",
+                                   pytest.param("ngram", marks=pytest.mark.nightly)])  # a tree exercises the most
 def test_replay_accepts_what_the_real_run_accepts_round_by_round(demo, shape):
     target, head, prompts, eos = demo
     runner = TargetRunner(target, max_len=512)

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from test_distributed import VARIANTS, needs, torchrun
 from trainer_fixtures import make_setup, train_losses
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.nightly
 # Global batch 4 either way: 2 ranks x 1 sequence x 2 micro-batches, or 1 rank x 2 x 2.
 SPLIT = {1: ["--train.batch_size=2", "--train.grad_accum=2"], 2: ["--train.batch_size=1", "--train.grad_accum=2"]}
 

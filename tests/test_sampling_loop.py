@@ -92,7 +92,7 @@ def medusa_heads(model) -> MedusaHeads:
     return heads
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 @pytest.mark.parametrize("drafter", ["eagle3", "medusa", "mtp", "ngram"])
 def test_speculative_samples_follow_the_target(world, drafter):
     model, runner, head = world
@@ -103,7 +103,7 @@ def test_speculative_samples_follow_the_target(world, drafter):
     assert stat < critical
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 @pytest.mark.parametrize(("drafter", "threshold"), [("eagle3", 0.3), ("draft-model", 0.17)])
 def test_samples_follow_the_target_when_unsure_chains_stop(world, drafter, threshold):
     """Chains cut where the drafter's probability of its sampled draft (under the warped q it was drawn from) is under
@@ -150,14 +150,14 @@ class MisreportingDrafter(Eagle3Drafter):
         return tokens, torch.full_like(q, 1.0 / q.shape[-1])
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 def test_misreported_draft_probabilities_are_detected(world):
     model, runner, head = world
     stat, critical = chi2_vs(sample_pairs(runner, lambda: MisreportingDrafter(head, 32), 2500, seed=0), exact_joint(model))
     assert stat > 3 * critical
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 @pytest.mark.parametrize("drafter", ["eagle3", "medusa", "mtp", "draft-model"])
 @pytest.mark.parametrize("tree", [DynamicTree(depth=3, topk=3, total_tokens=8), StaticTree(((0,), (1,), (0, 0), (1, 0), (0, 0, 0)))])
 def test_tree_speculative_samples_follow_the_target(world, drafter, tree):
@@ -171,7 +171,7 @@ def test_tree_speculative_samples_follow_the_target(world, drafter, tree):
     assert stat < critical
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 def test_ngram_tree_samples_follow_the_target(world):
     """n-gram lookup's trees (decode/ngram.py): deterministic children, verified by one sample per node."""
     model, runner, _ = world
@@ -209,7 +209,7 @@ def test_draft_model_keeps_the_accepted_drafts_it_already_ran_and_equals_a_full_
             assert drafter.propose(3).tolist() == fresh.propose(3).tolist()
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 @pytest.mark.parametrize(("tree", "min_score"), [(None, 0.5), (DynamicTree(depth=3, topk=3, total_tokens=8), 1.5)])
 def test_hybrid_samples_follow_the_target(world, tree, min_score):
     """The EAGLE-3 drafter behind n-gram lookup (decode/hybrid.py): rounds drafted by either, chosen by the tokens so

@@ -60,7 +60,7 @@ def test_demo_target_is_a_complete_hf_chat_checkpoint():
     assert f"{stats['held_out_loss']:.4f}" in card and "benchmarks/train_demo_target.py" in card
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 def test_demo_target_continues_a_chat_sensibly():
     """The demo target ends an answer with its end-of-turn token within a few dozen tokens."""
     import torch
@@ -74,6 +74,7 @@ def test_demo_target_continues_a_chat_sensibly():
     assert tokenizer.convert_tokens_to_ids("<|im_end|>") in out.tolist()
 
 
+@pytest.mark.slow  # 29 s here: with CI's slow tests, out of the default suite's ten minutes
 def test_bench_train_runs_and_reports_the_step_cost(tmp_path):
     """benchmarks/bench_train.py broke silently once (a changed BatchPlan call); run it for real on a tiny setup."""
     from trainer_fixtures import make_setup
@@ -212,6 +213,7 @@ def test_benchmark_script_runs_headstart_and_transformers_peers_and_writes_the_s
             assert report["predicted_speedup"] is None
 
 
+@pytest.mark.slow  # 39 s here: with CI's slow tests, out of the default suite's ten minutes
 def test_generate_answers_a_prompt_with_a_head_and_compares_with_plain_decoding(tmp_path):
     """`headstart generate`: the demo EAGLE-3 head answers a prompt from a file through the chat template; the reply
     is the target's own greedy reply (the same tokens as plain decoding, which --compare checks), its numbers go to
@@ -268,7 +270,7 @@ def test_benchmark_script_stops_unsure_chains_on_tuned_blocks_and_refuses_the_ru
     assert refused.returncode != 0 and "--confidence-threshold stops the chains of a model drafter" in refused.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 def test_benchmark_script_compiles_a_batch(tmp_path):
     """``--compile --batch-size 2``: the batch's target forward and EAGLE-3's batched layer compiled (inductor), greedy
     outputs equal plain greedy decoding, and the section says what ran compiled."""

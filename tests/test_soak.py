@@ -13,7 +13,7 @@ from trainer_fixtures import make_setup
 
 from headstart.benchmarks import soak_kill as soak
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.nightly
 REPO = Path(__file__).resolve().parents[1]
 
 

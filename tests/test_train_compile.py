@@ -23,8 +23,8 @@ def _loss_and_grads(head, f):
     return loss.detach(), metrics, {n: p.grad.clone() for n, p in head.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("head_name", ["eagle3", pytest.param("medusa", marks=pytest.mark.slow),
-                                       pytest.param("mtp", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("head_name", ["eagle3", pytest.param("medusa", marks=pytest.mark.nightly),
+                                       pytest.param("mtp", marks=pytest.mark.nightly)])
 def test_compiled_parts_give_the_eager_loss_and_gradients(tmp_path, head_name):
     trainer = build_trainer(load_config(None, make_setup(tmp_path, head=head_name)))
     head = trainer.backend.module
