@@ -63,16 +63,17 @@ class DecodeSetup:
 def decode_setup(target_path: str, dtype: str | None, questions_path: str | None, limit: int | None = None,
                  per_category: int | None = None) -> DecodeSetup:
     """What a decode benchmark starts from: the device (a GPU when there is one), the dtype (default bfloat16 on a GPU,
-    float32 on a CPU), the target and its tokenizer, the questions (the first ``limit``, then the first
-    ``per_category`` of each category; none without ``questions_path``) and the end-of-sequence ids of tokenizer and
+    float32 on a CPU), the target and its tokenizer, the questions (the first ``per_category`` of each
+    category, then the first ``limit`` of those; none without ``questions_path``) and the end-of-sequence ids of tokenizer and
     generation config."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = dtype or ("bfloat16" if device == "cuda" else "float32")
     target = Target.from_pretrained(TargetConfig(path=target_path, dtype=dtype, device=device))
     tokenizer = load_tokenizer(target_path)
-    questions = read_questions(questions_path)[:limit] if questions_path else []
-    if per_category:
+    questions = read_questions(questions_path) if questions_path else []
+    if per_category:  # before the limit: --per-category 1 --limit 3 is the first question of three categories
         questions = first_per_category(questions, per_category)
+    questions = questions[:limit]
     eos = {t for t in [tokenizer.eos_token_id, target.model.generation_config.eos_token_id] if isinstance(t, int)}
     return DecodeSetup(device, dtype, target, tokenizer, questions, eos)
 

@@ -1,4 +1,5 @@
-"""Describe the machine and append a dated section to BENCHMARKS.md (the benchmark and publish commands, benchmarks/)."""
+"""Describe the machine and the run (a result file's provenance), and append a dated section to BENCHMARKS.md (the
+benchmark and publish commands, benchmarks/)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import datetime
 import os
 import platform
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +23,30 @@ def machine() -> str:
 def command() -> str:
     launcher = "torchrun --nproc_per_node " + os.environ["WORLD_SIZE"] + " " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "python "
     return launcher + " ".join(shlex.quote(a) for a in sys.argv)
+
+
+def commit() -> str | None:
+    """The git commit of the code that runs (``-dirty`` where tracked files differ from it), or None outside a
+    git checkout (an installed package)."""
+    here = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str | None:
+        try:
+            run = subprocess.run(["git", *args], cwd=here, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return run.stdout.strip() if run.returncode == 0 else None
+
+    head = git("rev-parse", "--short=12", "HEAD")
+    if head is None:
+        return None
+    return head + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def provenance() -> dict[str, str | None]:
+    """What a result file records of the run that made it: the command, the code's commit, the machine, the time."""
+    return {"command": command(), "commit": commit(), "machine": machine(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
 def append_section(path: str | Path, title: str, body: str, measured_on: str | None = None) -> None:

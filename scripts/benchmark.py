@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from headstart.decode.report import append_section, machine
+from headstart.decode.report import append_section, provenance
 from headstart.decode.benchmark import (
     DecodeSetup,
     Rival,
@@ -127,8 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_method_args(p)
     add_decoding_args(p)
     p.add_argument("--questions", required=True)
-    p.add_argument("--limit", type=int, default=None, help="only the first N questions")
-    p.add_argument("--per-category", type=int, default=None, help="only the first N questions of each category")
+    p.add_argument("--limit", type=int, default=None, help="only the first N questions (of those --per-category keeps)")
+    p.add_argument("--per-category", type=int, default=None, help="only the first N questions of each category (applied before --limit)")
     p.add_argument("--verify-greedy", action="store_true", help="exit non-zero if speculative output differs from plain")
     p.add_argument("--no-hf-reference", action="store_true", help="skip timing HF generate")
     p.add_argument("--predict", action="store_true", help="predict the chain speed-up for k = 1..8 from measured step times")
@@ -326,11 +326,12 @@ def describe(method: Method, report: dict, setup: DecodeSetup) -> tuple[str, str
 
 
 def write_run(method: Method, report: dict, shape: str, mode: str, table: str) -> None:
-    """OUT/results.json (the flags, the machine, the report), results.md (the table) and acceptance.png."""
+    """OUT/results.json (the flags, the command, commit, machine and date, the report), results.md (the table) and
+    acceptance.png."""
     out = Path(method.args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps({"args": {**vars(method.args), "compiled_drafter": method.compiled_drafter},
-                                                  "machine": machine(), **report}, indent=2))
+                                                  **provenance(), **report}, indent=2))
     (out / "results.md").write_text(table + "\n")
     plot_acceptance(report["results"], out / "acceptance.png", f"{method.args.method}, {shape}, {mode}")
 

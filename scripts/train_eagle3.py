@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
+from pathlib import Path
 
 import torch.distributed as dist
 
@@ -25,6 +26,21 @@ from headstart.trainer.distributed import barrier, init_distributed
 from headstart.trainer.errors import report_error
 from headstart.trainer.output_dir import TRAINING_RUN, claim_output_dir
 from headstart.trainer.run import build_trainer
+
+
+def finished(output_dir: str, target: str, final: dict | None, best: dict | None) -> str:
+    """The main job's last lines: where the head is, how well it drafts, and the command to run next."""
+    head = Path(output_dir) / "final"
+    score = ""
+    if final:
+        score = f": simulated acceptance length {final.get('sim_accept_len', float('nan')):.3f}"
+        score += f", decode tau {final['decode_tau']:.3f}" if "decode_tau" in final else ""
+    lines = [f"done. The trained head is in {head}{score}."]
+    if best:
+        lines.append(f"Its best evaluation ({best['metric']} {best['value']:.3f} at step {best['step']}) is in "
+                     f"{Path(output_dir) / 'best'}.")
+    lines.append(f"Next: headstart check --head {head} --target {target}")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,8 +55,10 @@ def main(argv: list[str] | None = None) -> int:
         info = init_distributed()
         claim_output_dir(config.output_dir, TRAINING_RUN, "training run", args.resume, args.overwrite, info)
         trainer = build_trainer(config, info)
-        trainer.train(resume=args.resume)
+        final = trainer.train(resume=args.resume)
         barrier()  # leave together: no rank tears down gloo/NCCL while another still writes the export
+        if info.is_main:
+            print(finished(config.output_dir, config.target.path, final, trainer.run_dir.best), flush=True)
     except (ValueError, OSError, ImportError) as err:  # OSError: a full disk, an unwritable output_dir
         return report_error(err)
     finally:

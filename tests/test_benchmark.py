@@ -309,3 +309,19 @@ def test_paired_summary_by_hand():
                                         "tokens/s 1.250x over all turns, turn by turn median 1.500x (quartiles "
                                         "0.875-2.500x); a faster in 2 of 4 turns.")
     assert paired_summary([], [], None)["turns"] == 0 and paired_line(paired_summary([], [], None), "a", "b") == ""
+
+
+def test_per_category_applies_before_the_limit():
+    """``--per-category 1 --limit 3``: the first question of each of three categories (MT-bench's first two questions
+    are both 'writing': the limit first would leave one question)."""
+    from pathlib import Path
+
+    from headstart.decode.benchmark import decode_setup
+
+    repo = Path(__file__).resolve().parents[1]
+    questions = str(repo / "configs/demo/eval/mt_bench.jsonl")
+    picked = decode_setup(str(repo / "configs/demo/target"), None, questions, limit=3, per_category=1).questions
+    every = read_questions(questions)
+    firsts = [q for i, q in enumerate(every) if q["category"] not in {p["category"] for p in every[:i]}]
+    assert [q["question_id"] for q in picked] == [q["question_id"] for q in firsts[:3]]
+    assert len({q["category"] for q in picked}) == 3

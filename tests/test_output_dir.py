@@ -46,7 +46,11 @@ def test_training_into_a_finished_run_is_refused_unless_resumed_or_overwritten(t
     overrides = make_setup(tmp_path) + ["--train.max_steps=2", "--train.save_every=1"]
     assert train.main(overrides) == 0
     metrics = (tmp_path / "run" / "metrics.jsonl").read_text()
-    capsys.readouterr()
+    last = capsys.readouterr().out.strip().splitlines()[-2:]  # the main job ends naming its head and what to run next
+    final = json.loads(metrics.strip().splitlines()[-1])
+    assert last[0] == (f"done. The trained head is in {tmp_path / 'run' / 'final'}: simulated acceptance length "
+                       f"{final['sim_accept_len']:.3f}.")
+    assert last[1].startswith(f"Next: headstart check --head {tmp_path / 'run' / 'final'} --target ")
     assert train.main(overrides) == 2
     err = capsys.readouterr().err
     assert f"error: {tmp_path / 'run'} already holds a training run (checkpoints, metrics.jsonl, final)" in err

@@ -207,6 +207,10 @@ def test_benchmark_script_runs_headstart_and_transformers_peers_and_writes_the_s
         assert proc.returncode == 0, proc.stderr[-2000:]
         report = json.loads((out / "results.json").read_text())
         assert report["speedup"] > 0 and report["results"]["overall"]["tau"] >= 1.0
+        # where the numbers came from: the command as run, the code's commit, the machine, the time (UTC)
+        assert report["command"].startswith("python ") and f"--method {method}" in report["command"]
+        assert re.fullmatch(r"[0-9a-f]{12}(-dirty)?", report["commit"]) and report["machine"].startswith(("CPU", "NVIDIA"))
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", report["date"])
         if method == "ngram":
             assert report["predicted_speedup"] > 0 and "target verify" in (out / "results.md").read_text()
         else:
