@@ -21,8 +21,12 @@ def machine() -> str:
 
 
 def command() -> str:
+    """The command line that is running, as a user would type it again."""
+    args = " ".join(shlex.quote(a) for a in sys.argv[1:])
+    if Path(sys.argv[0]).name == "headstart":  # the console script
+        return f"headstart {args}"
     launcher = "torchrun --nproc_per_node " + os.environ["WORLD_SIZE"] + " " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "python "
-    return launcher + " ".join(shlex.quote(a) for a in sys.argv)
+    return launcher + " ".join([shlex.quote(sys.argv[0]), args]).strip()
 
 
 def commit() -> str | None:
