@@ -16,6 +16,7 @@ today's drafter to the revision's, over all turns and turn by turn.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import shlex
 import subprocess
@@ -24,9 +25,8 @@ import tempfile
 from pathlib import Path
 
 from headstart.decode import methods as decode_methods
-from headstart.decode.confidence import with_threshold
-from headstart.decode.methods import Drafting, DraftingMethod, MethodContext
-from headstart.heads.registry import head_spec, load_head
+from headstart.heads.methods import head_method
+from headstart.heads.registry import head_spec
 from headstart.scripts import benchmark
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,26 +51,6 @@ def drafter_class_at(rev: str, head: str) -> type:
     return getattr(module, name)
 
 
-def revision_method(head: str, cls: type, rev: str) -> DraftingMethod:
-    """``head``'s method with the revision's drafter class: built as heads/methods.py builds a head's, batch 1."""
-
-    def build(ctx: MethodContext) -> Drafting:
-        args, target = ctx.args, ctx.setup.target
-        loaded = load_head(head, args.draft, target, args.allow_other_target).to(device=ctx.setup.device,
-                                                                                dtype=target.lm_head_weight.dtype)
-        if args.compile:
-            shared = cls(loaded, ctx.max_len, compile=True)
-            shared.precompile(ctx.compiled_block, trees=bool(args.tree or args.tree_paths) or args.confidence_threshold > 0)
-            make = lambda: shared  # noqa: E731
-        else:
-            make = lambda: cls(loaded, ctx.max_len)  # noqa: E731
-        return Drafting(with_threshold(make, args.confidence_threshold), compiled=args.compile)
-
-    spec = head_spec(head)
-    return DraftingMethod(f"{spec.title} drafted by {cls.__name__} at {rev}", build, draft="the head's exported directory",
-                          reads_aux=spec.cls.needs.aux_hidden_states)
-
-
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rev", required=True, help="the git revision whose drafter is the baseline")
@@ -79,7 +59,11 @@ def main(argv: list[str] | None = None) -> None:
     flags = args.bench[1:] if args.bench[:1] == ["--"] else args.bench
     first = benchmark.build_parser().parse_args(flags)
     name = f"{first.method}@{args.rev}"
-    decode_methods.METHODS[name] = revision_method(first.method, drafter_class_at(args.rev, first.method), args.rev)
+    spec = head_spec(first.method)
+    cls = drafter_class_at(args.rev, first.method)
+    # the head's own method, built as headstart bench builds it, with the revision's drafter class
+    decode_methods.METHODS[name] = head_method(first.method, dataclasses.replace(
+        spec, title=f"{spec.title} drafted by {cls.__name__} at {args.rev}", drafter=cls))
     # the revision's drafter in the same shape as today's: chain length, tree, compilation
     rival = ["--method", name, "--draft", first.draft, "--num-speculative-tokens", str(first.num_speculative_tokens)]
     if first.tree:

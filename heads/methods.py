@@ -6,26 +6,28 @@ from __future__ import annotations
 
 from headstart.decode.confidence import with_threshold
 from headstart.decode.methods import METHODS, Drafting, DraftingMethod, MethodContext
-from headstart.heads.registry import HEADS, drafter_for, load_head
+from headstart.heads.registry import HEADS, load_head
 from headstart.heads.spec import HeadSpec
 
 
 def head_method(name: str, spec: HeadSpec) -> DraftingMethod:
-    """A head as a drafting method: its exported directory in ``--draft``, its drafter from its spec."""
+    """A head as a drafting method: its exported directory in ``--draft`` (read as head ``name``), its drafter
+    ``spec.drafter`` (benchmarks/versus_revision.py passes the spec with another revision's drafter class)."""
 
     def build(ctx: MethodContext) -> Drafting:
         args, target = ctx.args, ctx.setup.target
         head = load_head(name, args.draft, target, args.allow_other_target).to(device=ctx.setup.device,
                                                                               dtype=target.lm_head_weight.dtype)
+        compiled = False
         if args.compile:  # one drafter for every prompt or batch (begin starts it afresh): compiled once, up front
-            shared = drafter_for(head, ctx.max_len, compile=True)
+            shared = spec.drafter(head, ctx.max_len, compile=True)
             if not ctx.batched:  # a threshold drafts step by step through the masked step's graphs, as trees do
                 shared.precompile(ctx.compiled_block, trees=bool(args.tree or args.tree_paths) or args.confidence_threshold > 0)
             make = make_batch = lambda *_: shared  # noqa: E731
+            # A batch compiles where the head's drafter has a compiled batch path (Medusa's few ops run eagerly).
+            compiled = not ctx.batched or hasattr(shared, "precompile_batch")
         else:
-            make = make_batch = lambda *_: drafter_for(head, ctx.max_len)  # noqa: E731
-        # A batch compiles where the head's drafter has a compiled batch path (Medusa's few ops run eagerly).
-        compiled = args.compile and (not ctx.batched or hasattr(shared, "precompile_batch"))
+            make = make_batch = lambda *_: spec.drafter(head, ctx.max_len)  # noqa: E731
         make = with_threshold(make, args.confidence_threshold)
         return Drafting(make, make_batch, compiled=compiled)
 
