@@ -18,12 +18,13 @@ from torch import nn
 from headstart.heads.eagle3.spec import EAGLE3
 from headstart.heads.medusa.spec import MEDUSA
 from headstart.heads.mtp.spec import MTP
+from headstart.heads.peagle.spec import PEAGLE
 from headstart.heads.spec import HeadSpec
 from headstart.models.head import DraftConfig, DraftHead
 from headstart.models.provenance import check_record, check_target
 
 
-HEADS: dict[str, HeadSpec] = {"eagle3": EAGLE3, "medusa": MEDUSA, "mtp": MTP}
+HEADS: dict[str, HeadSpec] = {"eagle3": EAGLE3, "medusa": MEDUSA, "mtp": MTP, "peagle": PEAGLE}
 """The head catalog: one line a head; each head's spec is in its folder (heads/<name>/spec.py)."""
 
 DEFAULT_HEAD = "eagle3"
@@ -40,10 +41,12 @@ def head_spec(name: str) -> HeadSpec:
 
 
 def spec_of(head: nn.Module) -> HeadSpec:
-    """The entry whose class ``head`` is."""
-    for spec in HEADS.values():
-        if isinstance(head, spec.cls):
-            return spec
+    """The entry whose class ``head`` is: the nearest in its class's MRO (a head built on another's class, as P-EAGLE on
+    EAGLE-3's, is its own entry; FSDP2's wrapper class is a subclass of the head's)."""
+    by_class = {spec.cls: spec for spec in HEADS.values()}
+    for cls in type(head).__mro__:
+        if cls in by_class:
+            return by_class[cls]
     raise ValueError(f"{type(head).__name__} is not a registered head's class; registered: "
                      f"{[s.cls.__name__ for s in HEADS.values()]}")
 

@@ -33,13 +33,18 @@ _FLAT, _SPECULATORS = "flat", "speculators"
 
 
 def detect_eagle3(directory: Path, config: dict) -> str | None:
-    """The layout of an exported head whose config.json is ``config``, if it is an EAGLE-3 head's."""
+    """The layout of an exported head whose config.json is ``config``, if it is an EAGLE-3 head's. A flat config with
+    vLLM's parallel-drafting key ``pard_token`` is a P-EAGLE head's (the same architecture, one more tensor)."""
     if config.get("speculators_model_type") == "eagle3":
         return _SPECULATORS
-    return _FLAT if (config.get("architectures") or [None])[0] == "LlamaForCausalLMEagle3" else None
+    flat = (config.get("architectures") or [None])[0] == "LlamaForCausalLMEagle3"
+    return _FLAT if flat and "pard_token" not in config else None
 
 
-def check_eagle3(directory: Path, layout: str, target_config) -> list[Problem]:
+def check_eagle3(directory: Path, layout: str, target_config, more_tensors: dict[str, tuple] | None = None,
+                 architectures: tuple[str, ...] = ARCHITECTURES) -> list[Problem]:
+    """The problems of an EAGLE-3 export. A head built on EAGLE-3's passes the tensors it adds (``more_tensors``: name
+    -> shape) and the speculators architectures it is written under."""
     cfg_file, st_file = str(directory / "config.json"), str(directory / "model.safetensors")
     problems: list[Problem] = []
 
@@ -84,8 +89,8 @@ def check_eagle3(directory: Path, layout: str, target_config) -> list[Problem]:
     if layout == _FLAT and d.get("architectures") != ["LlamaForCausalLMEagle3"]:
         bad(cfg_file, "architectures", f"{d.get('architectures')}: the flat layout is exactly ['LlamaForCausalLMEagle3']")
     if layout == _SPECULATORS:
-        if (d.get("architectures") or [ARCHITECTURES[0]])[0] not in ARCHITECTURES:
-            bad(cfg_file, "architectures", f"{d.get('architectures')}: not one of {list(ARCHITECTURES)}")
+        if (d.get("architectures") or [architectures[0]])[0] not in architectures:
+            bad(cfg_file, "architectures", f"{d.get('architectures')}: not one of {list(architectures)}")
     for key in UNSUPPORTED:
         if d.get(key):
             bad(cfg_file, key, "true: a norm headstart's head does not have (headstart cannot decode it)")
@@ -150,6 +155,7 @@ def check_eagle3(directory: Path, layout: str, target_config) -> list[Problem]:
     }
     if d.get("fc_norm"):  # EAGLE-3.1
         expected.update({f"fc_norm.{i}.weight": (H_t,) for i in range(n_aux)})
+    expected.update(more_tensors or {})
     optional = {"embed_tokens.weight": (V, H)}
     if layout == _SPECULATORS:  # midlayer.* names count as layers.0.* (vLLM maps them)
         meta = {(SPECULATORS_LAYER + k[len(FLAT_LAYER):] if k.startswith(FLAT_LAYER) else k): v for k, v in meta.items()}

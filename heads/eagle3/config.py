@@ -9,7 +9,7 @@ from pathlib import Path
 
 from transformers import LlamaConfig
 
-from headstart.heads.eagle3.speculators import flat_from_speculators, is_speculators
+from headstart.heads.eagle3.speculators import ARCHITECTURES, flat_from_speculators, is_speculators, to_speculators_config
 from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
 from headstart.models.target import check_aux_layer_ids, default_aux_layer_ids, text_config
 
@@ -58,6 +58,11 @@ class Eagle3Config:
     """EAGLE-3.1: one RMSNorm per target layer's feature before ``fc`` (tensors ``fc_norm.{i}.weight`` [H_t])."""
     norm_output: bool = False
     """EAGLE-3.1: the state carried from one step to the next is the final-normed one (no tensor of its own)."""
+
+    speculators_type = "eagle3"
+    """speculators' ``speculators_model_type`` and ``algorithm`` for this config (a head built on EAGLE-3's names its own)."""
+    speculators_architectures = ARCHITECTURES
+    """The architectures a speculators config of this type may name; the first is the one written."""
 
     @property
     def variant(self) -> str:
@@ -161,11 +166,21 @@ class Eagle3Config:
             norm_output=bool(d.get("norm_output", False)),
         )
 
+    def to_speculators_dict(self, verifier: dict | None) -> dict:
+        """config.json of vLLM's speculators layout; ``verifier``: the target's fingerprint (docs/FORMATS.md B)."""
+        return to_speculators_config(self.to_hf_dict(), verifier, self.speculators_type, self.speculators_architectures[0])
+
+    @classmethod
+    def flat_dict(cls, d: dict, where: str = "config.json") -> dict:
+        """Either layout's config.json as the flat layout's (what ``from_hf_dict`` reads)."""
+        if not is_speculators(d):
+            return d
+        return flat_from_speculators(d, where, cls.speculators_type, cls.speculators_architectures)
+
     @classmethod
     def from_json(cls, path: str | Path) -> "Eagle3Config":
         """Either layout's config.json (flat, or speculators: docs/FORMATS.md sections A and B)."""
-        d = json.loads(Path(path).read_text())
-        return cls.from_hf_dict(flat_from_speculators(d, str(path)) if is_speculators(d) else d)
+        return cls.from_hf_dict(cls.flat_dict(json.loads(Path(path).read_text()), str(path)))
 
     def check_target(self, target_config) -> None:
         """Refuse, before any training, a draft config that does not fit the target."""

@@ -9,18 +9,19 @@ from pathlib import Path
 from safetensors.torch import load_file, save_file
 
 from headstart.heads.eagle3.config import Eagle3Config
-from headstart.heads.eagle3.speculators import from_speculators_tensors, is_speculators, to_speculators_config, to_speculators_tensors
+from headstart.heads.eagle3.speculators import from_speculators_tensors, is_speculators, to_speculators_tensors
 from headstart.models.export import replace_dir
 from headstart.models.provenance import read_provenance, write_provenance
 
 
 def convert_eagle3(source: str | Path, out: str | Path, to: str, verifier: dict | None = None,
-                   force: bool = False) -> Path:
+                   force: bool = False, config_class: type[Eagle3Config] = Eagle3Config) -> Path:
     """Rewrite an exported EAGLE-3 head in the other layout without touching a tensor's values or dtype.
 
     ``verifier`` (a fingerprint) names the target in a speculators config; default: the one the head
     records (``headstart.json``) or, converting from speculators, the one its config names. ``out``
-    must not hold anything unless ``force``; it appears whole or not at all."""
+    must not hold anything unless ``force``; it appears whole or not at all. ``config_class``: the config of a head
+    built on EAGLE-3's (P-EAGLE's), which reads and writes its own keys."""
     source, out = Path(source), Path(out)
     if to not in ("flat", "speculators"):
         raise ValueError(f"--to must be flat or speculators, got {to!r}")
@@ -32,8 +33,8 @@ def convert_eagle3(source: str | Path, out: str | Path, to: str, verifier: dict 
     if out.exists() and any(out.iterdir()) and not force:
         raise ValueError(f"--out {out} already holds files; choose an empty directory (or --force to replace it)")
     raw = json.loads((source / "config.json").read_text())
-    config = Eagle3Config.from_json(source / "config.json")
-    record = read_provenance(source) or {"head": "eagle3"}
+    config = config_class.from_json(source / "config.json")
+    record = read_provenance(source) or {"head": config.speculators_type}
     target = record.get("target") or verifier
     if verifier is None:
         verifier = record.get("target") or ((raw.get("speculators_config") or {}).get("verifier") if is_speculators(raw) else None)
@@ -41,7 +42,7 @@ def convert_eagle3(source: str | Path, out: str | Path, to: str, verifier: dict 
     if is_speculators(raw):
         tensors = from_speculators_tensors(tensors)
     if to == "speculators":
-        tensors, new_config = to_speculators_tensors(tensors), to_speculators_config(config.to_hf_dict(), verifier)
+        tensors, new_config = to_speculators_tensors(tensors), config.to_speculators_dict(verifier)
     else:
         new_config = config.to_hf_dict()
     floats = {v.dtype for v in tensors.values() if v.is_floating_point()}
@@ -51,6 +52,6 @@ def convert_eagle3(source: str | Path, out: str | Path, to: str, verifier: dict 
     tmp.mkdir(parents=True)
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(new_config, indent=2))
-    write_provenance(tmp, record.get("head", "eagle3"), to, target)
+    write_provenance(tmp, record.get("head", config.speculators_type), to, target)
     replace_dir(tmp, out)
     return out

@@ -42,7 +42,7 @@ from headstart.models.head import (
     shift_left,
 )
 from headstart.heads.eagle3.config import Eagle3Config, Eagle3Options
-from headstart.heads.eagle3.speculators import from_speculators_tensors, is_speculators, to_speculators_config, to_speculators_tensors
+from headstart.heads.eagle3.speculators import from_speculators_tensors, is_speculators, to_speculators_tensors
 
 
 RECOMPUTE_ABOVE = 2**24
@@ -98,6 +98,8 @@ class Eagle3DecoderLayer(nn.Module):
 class Eagle3Draft(nn.Module):
     """The EAGLE-3 head. ``embed_tokens`` is the target's, frozen, and not saved when H == H_t."""
 
+    config_class = Eagle3Config
+    """What reads and writes its config.json (a head built on this one names its own)."""
     needs = FeatureNeeds(aux_hidden_states=True, draft_vocab_logits=True)
     layouts = ("flat", "speculators")  # docs/FORMATS.md sections A and B; the first is the default
     compiled = ("midlayer.attn_input", "midlayer.self_attn.qkv", "midlayer.finish", "norm")
@@ -179,6 +181,11 @@ class Eagle3Draft(nn.Module):
             out = self.midlayer.finish(hidden, self.midlayer.self_attn.o_proj(out.transpose(1, 2).reshape(B, n, nh * hd)))
             return self.norm(out) if self.config.norm_output else out
 
+    def step_input(self, k: int, hidden: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """TTT step k's input pairs from the previous step's state [B, n, H] and the data's tokens t+1+k [B, n]:
+        EAGLE-3 feeds both back as they are (a head that drafts from other inputs overrides this)."""
+        return hidden, tokens
+
     def unroll_hidden(self, f: Features, needed: torch.Tensor | None = None):
         """Yield the TTT steps' hidden outputs [B, T, H] (what ``logits`` reads): step k at position t reads token
         t+1+k at rotary position t+k, attending causally to step 0's keys and to its own position in steps 1..k
@@ -203,7 +210,7 @@ class Eagle3Draft(nn.Module):
 
         if needed is None:
             for k in range(self.ttt_steps):
-                hidden = self.step(hidden, shift_left(f.input_ids, 1 + k, 0), base_pos + k, ttt)
+                hidden = self.step(*self.step_input(k, hidden, shift_left(f.input_ids, 1 + k, 0)), base_pos + k, ttt)
                 yield hidden
             return
         hidden = self.step(hidden, shift_left(f.input_ids, 1, 0), base_pos, ttt)
@@ -220,7 +227,8 @@ class Eagle3Draft(nn.Module):
 
         h = hidden[b, t].unsqueeze(0)  # [1, N, H]
         for k in range(1, self.ttt_steps):
-            h = self.step(h, shift_left(f.input_ids, 1 + k, 0)[b, t].unsqueeze(0), (base_pos + k)[b, t].unsqueeze(0), ttt_at)
+            h = self.step(*self.step_input(k, h, shift_left(f.input_ids, 1 + k, 0)[b, t].unsqueeze(0)),
+                          (base_pos + k)[b, t].unsqueeze(0), ttt_at)
             yield hidden.new_zeros(B, T, H).index_put((b, t), h[0])
 
     def unroll(self, f: Features):
@@ -290,7 +298,7 @@ class Eagle3Draft(nn.Module):
         tensors = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in tensors.items()}
         config = self.config.to_hf_dict()
         if layout == "speculators":
-            tensors, config = to_speculators_tensors(tensors), to_speculators_config(config, verifier)
+            tensors, config = to_speculators_tensors(tensors), self.config.to_speculators_dict(verifier)
         config["torch_dtype"] = str(dtype).removeprefix("torch.")
         save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
         (directory / "config.json").write_text(json.dumps(config, indent=2))
@@ -300,7 +308,7 @@ class Eagle3Draft(nn.Module):
         directory = Path(directory)
         if not (directory / "config.json").is_file() or not (directory / "model.safetensors").is_file():
             raise FileNotFoundError(f"{directory}: expected config.json and model.safetensors of an EAGLE-3 draft")
-        config = Eagle3Config.from_json(directory / "config.json")
+        config = cls.config_class.from_json(directory / "config.json")
         model = cls(config, **kwargs)
         tensors = load_file(str(directory / "model.safetensors"))
         if is_speculators(json.loads((directory / "config.json").read_text())):
@@ -316,7 +324,8 @@ class Eagle3Draft(nn.Module):
             {k: v.to(model.fc.weight.dtype) if v.is_floating_point() else v for k, v in tensors.items()}, strict=False
         )
         if missing or unexpected:
-            raise ValueError(f"{directory}: tensors do not match the EAGLE-3 layout: missing {missing}, unexpected {unexpected}")
+            raise ValueError(f"{directory}: tensors do not match the {config.variant} layout: missing {missing}, "
+                             f"unexpected {unexpected}")
         check_draft_vocab(model.d2t, model.t2d)
         return model
 
@@ -341,14 +350,22 @@ def build_eagle3(draft: DraftConfig, target, token_counts: torch.Tensor) -> Eagl
     else:
         config = Eagle3Config.from_target(target.config, options.draft_vocab_size, target.aux_layer_ids,
                                           fc_norm=options.fc_norm, norm_output=options.norm_output)
+    head = Eagle3Draft(config, ttt_steps=options.ttt_steps, step_weight=options.step_weight)
+    return fit_to_target(head, draft, target, token_counts, options.feature_noise)
+
+
+def fit_to_target(head: Eagle3Draft, draft: DraftConfig, target, token_counts: torch.Tensor,
+                  feature_noise: float) -> Eagle3Draft:
+    """A freshly built head (EAGLE-3's or one built on it) checked against ``target`` and given what it reads of it:
+    the loss settings of ``draft``, its draft vocab from the loss-masked token counts [V], the target's embeddings."""
+    config = head.config
     config.check_target(target.config)
     if tuple(config.aux_layer_ids) != tuple(target.aux_layer_ids):
         raise ValueError(f"the draft config reads layers {list(config.aux_layer_ids)} but the target is set "
                          f"to capture {list(target.aux_layer_ids)}; set target.aux_layer_ids to match")
-    head = Eagle3Draft(config, ttt_steps=options.ttt_steps, step_weight=options.step_weight)
     head.chunk_tokens = draft.loss_chunk_tokens
     head.divergence = draft.loss
-    head.feature_noise = options.feature_noise
+    head.feature_noise = feature_noise
     head.set_draft_vocab(*build_draft_vocab(token_counts, config.draft_vocab_size))
     head.load_target_embeddings(target.embed_tokens.weight)
     return head

@@ -41,9 +41,11 @@ def layer_rope(layer: dict) -> tuple[float, dict | None]:
     return theta, (scaling if scaling and scaling.get("rope_type", "default") != "default" else None)
 
 
-def to_speculators_config(flat: dict, verifier: dict | None) -> dict:
+def to_speculators_config(flat: dict, verifier: dict | None, model_type: str = "eagle3",
+                          architecture: str = ARCHITECTURE) -> dict:
     """config.json in the speculators layout, from the flat layout's (``Eagle3Config.to_hf_dict``). ``verifier``: the
-    target's ``provenance.fingerprint`` (its path and architectures); vLLM refuses a speculators config that does not name the target."""
+    target's ``provenance.fingerprint`` (its path and architectures); vLLM refuses a speculators config that does not name the target.
+    ``model_type``/``architecture``: speculators' names for a head built on EAGLE-3's (its config class's)."""
     if not (verifier or {}).get("name_or_path"):
         raise ValueError("the speculators layout names the target (speculators_config.verifier) and vLLM refuses "
                          "it without one: give the target's path")
@@ -73,8 +75,8 @@ def to_speculators_config(flat: dict, verifier: dict | None) -> dict:
         "tie_word_embeddings": False,
     }
     return {
-        "architectures": [ARCHITECTURE],
-        "speculators_model_type": "eagle3",
+        "architectures": [architecture],
+        "speculators_model_type": model_type,
         "speculators_version": SPECULATORS_VERSION,
         "transformer_layer_config": layer,
         "draft_vocab_size": flat["draft_vocab_size"],
@@ -86,7 +88,7 @@ def to_speculators_config(flat: dict, verifier: dict | None) -> dict:
         "tie_word_embeddings": False,
         "eagle_aux_hidden_state_layer_ids": list(flat["eagle_aux_hidden_state_layer_ids"]),
         "speculators_config": {
-            "algorithm": "eagle3",
+            "algorithm": model_type,
             "default_proposal_method": "greedy",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": flat["headstart"]["speculative_tokens"],
                                   "verifier_accept_k": 1, "accept_tolerance": 0.0}],
@@ -98,14 +100,15 @@ def to_speculators_config(flat: dict, verifier: dict | None) -> dict:
     }
 
 
-def flat_from_speculators(d: dict, where: str = "config.json") -> dict:
+def flat_from_speculators(d: dict, where: str = "config.json", model_type: str = "eagle3",
+                          architectures: tuple[str, ...] = ARCHITECTURES) -> dict:
     """The flat layout's config.json for a speculators-layout one (``Eagle3Config.from_hf_dict`` reads it); refused by
-    key if headstart cannot run it."""
+    key if headstart cannot run it. ``model_type``/``architectures``: what a head built on EAGLE-3's is called there."""
     problems = []
-    if d.get("speculators_model_type") != "eagle3":
-        problems.append(f"speculators_model_type is {d.get('speculators_model_type')!r}, not 'eagle3'")
-    if d.get("architectures") and d["architectures"][0] not in ARCHITECTURES:
-        problems.append(f"architectures {d['architectures']} is not one of {list(ARCHITECTURES)}")
+    if d.get("speculators_model_type") != model_type:
+        problems.append(f"speculators_model_type is {d.get('speculators_model_type')!r}, not {model_type!r}")
+    if d.get("architectures") and d["architectures"][0] not in architectures:
+        problems.append(f"architectures {d['architectures']} is not one of {list(architectures)}")
     layer = d.get("transformer_layer_config")
     if not isinstance(layer, dict):
         problems.append("transformer_layer_config is missing")
@@ -120,7 +123,7 @@ def flat_from_speculators(d: dict, where: str = "config.json") -> dict:
     if layer.get("num_hidden_layers", 1) != 1:
         problems.append(f"transformer_layer_config.num_hidden_layers is {layer.get('num_hidden_layers')}, not 1")
     if problems:
-        raise ValueError(f"{where}: cannot read this speculators EAGLE-3 config:\n  " + "\n  ".join(problems))
+        raise ValueError(f"{where}: cannot read this speculators {model_type} config:\n  " + "\n  ".join(problems))
     # The rest is the flat layout's mapping: a flat config (one place maps fields to Eagle3Config).
     rope_theta, scaling = layer_rope(layer)
     proposals = (d.get("speculators_config") or {}).get("proposal_methods") or [{}]
