@@ -5,11 +5,11 @@ speculators, torch and safetensors only, never headstart. Called as
 
     python speculators_reader.py request.json
 
-request: {"kind": "eagle3" | "mtp", "head": dir, "verifier": target dir, "inputs": .safetensors,
+request: {"kind": "eagle3" | "peagle" | "mtp", "head": dir, "verifier": target dir, "inputs": .safetensors,
           "steps": k, "out": .safetensors, "report": .json}
-inputs:  eagle3: aux [1, T, n*H] (the target's aux hidden states), input_ids [1, T] (token t+1 at t)
+inputs:  eagle3, peagle: aux [1, T, n*H] (the target's aux hidden states), input_ids [1, T] (token t+1 at t)
          mtp:    hidden [1, T, H] (the target's final hidden state), input_ids [1, T] (the tokens)
-out:     logits_{j} [1, T', V_d] for each step j, from speculators' own model class
+out:     logits_{j} [1, T', V_d] for each step j (P-EAGLE: depth j at anchors 0..T-1-j), from speculators' own model class
 report:  what speculators loaded: its class, missing / unexpected tensors, the config it parsed.
 """
 
@@ -88,6 +88,37 @@ def read_eagle3(req: dict, inputs: dict) -> tuple[dict, dict]:
     return {f"logits_{j}": x for j, x in enumerate(logits)}, report
 
 
+def read_peagle(req: dict, inputs: dict) -> tuple[dict, dict]:
+    """speculators' P-EAGLE training forward with its anchor sampling made deterministic: depth d at every anchor
+    0..T-1-d (COD sampling keeps a random share of them; which ones does not change an element's logits)."""
+    import speculators.models.peagle.core as core
+    from speculators.models.peagle import PEagleDraftModel
+
+    T, K = inputs["input_ids"].shape[1], req["steps"]
+
+    def every_anchor(seq_length, loss_mask, num_depths=8, **_):
+        anchors = [torch.arange(seq_length - d) for d in range(num_depths)]
+        return torch.cat(anchors), torch.cat([torch.full((len(a),), d) for d, a in enumerate(anchors)])
+
+    core.generate_cod_sample_indices = every_anchor
+    core.compute_metrics = lambda **_: (torch.zeros(()), {})  # its loss needs Triton's fused kernels; the logits do not
+    model = PEagleDraftModel.from_pretrained(req["head"], verifier=req["verifier"]).float().eval()
+    model._load_verifier_weights(overwrite_embed_tokens=True)
+    logits = _capture_lm_head(model)
+    with torch.no_grad():
+        model(hidden_states=inputs["aux"].float(), input_ids=inputs["input_ids"].long(),
+              document_ids=torch.zeros(1, T, dtype=torch.long), position_ids=torch.arange(T).unsqueeze(0),
+              verifier_last_hidden_states=torch.zeros(1, T, model.config.transformer_layer_config.hidden_size),
+              num_depths=K)
+    flat = logits[0][0]  # [sum_d (T - d), V_d], depth-major
+    sizes = [T - d for d in range(K)]
+    report = {**_loading_report(model, req["head"] + "/model.safetensors"),
+              "mask_token_id": model.mask_token_id, "fc_norm": getattr(model.config, "fc_norm", None),
+              "aux_layer_ids": list(model.config.eagle_aux_hidden_state_layer_ids or []),
+              "speculative_tokens": model.config.speculators_config.proposal_methods[0].speculative_tokens}
+    return {f"logits_{d}": x.unsqueeze(0) for d, x in enumerate(flat.split(sizes))}, report
+
+
 def read_mtp(req: dict, inputs: dict) -> tuple[dict, dict]:
     from speculators.convert.mtp.converter import MTPConverter
     from speculators.models.mtp import MTPDraftModel
@@ -109,7 +140,7 @@ def read_mtp(req: dict, inputs: dict) -> tuple[dict, dict]:
 def main() -> None:
     req = json.loads(open(sys.argv[1]).read())
     inputs = load_file(req["inputs"])
-    logits, report = {"eagle3": read_eagle3, "mtp": read_mtp}[req["kind"]](req, inputs)
+    logits, report = {"eagle3": read_eagle3, "peagle": read_peagle, "mtp": read_mtp}[req["kind"]](req, inputs)
     save_file({k: v.contiguous() for k, v in logits.items()}, req["out"])
     with open(req["report"], "w") as f:
         json.dump(report, f, indent=2)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from test_sampling_loop import SAMPLING, V, chi2_vs, exact_joint, medusa_heads, PROMPT
-from tiny_models import random_eagle3_head, tiny_causal_lm
+from tiny_models import random_eagle3_head, random_peagle_head, tiny_causal_lm
 
 from headstart.decode.batch_generate import PerSequence, batch_plain_generate, batch_speculative_generate
 from headstart.decode.draft_model import DraftModelDrafter
@@ -14,6 +14,7 @@ from headstart.heads.eagle3.drafter import Eagle3Drafter
 from headstart.decode.generate import plain_generate, speculative_generate
 from headstart.heads.medusa.drafter import MedusaDrafter
 from headstart.heads.mtp.drafter import MTPDrafter
+from headstart.heads.peagle.drafter import PEagleDrafter
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.target_runner import RaggedRunner, TargetRunner
 from headstart.heads.mtp.module import build_mtp
@@ -85,16 +86,18 @@ def drafter_makers(world):
     model, target, _, _ = world
     torch.manual_seed(0)
     eagle3 = random_eagle3_head(target).double()
+    peagle = random_peagle_head(target, parallel_tokens=5).double()
     mtp = build_mtp(target).double()
     heads = medusa_heads(model).double()
     small = tiny_causal_lm("llama", num_hidden_layers=1).double()
     vocab = model.config.vocab_size
     single = {"eagle3": lambda: Eagle3Drafter(eagle3, MAX_LEN), "mtp": lambda: MTPDrafter(mtp, MAX_LEN),
               "medusa": lambda: MedusaDrafter(heads), "ngram": NgramDrafter,
-              "draft-model": lambda: DraftModelDrafter(small, MAX_LEN, vocab)}
+              "draft-model": lambda: DraftModelDrafter(small, MAX_LEN, vocab), "peagle": lambda: PEagleDrafter(peagle, MAX_LEN)}
     makers = {m: (make, lambda b, make=make: PerSequence([make() for _ in range(b)])) for m, make in single.items()}
     makers["eagle3-batched"] = (single["eagle3"], lambda b: Eagle3Drafter(eagle3, MAX_LEN))
     makers["mtp-batched"] = (single["mtp"], lambda b: MTPDrafter(mtp, MAX_LEN))
+    makers["peagle-batched"] = (single["peagle"], lambda b: PEagleDrafter(peagle, MAX_LEN))
     makers["medusa-batched"] = (single["medusa"], lambda b: MedusaDrafter(heads, MAX_LEN))
     draft = as_draft_target(small)
     makers["draft-model-batched"] = (single["draft-model"], lambda b: DraftModelBatchDrafter(draft, MAX_LEN, vocab, b))
@@ -102,7 +105,7 @@ def drafter_makers(world):
 
 
 @pytest.mark.parametrize("method", ["eagle3", "eagle3-batched", "mtp", "mtp-batched", "medusa", "medusa-batched",
-                                    "ngram", "draft-model", "draft-model-batched"])
+                                    "ngram", "draft-model", "draft-model-batched", "peagle", "peagle-batched"])
 @pytest.mark.parametrize("k,max_new", [(3, 30), (5, 7)])
 def test_greedy_batch_equals_each_prompt_alone_tau_included(world, method, k, max_new):
     """Tokens, target forwards and accepted drafts of every round, per sequence, equal decoding it alone."""
@@ -140,7 +143,8 @@ def small_vocab():
     return model, RaggedRunner(Target(model), 32)
 
 
-@pytest.mark.parametrize("drafter", ["eagle3-sampled", "eagle3-batched", "medusa", "mtp-batched", "draft-model-batched"])
+@pytest.mark.parametrize("drafter", ["eagle3-sampled", "eagle3-batched", "medusa", "mtp-batched", "draft-model-batched",
+                                     "peagle-batched"])
 def test_batched_speculative_samples_follow_the_target(small_vocab, drafter):
     """Lossless in a batch: 2,000 sequences decoded 250 at a time; the joint of the 2nd and 3rd tokens matches the
     warped target's exact joint (chi-square at p = 0.001)."""
@@ -154,6 +158,7 @@ def test_batched_speculative_samples_follow_the_target(small_vocab, drafter):
     mtp = build_mtp(target)
     for p in mtp.parameters():
         torch.nn.init.normal_(p, std=0.3)
+    peagle = random_peagle_head(target, draft_vocab_size=V, parallel_tokens=3, mask_token_id=V - 1)
     small_model = tiny_causal_lm("llama", num_hidden_layers=1, vocab_size=V)
     with torch.no_grad():
         small_model.lm_head.weight.mul_(30.0)  # its own peaky q, far from the target's p
@@ -162,7 +167,8 @@ def test_batched_speculative_samples_follow_the_target(small_vocab, drafter):
             "eagle3-batched": lambda: Eagle3Drafter(head, 32),
             "medusa": lambda: PerSequence([MedusaDrafter(heads) for _ in range(250)]),
             "mtp-batched": lambda: MTPDrafter(mtp, 32),
-            "draft-model-batched": lambda: DraftModelBatchDrafter(small, 32, V, 250)}[drafter]
+            "draft-model-batched": lambda: DraftModelBatchDrafter(small, 32, V, 250),
+            "peagle-batched": lambda: PEagleDrafter(peagle, 32)}[drafter]
     g = torch.Generator().manual_seed(0)
     pairs = []
     for _ in range(8):

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from speculators_env import speculators_python
 from test_mtp import native_checkpoint
-from tiny_models import random_eagle3_head, tiny_causal_lm
+from tiny_models import random_eagle3_head, random_peagle_head, tiny_causal_lm
 
 from headstart.models.export import export_head
 from headstart.models.head import Features, shift_left
@@ -116,6 +116,35 @@ def test_eagle3_exports_in_both_layouts_load_in_speculators_with_the_same_logits
             ok, diff = close(got, want)
             print(f"eagle3 {layout} layout, TTT step {j}: max |logit difference| {diff:.2e}")
             assert ok, (layout, j, diff)
+
+
+@pytest.mark.parametrize("fc_norm", [False, True])
+def test_peagle_export_loads_in_speculators_with_the_same_logits_at_every_depth(tmp_path, llama_target, fc_norm):
+    """P-EAGLE in the speculators layout: speculators' PEagleDraftModel places mask_hidden, the placeholder token and
+    (with fc_norm) the norms where headstart does -- its training forward gives headstart's logits at every depth."""
+    root, target = llama_target
+    head = random_peagle_head(target, draft_vocab_size=48, parallel_tokens=3, mask_token_id=17, fc_norm=fc_norm,
+                              aux_layer_ids=target.aux_layer_ids)
+    randomize(head, seed=2)
+    export_head(head, tmp_path / "final", "peagle", fingerprint(root), "both")
+    torch.manual_seed(0)
+    ids = torch.randint(0, target.vocab_size, (1, T))
+    with torch.no_grad():
+        aux = target.model(ids, output_hidden_states=True).hidden_states
+        aux = torch.cat([aux[i] for i in (1, 3, 6)], dim=-1)
+        ours = type(head).load(tmp_path / "final", target).float()
+        expected = list(ours.unroll(Features(input_ids=ids, loss_mask=torch.ones_like(ids), aux_hidden_states=aux)))
+    inputs = {"aux": aux, "input_ids": shift_left(ids, 1, 0)}
+    logits, report = read_with_speculators(tmp_path, "peagle", tmp_path / "final" / "speculators", root, inputs, 3)
+    assert report["class"] == "PEagleDraftModel" and report["unexpected"] == [] and report["nan"] == []
+    assert "mask_hidden" in report["stored"] and report["mask_token_id"] == 17 and report["fc_norm"] is fc_norm
+    assert report["aux_layer_ids"] == [1, 3, 6]
+    for d in range(3):
+        valid = T - 1 - d  # the last anchors read the padding token that shift_left put there
+        got, want = logits[f"logits_{d}"][:, :valid], expected[d][:, :valid]
+        ok, diff = close(got, want)
+        print(f"peagle fc_norm={fc_norm}, depth {d}: max |logit difference| {diff:.2e}")
+        assert ok, (d, diff)
 
 
 def test_mtp_export_of_a_qwen3_next_target_loads_in_speculators_with_the_same_first_step_logits(tmp_path):

@@ -79,7 +79,7 @@ def _head_loss(head, f: Features) -> tuple[torch.Tensor, dict, dict[str, torch.T
 
 
 @pytest.mark.parametrize("source", ["online", "offline"])
-@pytest.mark.parametrize("head_name", ["eagle3", "medusa", "mtp"])
+@pytest.mark.parametrize("head_name", ["eagle3", "medusa", "mtp", "peagle"])
 def test_packed_loss_and_gradients_equal_the_padded_ones(tmp_path, head_name, source, monkeypatch):
     overrides = make_setup(tmp_path, head=head_name) + ["--target.dtype=float32", "--features.samples_per_shard=8"]
     if source == "offline":
@@ -89,7 +89,7 @@ def test_packed_loss_and_gradients_equal_the_padded_ones(tmp_path, head_name, so
         overrides += [f"--features.path={store}"]
     trainer = build_trainer(load_config(None, overrides))
     head = trainer.backend.module
-    if head_name == "eagle3":
+    if head_name in ("eagle3", "peagle"):
         head.midlayer.self_attn.block = 16  # the checkpointed query blocks too, not only the one-block form
     else:
         monkeypatch.setattr("headstart.heads.mtp.module.TTT_BLOCK", 16)

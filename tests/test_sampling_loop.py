@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from tiny_models import tiny_causal_lm
+from tiny_models import random_peagle_head, tiny_causal_lm
 
 from headstart.decode.confidence import with_threshold
 from headstart.decode.draft_model import DraftModelDrafter
@@ -15,6 +15,7 @@ from headstart.decode.generate import Sampling, speculative_generate
 from headstart.decode.hybrid import HybridDrafter
 from headstart.heads.medusa.drafter import MedusaDrafter
 from headstart.heads.mtp.drafter import MTPDrafter
+from headstart.heads.peagle.drafter import PEagleDrafter
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import DynamicTree, StaticTree
@@ -82,6 +83,11 @@ def sample_pairs(runner, make_drafter, n: int, seed: int, tree=None) -> list[tup
     return pairs
 
 
+def peagle_head(target):
+    """A random P-EAGLE head over the whole small vocab, its placeholder the last token."""
+    return random_peagle_head(target, draft_vocab_size=V, parallel_tokens=3, mask_token_id=V - 1, seed=3)
+
+
 def medusa_heads(model) -> MedusaHeads:
     heads = MedusaHeads(MedusaConfig.from_target(model.config, 3))
     heads.load_target_lm_head(model.lm_head.weight)
@@ -93,12 +99,12 @@ def medusa_heads(model) -> MedusaHeads:
 
 
 @pytest.mark.nightly
-@pytest.mark.parametrize("drafter", ["eagle3", "medusa", "mtp", "ngram"])
+@pytest.mark.parametrize("drafter", ["eagle3", "medusa", "mtp", "ngram", "peagle"])
 def test_speculative_samples_follow_the_target(world, drafter):
     model, runner, head = world
-    heads, mtp = medusa_heads(model), build_mtp(runner.target)
+    heads, mtp, peagle = medusa_heads(model), build_mtp(runner.target), peagle_head(runner.target)
     make = {"eagle3": lambda: Eagle3Drafter(head, 32), "medusa": lambda: MedusaDrafter(heads),
-            "mtp": lambda: MTPDrafter(mtp, 32), "ngram": NgramDrafter}[drafter]
+            "mtp": lambda: MTPDrafter(mtp, 32), "ngram": NgramDrafter, "peagle": lambda: PEagleDrafter(peagle, 32)}[drafter]
     stat, critical = chi2_vs(sample_pairs(runner, make, 2500, seed=0), exact_joint(model))
     assert stat < critical
 
@@ -158,14 +164,15 @@ def test_misreported_draft_probabilities_are_detected(world):
 
 
 @pytest.mark.nightly
-@pytest.mark.parametrize("drafter", ["eagle3", "medusa", "mtp", "draft-model"])
+@pytest.mark.parametrize("drafter", ["eagle3", "medusa", "mtp", "draft-model", "peagle"])
 @pytest.mark.parametrize("tree", [DynamicTree(depth=3, topk=3, total_tokens=8), StaticTree(((0,), (1,), (0, 0), (1, 0), (0, 0, 0)))])
 def test_tree_speculative_samples_follow_the_target(world, drafter, tree):
     model, runner, head = world
     small = tiny_causal_lm("llama", num_hidden_layers=2, vocab_size=V)
-    heads, mtp = medusa_heads(model), build_mtp(runner.target)
+    heads, mtp, peagle = medusa_heads(model), build_mtp(runner.target), peagle_head(runner.target)
     make = {"eagle3": lambda: Eagle3Drafter(head, 32), "medusa": lambda: MedusaDrafter(heads),
-            "mtp": lambda: MTPDrafter(mtp, 32), "draft-model": lambda: DraftModelDrafter(small, 32, V)}[drafter]
+            "mtp": lambda: MTPDrafter(mtp, 32), "draft-model": lambda: DraftModelDrafter(small, 32, V),
+            "peagle": lambda: PEagleDrafter(peagle, 32)}[drafter]
     pairs = sample_pairs(runner, make, 2500, seed=0, tree=tree)
     stat, critical = chi2_vs(pairs, exact_joint(model))
     assert stat < critical

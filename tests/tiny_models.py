@@ -35,6 +35,27 @@ def tiny_causal_lm(family: str, **overrides) -> PreTrainedModel:
     return AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
 
 
+def random_peagle_head(target, draft_vocab_size: int = 48, parallel_tokens: int = 4, mask_token_id: int | None = None,
+                       fc_norm: bool = False, seed: int = 0, aux_layer_ids=None, **kwargs):
+    """An untrained P-EAGLE head for ``target`` with a random draft vocab and random weights (its norms' too)."""
+    import torch
+
+    from headstart.models.draft_vocab import build_draft_vocab
+    from headstart.heads.peagle.module import PEagleConfig, PEagleDraft
+
+    config = PEagleConfig.from_target(target.config, draft_vocab_size, aux_layer_ids, fc_norm=fc_norm, mask_token_id=mask_token_id,
+                                      parallel_tokens=parallel_tokens)
+    head = PEagleDraft(config, ttt_steps=parallel_tokens, **kwargs)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            if p.requires_grad:
+                p.normal_(1.0 if "norm" in name else 0.0, 0.3 if "norm" in name else 0.2, generator=g)
+    head.set_draft_vocab(*build_draft_vocab(torch.randint(0, 9, (target.vocab_size,), generator=g), draft_vocab_size))
+    head.load_target_embeddings(target.embed_tokens.weight)
+    return head
+
+
 def random_eagle3_head(target, draft_vocab_size: int = 48, counts_seed: int | None = None, aux_layer_ids=None,
                        fc_norm: bool = False, norm_output: bool = False, **kwargs):
     """An untrained EAGLE-3 head for ``target`` (a headstart Target) with a random draft vocab; ``fc_norm`` and

@@ -13,7 +13,8 @@ ANSWERS = ["2+3 = 5. The answer is 5.", "Blue is a colour.", "Hello there!", "On
            "def add(a, b):\n    return a + b"]
 
 
-HEAD_FIELDS = {"eagle3": ["--draft.draft_vocab_size=64", "--draft.ttt_steps=3"], "mtp": ["--draft.ttt_steps=3"], "medusa": []}
+HEAD_FIELDS = {"eagle3": ["--draft.draft_vocab_size=64", "--draft.ttt_steps=3"], "mtp": ["--draft.ttt_steps=3"], "medusa": [],
+               "peagle": ["--draft.draft_vocab_size=64", "--draft.parallel_tokens=3"]}
 """Each head's small settings (a recipe may set only its head's fields)."""
 
 
