@@ -68,6 +68,21 @@ def text_config(config):
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
+def placeholder_token(target_config) -> int:
+    """A token id for the positions a draft has not drafted yet (P-EAGLE's and DFlash's mask token): the target's pad
+    token id, else its (first) eos token id, else 0."""
+    tc = text_config(target_config)
+    for key in ("pad_token_id", "eos_token_id"):
+        value = getattr(tc, key, None)
+        if value is None:
+            value = getattr(target_config, key, None)
+        if isinstance(value, list):
+            value = value[0] if value else None
+        if value is not None:
+            return int(value)
+    return 0
+
+
 def default_aux_layer_ids(num_layers: int) -> tuple[int, ...]:
     """EAGLE-3's low / middle / high layers, in vLLM ids."""
     return (2, num_layers // 2, num_layers - 3)

@@ -88,6 +88,10 @@ def test_a_round_after_a_commit_equals_one_over_the_whole_prefix(target):
     whole = PEagleDrafter(head, 64)
     whole.begin(ids[:, :8], out.select(slice(0, 8)), int(ids[0, 8]))
     torch.testing.assert_close(stepwise._round(4), whole._round(4), rtol=1e-5, atol=1e-5)
+    # a second round on the same commit (decode/predict.py times repeated proposals) drafts the same, commits nothing
+    length = whole.length
+    torch.testing.assert_close(whole._round(4), stepwise._round(4), rtol=1e-5, atol=1e-5)
+    assert whole.length == length
 
 
 def test_decoding_is_greedy_exact_in_chains_and_trees(target):

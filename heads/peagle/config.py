@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from headstart.heads.eagle3.config import Eagle3Config
-from headstart.models.target import text_config
+from headstart.models.target import placeholder_token, text_config
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class PEagleConfig(Eagle3Config):
         if norm_output:
             raise ValueError("P-EAGLE has no norm_output: its drafts carry no state from one to the next")
         base = super().from_target(target_config, draft_vocab_size, aux_layer_ids, fc_norm=fc_norm)
-        token = default_mask_token(target_config) if mask_token_id is None else mask_token_id
+        token = placeholder_token(target_config) if mask_token_id is None else mask_token_id
         return dataclasses.replace(base, mask_token_id=int(token), parallel_tokens=parallel_tokens,
                                    speculative_tokens=min(base.speculative_tokens, parallel_tokens))
 
@@ -98,17 +98,3 @@ class PEagleConfig(Eagle3Config):
         if not 0 <= self.mask_token_id < vocab:
             raise ValueError(f"the P-EAGLE mask_token_id {self.mask_token_id} is not a token of the target's vocab "
                              f"({vocab})")
-
-
-def default_mask_token(target_config) -> int:
-    """The target's pad token id, else its (first) eos token id, else 0."""
-    tc = text_config(target_config)
-    for key in ("pad_token_id", "eos_token_id"):
-        value = getattr(tc, key, None)
-        if value is None:
-            value = getattr(target_config, key, None)
-        if isinstance(value, list):
-            value = value[0] if value else None
-        if value is not None:
-            return int(value)
-    return 0

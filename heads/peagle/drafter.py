@@ -28,6 +28,7 @@ class PEagleDrafter(Eagle3Drafter):
         super().__init__(head, max_len, compile=compile, backend=backend)
         self.depths = head.config.parallel_tokens
         self.pending: tuple[torch.Tensor, torch.Tensor] | None = None  # committed pairs not yet run: aux, tokens
+        self.last_pair: tuple[torch.Tensor, torch.Tensor] | None = None  # the last pair a round ran (aux, token)
         self.rows_pending: tuple[torch.Tensor, torch.Tensor, list[int]] | None = None  # a batch's: aux, tokens, counts
         self.tree_logits: torch.Tensor | None = None  # [K, V_d] a tree round's depths
 
@@ -54,7 +55,7 @@ class PEagleDrafter(Eagle3Drafter):
         return self._static_step(self.head.project(aux_hidden), tokens, positions, allowed)
 
     def begin(self, prompt_ids: torch.Tensor, states: TargetOutput, next_token: int) -> None:
-        self.pending = None
+        self.pending = self.last_pair = None
         super().begin(prompt_ids, states, next_token)
 
     def _commit(self, aux_hidden: torch.Tensor, next_tokens: torch.Tensor) -> None:
@@ -67,20 +68,26 @@ class PEagleDrafter(Eagle3Drafter):
 
     @torch.no_grad()
     def _round(self, k: int) -> torch.Tensor:
-        """The held pairs and k-1 placeholders in one forward: the k drafts' logits [k, V_d]."""
-        if self.pending is None:
-            raise RuntimeError("a P-EAGLE round needs the pairs of a commit: begin/update before propose")
+        """The held pairs and k-1 placeholders in one forward: the k drafts' logits [k, V_d]. Without held pairs (a
+        second round on the same commit: ``decode/predict.py`` times repeated proposals) the last committed pair runs
+        again at its own slot, which rewrites its keys unchanged."""
         k = max(1, min(k, self.depths))
-        aux, tokens = self.pending
+        if self.pending is not None:
+            (aux, tokens), start = self.pending, self.length
+        elif self.last_pair is not None:
+            (aux, tokens), start = self.last_pair, self.length - 1
+        else:
+            raise RuntimeError("a P-EAGLE round needs the pairs of a commit: begin/update before propose")
         n = tokens.shape[1]
+        self.last_pair = (aux[:, -1:], tokens[:, -1:])
         more_aux, more_tokens = self.placeholders(1, k - 1)
         aux, tokens = torch.cat([aux, more_aux], dim=1), torch.cat([tokens, more_tokens], dim=1)
         if self._commits is not None:
-            self.write_at.fill_(self.length)
-            out = self._commits.causal(aux, tokens, self.length)
+            self.write_at.fill_(start)
+            out = self._commits.causal(aux, tokens, start)
         else:
-            out = self._step(self.head.project(aux), tokens, self.length)
-        self.length += n  # the placeholders' slots are speculative: the next round's pairs overwrite them
+            out = self._step(self.head.project(aux), tokens, start)
+        self.length = start + n  # the placeholders' slots are speculative: the next round's pairs overwrite them
         self.pending = None
         self.last_hidden = out[:, n - 1 : n]
         return self._logits(out[:, n - 1 :])[0]

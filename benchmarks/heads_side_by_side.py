@@ -1,0 +1,100 @@
+"""Heads side by side: one result file from finished training runs and paired ``headstart bench`` runs.
+
+    python benchmarks/heads_side_by_side.py --what "P-EAGLE vs EAGLE-3, quick-start recipe" \\
+        --train eagle3=runs/pe-demo/eagle3:runs/pe-demo/eagle3.time --train peagle=runs/pe-demo/peagle:runs/pe-demo/peagle.time \\
+        --bench k4=runs/pe-demo/bench-k4 --out benchmarks/results/peagle_vs_eagle3_demo_quick.json
+
+A training run gives its command (run_config.json), the last evaluation's simulated acceptance length and top-1
+accuracy by step, and, from a GNU ``/usr/bin/time -v`` log of the run, its wall time and peak resident memory (the
+largest process: one rank). A bench directory (``scripts/benchmark.py --versus``) gives, for both methods, tau,
+acceptance by position, the round clock (draft, drafter update, verify ms per round), tokens/s, predicted and
+measured speed-up, and the paired ratio by turn. Nothing is re-measured here: the file records the runs' numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+from headstart.decode.report import provenance
+
+
+def time_log(path: Path) -> dict[str, float]:
+    """Wall seconds and peak RSS (GiB) from ``/usr/bin/time -v`` output."""
+    text = path.read_text()
+    wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", text)
+    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
+    if wall is None or rss is None:
+        raise ValueError(f"{path}: not a /usr/bin/time -v log (no wall clock or maximum resident set size line)")
+    seconds = 0.0
+    for part in wall.group(1).split(":"):
+        seconds = seconds * 60 + float(part)
+    return {"wall_s": round(seconds, 1), "peak_rss_gib": round(int(rss.group(1)) / 2**20, 2)}
+
+
+def train_run(directory: Path, log: Path | None) -> dict:
+    records = [json.loads(line) for line in (directory / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    evals = [r for r in records if r.get("split") == "eval"]
+    if not evals:
+        raise ValueError(f"{directory}/metrics.jsonl has no evaluation record")
+    last = evals[-1]
+    config = json.loads((directory / "run_config.json").read_text())
+    acc = [round(last[f"acc_{s}"], 3) for s in range(64) if f"acc_{s}" in last]
+    return {"run": str(directory), "step": last.get("step"), "sim_accept_len": round(last["sim_accept_len"], 3),
+            "acc_by_step": acc, "draft": config.get("draft"), "train": config.get("train"),
+            **(time_log(log) if log else {})}
+
+
+def method(report: dict) -> dict:
+    o = report["results"]["overall"]
+    return {"method": report["args"]["method"], "draft": report["args"].get("draft"),
+            "k": report["args"]["num_speculative_tokens"], "tau": round(o["tau"], 3),
+            "acceptance_by_position": [round(a, 3) for a in o["acceptance_by_position"] if a is not None],
+            "round_ms": {k: round(v, 2) for k, v in o["round_ms"].items()}, "tokens_per_s": round(o["spec_tokens_per_s"], 2),
+            "plain_tokens_per_s": round(o["plain_tokens_per_s"], 2), "speedup": round(o["speedup"], 3),
+            "predicted_speedup": round(o["predicted_speedup"], 3), "command": report.get("command")}
+
+
+def bench_run(directory: Path) -> dict:
+    first = json.loads((directory / "results.json").read_text())
+    out = {"first": method(first)}
+    if first.get("versus_out"):
+        out["second"] = method(json.loads((Path(first["versus_out"]) / "results.json").read_text()))
+        paired = first["paired"]
+        out["paired"] = {"turns": paired["turns"], "tokens_per_s_ratio": round(paired["overall_ratio"], 3),
+                         "median_ratio": round(paired["median_ratio"], 3)}
+    if first.get("prediction"):
+        out["first"]["predicted_rows"] = first["prediction"]["rows"]
+    return out
+
+
+def pairs(values: list[str], what: str) -> dict[str, str]:
+    out = {}
+    for value in values:
+        name, sep, rest = value.partition("=")
+        if not sep:
+            raise SystemExit(f"--{what} {value!r}: expected NAME=PATH")
+        out[name] = rest
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--what", required=True, help="one line: what is compared, on which data, steps and batch")
+    p.add_argument("--train", action="append", default=[], metavar="NAME=RUN_DIR[:TIME_LOG]")
+    p.add_argument("--bench", action="append", default=[], metavar="NAME=BENCH_DIR")
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    train = {}
+    for name, value in pairs(args.train, "train").items():
+        run, _, log = value.partition(":")
+        train[name] = train_run(Path(run), Path(log) if log else None)
+    bench = {name: bench_run(Path(d)) for name, d in pairs(args.bench, "bench").items()}
+    Path(args.out).write_text(json.dumps({"what": args.what, **provenance(), "train": train, "bench": bench}, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
