@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from headstart.heads.dflash.spec import DFLASH
 from headstart.heads.eagle3.spec import EAGLE3
 from headstart.heads.medusa.spec import MEDUSA
 from headstart.heads.mtp.spec import MTP
@@ -24,7 +25,7 @@ from headstart.models.head import DraftConfig, DraftHead
 from headstart.models.provenance import check_record, check_target
 
 
-HEADS: dict[str, HeadSpec] = {"eagle3": EAGLE3, "medusa": MEDUSA, "mtp": MTP, "peagle": PEAGLE}
+HEADS: dict[str, HeadSpec] = {"eagle3": EAGLE3, "medusa": MEDUSA, "mtp": MTP, "peagle": PEAGLE, "dflash": DFLASH}
 """The head catalog: one line a head; each head's spec is in its folder (heads/<name>/spec.py)."""
 
 DEFAULT_HEAD = "eagle3"

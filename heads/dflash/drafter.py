@@ -1,0 +1,124 @@
+"""DFlash drafting: one draft forward fills a block of drafts (z-lab's ``dflash_generate``, vLLM's and SGLang's loop).
+
+The target's states at committed positions go into the draft's context cache once (each layer's keys and values of
+``hidden_norm(fc(features))``). A round runs the block [bonus, MASK x (B-1)] at positions length..length+B-1 over
+the whole context, bidirectionally inside the block, and reads B-1 drafts from slots 1..B-1: a chain of k <= B-1
+keeps the first k (the block is the one trained, whatever k). The block's own keys are not kept.
+
+The drafts of a round are independent given the context (one forward), so a tree is Medusa's: a node at depth d has
+slot d+1's candidates whatever its parent, and sampling draws each slot from its own distribution, which the usual
+verification keeps lossless. A batch runs one drafter per row (``PerSequence``): the context caches are ragged and
+the blocks short, so rows are drafted one after another.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from headstart.decode.batch_generate import PerSequence
+from headstart.decode.confidence import confident_prefix
+from headstart.heads.dflash.module import DFlashDraft
+from headstart.models.target import TargetOutput
+
+
+class DFlashDrafter:
+    def __init__(self, head: DFlashDraft, max_len: int, compile: bool = False, backend: str = "inductor") -> None:
+        """``compile`` is accepted for the drafter contract; the block runs eagerly (its context grows every round)."""
+        self.head = head.eval()
+        self.max_len = max_len
+        c = head.config
+        device, dtype = head.fc.weight.device, head.fc.weight.dtype
+        shape = (1, c.num_key_value_heads, max_len, c.head_dim)
+        self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(c.num_hidden_layers)]
+        self.values = [torch.zeros_like(k) for k in self.keys]
+        self.length = 0  # committed context positions
+        self.bonus = 0  # the last emitted token: slot 0 of the next block
+        self.confidence_threshold = 0.0
+        self.tree_logits: torch.Tensor | None = None
+        self.rows: PerSequence | None = None  # a batch: one drafter per row
+
+    @property
+    def block_size(self) -> int:
+        return self.head.config.block_size
+
+    def precompile(self, max_block: int = 1, trees: bool = True) -> None:
+        """Nothing is compiled (the contract's method)."""
+
+    @torch.no_grad()
+    def _commit(self, aux_hidden: torch.Tensor) -> None:
+        n = aux_hidden.shape[1]
+        if self.length + n > self.max_len:
+            raise ValueError(f"DFlash context cache overflow: {self.length + n} > max_len {self.max_len} (raise --max-len)")
+        positions = torch.arange(self.length, self.length + n, device=aux_hidden.device).unsqueeze(0)
+        for layer, (k, v) in enumerate(self.head.context_kv(self.head.context(aux_hidden), positions)):
+            self.keys[layer][:, :, self.length : self.length + n] = k
+            self.values[layer][:, :, self.length : self.length + n] = v
+        self.length += n
+
+    def begin(self, prompt_ids: torch.Tensor, states: TargetOutput, next_token: int) -> None:
+        self.length = 0
+        self._commit(states.aux_hidden_states)
+        self.bonus = int(next_token)
+
+    def update(self, emitted: list[int], states: TargetOutput) -> None:
+        """The target's states at the positions that produced ``emitted`` (the old bonus and the accepted drafts)."""
+        self._commit(states.aux_hidden_states[:, : len(emitted)])
+        self.bonus = int(emitted[-1])
+
+    @torch.no_grad()
+    def _block(self) -> torch.Tensor:
+        """The round's block over the whole context: logits of slots 1..B-1 [B-1, V]."""
+        head, device = self.head, self.keys[0].device
+        tokens = torch.full((1, self.block_size), head.config.mask_token_id, dtype=torch.long, device=device)
+        tokens[0, 0] = self.bonus
+        positions = torch.arange(self.length, self.length + self.block_size, device=device).unsqueeze(0)
+        context = [(k[:, :, : self.length], v[:, :, : self.length]) for k, v in zip(self.keys, self.values)]
+        out = head.blocks(tokens, positions, context, None)  # every context position precedes the block
+        return head.logits(out[:, 1:])[0].float()
+
+    @torch.no_grad()
+    def propose(self, k: int) -> torch.Tensor:
+        logits = self._block()[:k]
+        drafts = logits.argmax(-1)
+        return drafts[: confident_prefix(logits, drafts, self.confidence_threshold)]
+
+    @torch.no_grad()
+    def propose_sampled(self, k: int, sampling, generator: torch.Generator | None = None):
+        """Each slot's draft sampled from its warped distribution: (tokens [k], q [k, V])."""
+        q = sampling.probs(self._block()[:k])
+        return torch.multinomial(q, 1, generator=generator).view(-1), q
+
+    # -- trees (decode/tree.py): Medusa's, from one block's slots -----------------------------------
+    def to_target(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids  # the target's vocab
+
+    def dynamic_tree(self, spec) -> None:
+        return None
+
+    def tree_root(self) -> torch.Tensor:
+        self.tree_logits = self._block()
+        return self.tree_logits[0]
+
+    def tree_expand(self, parents: torch.Tensor, tokens: torch.Tensor, depth: int) -> torch.Tensor:
+        """The children of m nodes at ``depth`` are slot depth+1's candidates, the same for every node."""
+        if depth >= self.block_size - 1:
+            raise ValueError(f"this DFlash head fills blocks of {self.block_size} (drafts {self.block_size - 1} tokens); "
+                             f"a tree deeper than {self.block_size - 1} levels cannot be drafted (lower --tree-depth)")
+        return self.tree_logits[depth].expand(tokens.numel(), -1)
+
+    # -- a batch (decode/batch_generate.py): one drafter per row -----------------------------------
+    def begin_batch(self, prompts: list[torch.Tensor], states: TargetOutput, next_tokens: list[int]) -> None:
+        self.rows = PerSequence([DFlashDrafter(self.head, self.max_len) for _ in prompts])
+        self.rows.begin_batch(prompts, states, next_tokens)
+
+    def propose_batch(self, budgets: list[int]) -> list[torch.Tensor]:
+        return self.rows.propose_batch(budgets)
+
+    def propose_sampled_batch(self, budgets: list[int], sampling, generator: torch.Generator | None = None):
+        return self.rows.propose_sampled_batch(budgets, sampling, generator)
+
+    def update_batch(self, emitted: list[list[int]], states: TargetOutput) -> None:
+        self.rows.update_batch(emitted, states)
+
+    def select(self, rows: list[int]) -> None:
+        self.rows.select(rows)
