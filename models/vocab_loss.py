@@ -55,33 +55,39 @@ def lockstep_chunks(n: int, chunk_tokens: int, device: torch.device) -> int:
     return int(count)
 
 
-def divergence_sum(divergence: str, logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+def divergence_sum(divergence: str, logp: torch.Tensor, logq: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
     """Summed over n positions, the divergence of the draft's q from the target's p (log-probabilities [n, V]):
     ``kl`` as cross-entropy -sum p log q (forward KL plus p's entropy, a constant: the same gradient), ``rkl``
     sum q (log q - log p), ``jsd`` the mean of KL(p || m) and KL(q || m) for m = (p + q) / 2, ``tv``
     sum |p - q| / 2 = 1 - alpha, and ``lk`` -log alpha, where alpha = sum min(p, q) is the probability that a draft
     token sampled from q is accepted (arXiv 2602.23881's LK^alpha; its gradient is TV's scaled by 1 / alpha, so it
-    does not stall where the two barely overlap, as TV does)."""
+    does not stall where the two barely overlap, as TV does). ``weights`` [n]: each position's divergence weighted."""
+    rows = divergence_rows(divergence, logp, logq)
+    return rows.sum() if weights is None else (rows * weights).sum()
+
+
+def divergence_rows(divergence: str, logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """``divergence_sum``'s terms, one per position [n]."""
     p = logp.exp()
     if divergence == "kl":
-        return -(p * logq).sum()
+        return -(p * logq).sum(-1)
     q = logq.exp()
     if divergence == "rkl":
-        return (q * (logq - logp)).sum()
+        return (q * (logq - logp)).sum(-1)
     if divergence == "jsd":
         logm = torch.logaddexp(logp, logq) - math.log(2.0)
-        return 0.5 * ((p * (logp - logm)).sum() + (q * (logq - logm)).sum())
+        return 0.5 * ((p * (logp - logm)).sum(-1) + (q * (logq - logm)).sum(-1))
     if divergence == "tv":
-        return 0.5 * (p - q).abs().sum()
+        return 0.5 * (p - q).abs().sum(-1)
     if divergence == "lk":
-        return -torch.minimum(p, q).sum(-1).clamp_min(1e-6).log().sum()  # the floor keeps a zero overlap finite
+        return -torch.minimum(p, q).sum(-1).clamp_min(1e-6).log()  # the floor keeps a zero overlap finite
     raise ValueError(f"unknown divergence {divergence!r}")
 
 
 def chunked_vocab_loss(project: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
                        teacher: Callable[[torch.Tensor], torch.Tensor], teacher_h: torch.Tensor, labels: torch.Tensor,
                        soft: bool, chunk_tokens: int, recompute: bool = True, vocab_ids: torch.Tensor | None = None,
-                       divergence: str = "kl", full_metrics: bool = True
+                       divergence: str = "kl", full_metrics: bool = True, weights: torch.Tensor | None = None
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Summed cross-entropy of ``project(x)`` [N, V] against the teacher's distribution
     ``softmax(teacher(teacher_h))`` (``soft``) or the ``labels`` [N]; also per position whether the
@@ -100,27 +106,32 @@ def chunked_vocab_loss(project: Callable[[torch.Tensor], torch.Tensor], x: torch
     forward KL, so any other runs the chunked torch path.
 
     ``full_metrics=False`` (``Features.full_metrics``): top-5 and sum min(p, q) are None, not computed -- each is
-    another pass over the [n, V] logits (the fused kernels compute them in their one pass, so they always do)."""
+    another pass over the [n, V] logits (the fused kernels compute them in their one pass, so they always do).
+
+    ``weights`` [N] (no gradient): each position's loss weighted in the sum (DFlash's D-PACE); runs the chunked torch
+    path."""
     if divergence != "kl" and not soft:
         raise ValueError(f"draft.loss={divergence!r} compares the draft with the target's distribution; it needs soft "
                          "labels (the target's), not the data's tokens")
     with record_function("head: vocab loss"):  # a part of the step for torch.profiler (benchmarks/profile_step.py)
-        if vocab_ids is not None:
+        if vocab_ids is not None or weights is not None:
             return _chunks(project, x, teacher, teacher_h, labels, soft, chunk_tokens, recompute, vocab_ids, divergence,
-                           full_metrics)
+                           full_metrics, weights)
         if divergence == "kl" and use_fused(project, x):
             return fused_linear_loss(project.pre(x), project.weight, teacher, teacher_h, labels, soft, chunk_tokens)
         return _chunks(project, x, teacher, teacher_h, labels, soft, chunk_tokens, recompute, None, divergence,
                        full_metrics)
 
 
-def _chunks(project, x, teacher, teacher_h, labels, soft, chunk_tokens, recompute, vocab_ids, divergence, full_metrics):
+def _chunks(project, x, teacher, teacher_h, labels, soft, chunk_tokens, recompute, vocab_ids, divergence, full_metrics,
+            weights=None):
     N = x.shape[0]
     loss_sum = torch.zeros((), dtype=torch.float32, device=x.device)
     correct, top5, accept = [], [], []
     for c in range(lockstep_chunks(N, chunk_tokens, x.device)):
         part = slice(c * chunk_tokens, (c + 1) * chunk_tokens)
-        args = (project, teacher, x[part], teacher_h[part], labels[part], soft, vocab_ids, divergence, full_metrics)
+        args = (project, teacher, x[part], teacher_h[part], labels[part], soft, vocab_ids, divergence, full_metrics,
+                None if weights is None else weights[part])
         if recompute and torch.is_grad_enabled():  # keep only the chunk's inputs; backward recomputes its logits
             chunk_loss, draft_top, draft_top1, target_top1, chunk_accept = checkpoint(_chunk, *args, use_reentrant=False)
         else:
@@ -157,7 +168,8 @@ class TeacherRows:
 
 
 def _chunk(project, teacher, x: torch.Tensor, teacher_h: torch.Tensor, labels: torch.Tensor, soft: bool,
-           vocab_ids: torch.Tensor | None = None, divergence: str = "kl", full_metrics: bool = True):
+           vocab_ids: torch.Tensor | None = None, divergence: str = "kl", full_metrics: bool = True,
+           weights: torch.Tensor | None = None):
     """Summed loss of n positions, the draft's top-5 ids [n, 5] and argmax [n], the teacher's argmax [n] and
     sum min(p, q) [n]; ids are target ids (``vocab_ids`` maps a truncated draft's outputs to them). Without
     ``full_metrics`` the top-5 ids and sum min(p, q) are None."""
@@ -176,7 +188,12 @@ def _chunk(project, teacher, x: torch.Tensor, teacher_h: torch.Tensor, labels: t
             index = torch.searchsorted(vocab_ids, labels).clamp(max=len(vocab_ids) - 1)
             labels = torch.where(vocab_ids[index] == labels, index, -100)
     logq = torch.log_softmax(project(x).float(), -1)  # [n, V']
-    loss = divergence_sum(divergence, logp, logq) if soft else F.nll_loss(logq, labels, reduction="sum", ignore_index=-100)
+    if soft:
+        loss = divergence_sum(divergence, logp, logq, weights)
+    elif weights is None:
+        loss = F.nll_loss(logq, labels, reduction="sum", ignore_index=-100)
+    else:
+        loss = (F.nll_loss(logq, labels, reduction="none", ignore_index=-100) * weights).sum()
     draft = logq.detach()
     top1 = draft.argmax(-1)
     top5 = accept = None

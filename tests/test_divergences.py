@@ -66,6 +66,24 @@ def test_the_loss_of_the_chunked_path_is_the_divergence_and_hard_labels_refuse_o
                            divergence="jsd")
 
 
+@pytest.mark.parametrize("soft", [True, False])
+def test_weighted_chunks_sum_each_positions_loss_times_its_weight(soft):
+    """``weights`` (DFlash's D-PACE): the chunked loss is sum_i w_i loss_i, soft and hard labels alike."""
+    logp, _ = distributions(n=5, V=7, seed=3)
+    weight = torch.randn(7, 4, generator=torch.Generator().manual_seed(4))
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(5))
+    rows, labels = torch.arange(5), torch.tensor([0, 3, 6, 2, 2])
+    w = torch.tensor([0.0, 1.0, 2.5, 0.5, 3.0])
+
+    def loss(rows_, weights=None):
+        return chunked_vocab_loss(lambda h: h @ weight.T, x[rows_], lambda r: logp[r], rows_, labels[rows_], soft=soft,
+                                  chunk_tokens=2, divergence="kl", weights=weights)[0]
+
+    alone = torch.stack([loss(rows[i : i + 1]) for i in range(5)])
+    torch.testing.assert_close(loss(rows, w), (alone * w).sum())
+    torch.testing.assert_close(loss(rows, torch.ones(5)), loss(rows))
+
+
 def test_an_unknown_divergence_is_refused_by_name():
     with pytest.raises(ValueError, match="draft.loss='kld' is not one of kl, rkl, jsd, tv, lk"):
         load_config(None, ["--draft.loss=kld"])
