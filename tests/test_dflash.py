@@ -5,6 +5,7 @@ batches), the trainer carrying it, z-lab's layout written and read back, and bad
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -95,6 +96,54 @@ def test_loss_trains_each_slot_on_the_target_at_its_position_and_decreases():
         losses.append(loss.item())
     assert losses[-1] < 0.7 * losses[0]
     assert not head.embed_tokens.weight.requires_grad
+
+
+def test_dpace_weights_are_the_expected_accepted_slots_from_each_on(target):
+    """D-PACE (speculators' dpace_loss_decay), recomputed slot by slot: s_j = (1 - alpha) q_j + alpha with q_j the
+    draft's probability of the target's argmax, P_k = s_1...s_k, w_k = sum_{j >= k} P_j over trained slots; alpha = 1
+    counts the trained slots from k on."""
+    head = random_dflash(target, anchors=6, weighting="dpace", dpace_alpha=0.3)
+    _, _, f = features(target, T=12)  # short: the last anchors' blocks run past the end, untrained there
+    torch.manual_seed(0)
+    anchors, real = head.pick_anchors(f)
+    Bk, (B, N), T = 5, anchors.shape, 12
+    with torch.no_grad():
+        tokens = torch.full((B, N, Bk), 9)
+        tokens[:, :, 0] = f.input_ids.gather(1, anchors)
+        ctx_ok = torch.arange(T)[None, None, :] < anchors[:, :, None]
+        own = torch.block_diag(*[torch.ones(Bk, Bk, dtype=torch.bool)] * N)
+        allowed = torch.cat([ctx_ok.repeat_interleave(Bk, 1), own[None]], dim=2)
+        context = head.context_kv(head.context(f.aux_hidden_states), f.positions())
+        out = head.blocks(tokens.view(B, -1), (anchors[:, :, None] + torch.arange(Bk)).view(B, -1), context, allowed)
+        out = out.view(B, N, Bk, -1)
+        trained = [real & (anchors + i < T) for i in range(1, Bk)]
+        got = head.dpace_weights(lambda h: head.logits(h).float(), out, anchors, trained, f)
+        for n in range(N):
+            a = int(anchors[0, n])
+            m = [bool(t[0, n]) for t in trained]
+            s = []
+            for j in range(Bk - 1):
+                if not m[j]:
+                    s.append(1.0)
+                    continue
+                q = head.logits(out[0, n, j + 1]).softmax(-1)[head.lm_head(f.last_hidden_state[0, a + j]).argmax()]
+                s.append(0.7 * float(q) + 0.3)
+            P = [math.prod(s[: j + 1]) for j in range(Bk - 1)]
+            want = [sum(P[j] for j in range(k, Bk - 1) if m[j]) if m[k] else 0.0 for k in range(Bk - 1)]
+            torch.testing.assert_close(got[0, n], torch.tensor(want), rtol=1e-5, atol=1e-6)
+        assert any(not all(bool(t[0, n]) for t in trained) for n in range(N))  # a block cut by the end is covered
+        head.dpace_alpha = 1.0
+        counts = head.dpace_weights(lambda h: head.logits(h).float(), out, anchors, trained, f)
+        m = torch.stack(trained, -1).float()
+        torch.testing.assert_close(counts, m.flip(-1).cumsum(-1).flip(-1) * m)
+    # and it trains
+    loss, _ = head.loss(f)
+    loss.backward()
+    assert head.fc.weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="draft.weighting must be decay or dpace"):
+        random_dflash(target, weighting="uniform")
+    with pytest.raises(ValueError, match=r"draft.dpace_alpha must be in \(0, 1\]"):
+        random_dflash(target, weighting="dpace", dpace_alpha=0.0)
 
 
 def test_decoding_is_greedy_exact_in_chains_trees_and_batches(target):

@@ -26,9 +26,15 @@ class DFlashOptions:
     anchors: int = 64
     """Blocks trained per sequence and step: anchors drawn at random among the positions whose next token is trained
     (speculators' ``max_anchors``, 512 by default at 8B's sequence lengths)."""
+    weighting: str = "decay"
+    """How the block's slots are weighted in the loss: ``decay`` -- slot k (k >= 1) by exp(-(k-1)/gamma), early slots,
+    which every accepted chain needs, most (speculators' fixed-exp-decay) -- or ``dpace`` (D-PACE, arXiv 2605.18810,
+    speculators' default): slot k by the expected number of accepted slots from k on, from the draft's own
+    probability q_j of the target's token: s_j = (1 - alpha) q_j + alpha, P_k = prod_{j<=k} s_j, w_k = sum_{j>=k} P_j."""
     decay_gamma: float = 4.0
-    """Loss weight of block slot k (k >= 1) is exp(-(k-1)/gamma): early slots, which every accepted chain needs, weigh
-    most (speculators' fixed-exp-decay; 0 weighs the slots alike)."""
+    """``decay``'s gamma (0 weighs the slots alike)."""
+    dpace_alpha: float = 0.5
+    """``dpace``'s alpha in (0, 1]: 1 weighs slot k by the number of slots from k on, lower by the draft's chances."""
     mask_token_id: int | None = None
     """The masked positions' token; None: the target's pad token, else its eos token (its embedding is the target's)."""
 

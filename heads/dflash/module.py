@@ -13,7 +13,8 @@ token and cached (heads/dflash/drafter.py).
 
 Training draws ``anchors`` positions a per sequence among those whose next token is trained and that have context
 before them; block a holds token a and B-1 masks at positions a..a+B-1, sees the target's features at positions < a
-of its document, and slot i is trained on the target's distribution for token a+i, weighted exp(-(i-1)/gamma).
+of its document, and slot i is trained on the target's distribution for token a+i, weighted exp(-(i-1)/gamma) or by
+D-PACE (``DFlashOptions.weighting``).
 """
 
 from __future__ import annotations
@@ -94,9 +95,15 @@ class DFlashDraft(nn.Module):
     compiled = ("context",)
     """What ``train.compile`` compiles (models/train_compile.py)."""
 
-    def __init__(self, config: DFlashConfig, anchors: int = 64, decay_gamma: float = 4.0) -> None:
+    def __init__(self, config: DFlashConfig, anchors: int = 64, decay_gamma: float = 4.0, weighting: str = "decay",
+                 dpace_alpha: float = 0.5) -> None:
         super().__init__()
+        if weighting not in ("decay", "dpace"):
+            raise ValueError(f"draft.weighting must be decay or dpace, got {weighting!r}")
+        if weighting == "dpace" and not 0 < dpace_alpha <= 1:
+            raise ValueError(f"draft.dpace_alpha must be in (0, 1], got {dpace_alpha}")
         self.config, self.anchors, self.decay_gamma = config, anchors, decay_gamma
+        self.weighting, self.dpace_alpha = weighting, dpace_alpha
         self.chunk_tokens = 1024  # trained slots per [chunk, V] logits block of the loss
         self.divergence = "kl"
         H = config.hidden_size
@@ -191,27 +198,51 @@ class DFlashDraft(nn.Module):
         weight = getattr(self.lm_head, "linear_weight", None)
         project = (lambda h: self.logits(h).float()) if weight is None else VocabProjection(
             lambda h: self.norm(h).to(self.lm_head_dtype), weight)
+        trained = []  # per slot i >= 1: [B, N], the blocks whose token a+i is trained
+        for i in range(1, Bk):
+            label = anchors + i  # [B, N]: the token slot i predicts
+            ok = real & (label < T) & f.loss_mask.gather(1, label.clamp(max=T - 1)).bool()
+            if docs is not None:
+                ok = ok & (docs.gather(1, label.clamp(max=T - 1)) == docs.gather(1, anchors))
+            trained.append(ok)
+        weights = self.dpace_weights(project, out, anchors, trained, f) if self.weighting == "dpace" else None
         denominator = loss_denominator(f)
         total = torch.zeros((), dtype=torch.float32, device=device)
         tally = StepTally()
         for i in range(1, Bk):
-            label = anchors + i  # [B, N]: the token slot i predicts
-            trained = real & (label < T)
-            label = label.clamp(max=T - 1)
-            trained = trained & f.loss_mask.gather(1, label).bool()
-            if docs is not None:
-                trained = trained & (docs.gather(1, label) == docs.gather(1, anchors))
-            b, n = trained.nonzero(as_tuple=True)
+            b, n = trained[i - 1].nonzero(as_tuple=True)
             a = anchors[b, n]
+            w = None if weights is None else weights[b, n, i - 1]
             step_sum, correct, top5, accept = chunked_vocab_loss(
                 project, out[b, n, i], self.lm_head, f.last_hidden_state[b, a + i - 1], f.input_ids[b, a + i], True,
-                self.chunk_tokens, divergence=self.divergence, full_metrics=f.full_metrics)
-            w = math.exp(-(i - 1) / self.decay_gamma) if self.decay_gamma > 0 else 1.0
-            total = total + w * step_sum / denominator
+                self.chunk_tokens, divergence=self.divergence, full_metrics=f.full_metrics, weights=w)
+            # the decay's slot weight; D-PACE's are inside step_sum (its per-slot loss metric is the weighted one)
+            decay = math.exp(-(i - 1) / self.decay_gamma) if weights is None and self.decay_gamma > 0 else 1.0
+            total = total + decay * step_sum / denominator
             at = torch.zeros(B, T, dtype=torch.bool, device=device)
             at[b, a] = True
             tally.add(at, b, a, step_sum, correct, top5=top5, accept=accept)
         return total, tally.metrics(f.loss_mask)
+
+    @torch.no_grad()
+    def dpace_weights(self, project, out: torch.Tensor, anchors: torch.Tensor, trained: list[torch.Tensor],
+                      f: Features) -> torch.Tensor:
+        """D-PACE's slot weights [B, N, B-1] (speculators' ``dpace_loss_decay``): q_j the draft's probability of the
+        target's argmax at slot j, s_j = (1 - alpha) q_j + alpha (1 where slot j is not trained), P_k the product of
+        s_1..s_k (the chance a greedy chain gets through slot k), w_k = sum_{j >= k} P_j over trained slots, 0 where
+        slot k is not trained."""
+        B, N = anchors.shape
+        q = torch.zeros(B, N, len(trained), device=out.device)
+        for j, ok in enumerate(trained):
+            b, n = ok.nonzero(as_tuple=True)
+            h = f.last_hidden_state[b, anchors[b, n] + j]  # the target's state before token a+j+1
+            for part in torch.arange(len(b), device=out.device).split(self.chunk_tokens):
+                logq = torch.log_softmax(project(out[b[part], n[part], j + 1]).float(), -1)
+                q[b[part], n[part], j] = logq.gather(1, self.lm_head(h[part]).argmax(-1, keepdim=True)).squeeze(1).exp()
+        m = torch.stack(trained, dim=-1).float()
+        s = torch.where(m > 0, (1 - self.dpace_alpha) * q + self.dpace_alpha, torch.ones_like(q))
+        P = s.cumprod(-1)
+        return (P * m).flip(-1).cumsum(-1).flip(-1) * m
 
     # -- checkpoint -----------------------------------------------------------------------------
     def export_state_dict(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
@@ -268,7 +299,8 @@ def build_dflash(draft: DraftConfig, target, token_counts: torch.Tensor | None =
     if tuple(config.aux_layer_ids) != tuple(target.aux_layer_ids):
         raise ValueError(f"the draft config reads layers {list(config.aux_layer_ids)} but the target is set "
                          f"to capture {list(target.aux_layer_ids)}; set target.aux_layer_ids to match")
-    head = DFlashDraft(config, anchors=options.anchors, decay_gamma=options.decay_gamma)
+    head = DFlashDraft(config, anchors=options.anchors, decay_gamma=options.decay_gamma, weighting=options.weighting,
+                       dpace_alpha=options.dpace_alpha)
     head.chunk_tokens, head.divergence = draft.loss_chunk_tokens, draft.loss
     head.set_target(target)
     return head
