@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from tiny_models import tiny_causal_lm
+from tiny_models import randomize, tiny_causal_lm
 
 from headstart.decode.batch_generate import batch_speculative_generate
 from headstart.decode.generate import greedy_generate, speculative_generate
@@ -34,11 +34,7 @@ def target():
 def random_dflash(target, block_size: int = 5, num_layers: int = 2, seed: int = 0, **options) -> DFlashDraft:
     head = build_dflash(DraftConfig(head="dflash", options=DFlashOptions(block_size=block_size, num_layers=num_layers,
                                                                        mask_token_id=9, **options)), target)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in head.named_parameters():
-            if p.requires_grad:
-                p.normal_(1.0 if "norm" in name else 0.0, 0.3 if "norm" in name else 0.2, generator=g)
+    randomize(head, seed)
     return head
 
 
@@ -218,20 +214,9 @@ def test_dflash_trains_alike_on_fsdp_and_zero3_and_exports_z_labs_layout(tmp_pat
     """The shared trainer carries DFlash: 2-rank FSDP2 and ZeRO-3 agree step for step (every candidate anchor trained:
     the draws are the same on both), the integrated decode evaluation drafts with its drafter, both export the
     z-lab layout."""
-    from test_distributed import DECODE_EVAL, VARIANTS, needs, torchrun
-    from trainer_fixtures import make_setup, train_losses
+    from test_distributed import fsdp_and_zero3_evals
 
-    needs("zero3")
-    base = make_setup(tmp_path, head="dflash") + ["--train.batch_size=1", "--train.grad_accum=2", "--train.max_steps=3",
-                                                  "--train.save_every=3", *DECODE_EVAL]
-    runs = {"fsdp": [], "zero3": VARIANTS["zero3"][:2]}
-    for name, extra in runs.items():
-        torchrun(base + [f"--output_dir={tmp_path / name}", *extra], cwd=tmp_path)
-    reference = train_losses(tmp_path / "fsdp" / "metrics.jsonl")
-    assert len(reference) == 3 and all(x > 0 for x in reference)
-    assert train_losses(tmp_path / "zero3" / "metrics.jsonl") == pytest.approx(reference, rel=1e-5, abs=1e-6)
-    for name in runs:
-        records = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
-        evals = [r for r in records if r["split"] == "eval"]
+    runs = fsdp_and_zero3_evals(tmp_path, "dflash", ["--train.save_every=3"])
+    for name, evals in runs.items():
         assert evals and all(1.0 <= r["decode_tau"] <= 4.0 for r in evals)
         assert detect_layout(tmp_path / name / "final") == ("dflash", "dflash")

@@ -90,25 +90,35 @@ def test_decode_evaluation_under_sharding(runs, variant):
 
 
 @pytest.mark.nightly
-def test_medusa_heads_train_alike_on_fsdp_and_zero3_with_decode_evaluation(tmp_path):
-    """The same trainer and backends carry Medusa: 2-rank FSDP2 and ZeRO-3 agree step for step, the
-    integrated decode evaluation drafts with the Medusa drafter, and both export vLLM's Medusa layout.
-    5-token loss chunks give the ranks different chunk counts: ZeRO-3 must still call in lockstep."""
+def fsdp_and_zero3_evals(tmp_path: Path, head: str, overrides: list[str]) -> dict[str, list[dict]]:
+    """Train ``head`` for 3 steps on 2-rank FSDP2 and on ZeRO-3 (batch 1 x 2 micro-batches, the integrated decode
+    evaluation on): their losses agree step for step. Returns each run's evaluation records by backend; the exports are
+    in ``tmp_path/<backend>/final``."""
     needs("zero3")
-    base = make_setup(tmp_path, head="medusa") + ["--train.batch_size=1", "--train.grad_accum=2", "--train.max_steps=3",
-                                   "--train.save_every=2", "--draft.num_heads=2",
-                                   "--draft.loss_chunk_tokens=5", *DECODE_EVAL]
+    base = make_setup(tmp_path, head=head) + ["--train.batch_size=1", "--train.grad_accum=2", "--train.max_steps=3",
+                                              *overrides, *DECODE_EVAL]
     runs = {"fsdp": [], "zero3": VARIANTS["zero3"][:2]}
     for name, extra in runs.items():
         torchrun(base + [f"--output_dir={tmp_path / name}", *extra], cwd=tmp_path)
     reference = train_losses(tmp_path / "fsdp" / "metrics.jsonl")
     assert len(reference) == 3 and all(x > 0 for x in reference)
     assert train_losses(tmp_path / "zero3" / "metrics.jsonl") == pytest.approx(reference, rel=1e-5, abs=1e-6)
-    from safetensors.torch import load_file
-
+    evals = {}
     for name in runs:
         records = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
-        evals = [r for r in records if r["split"] == "eval"]
+        evals[name] = [r for r in records if r["split"] == "eval"]
+    return evals
+
+
+def test_medusa_heads_train_alike_on_fsdp_and_zero3_with_decode_evaluation(tmp_path):
+    """The same trainer and backends carry Medusa: 2-rank FSDP2 and ZeRO-3 agree step for step, the
+    integrated decode evaluation drafts with the Medusa drafter, and both export vLLM's Medusa layout.
+    5-token loss chunks give the ranks different chunk counts: ZeRO-3 must still call in lockstep."""
+    runs = fsdp_and_zero3_evals(tmp_path, "medusa", ["--train.save_every=2", "--draft.num_heads=2",
+                                                     "--draft.loss_chunk_tokens=5"])
+    from safetensors.torch import load_file
+
+    for name, evals in runs.items():
         assert evals and all(1.0 <= r["decode_tau"] <= 3.0 for r in evals)  # 2 heads: at most 2 drafts + bonus
         config = json.loads((tmp_path / name / "final" / "config.json").read_text())
         assert config["architectures"] == ["MedusaModel"] and config["num_heads"] == 2

@@ -8,8 +8,8 @@ import json
 
 import pytest
 import torch
+from test_eagle31 import features
 from tiny_models import random_eagle3_head, random_peagle_head, tiny_causal_lm
-from trainer_fixtures import make_setup, train_losses
 
 from headstart.decode.generate import greedy_generate, speculative_generate
 from headstart.decode.target_runner import TargetRunner
@@ -29,13 +29,6 @@ from headstart.models.target import Target
 def target():
     torch.manual_seed(0)
     return Target(tiny_causal_lm("llama", num_hidden_layers=8))
-
-
-def features(target: Target, T: int = 14, seed: int = 6) -> tuple[torch.Tensor, object, Features]:
-    ids = torch.randint(3, 128, (1, T), generator=torch.Generator().manual_seed(seed))
-    out = target(ids)
-    return ids, out, Features(input_ids=ids, loss_mask=torch.ones_like(ids), aux_hidden_states=out.aux_hidden_states,
-                              target_logits=torch.zeros(1, T, 48), target_in_draft=torch.ones(1, T, dtype=torch.bool))
 
 
 def test_depths_read_the_placeholder_pair_not_the_previous_depth(target):
@@ -205,20 +198,10 @@ def test_recipe_fields_build_the_head_and_the_placeholder_defaults_to_pad_then_e
 def test_peagle_trains_alike_on_fsdp_and_zero3_and_exports_the_servers_layout(tmp_path):
     """The shared trainer carries P-EAGLE: 2-rank FSDP2 and ZeRO-3 agree step for step, the integrated decode
     evaluation drafts with its drafter, and both write the flat layout with mask_hidden and the placeholder keys."""
-    from test_distributed import DECODE_EVAL, VARIANTS, needs, torchrun
+    from test_distributed import fsdp_and_zero3_evals
 
-    needs("zero3")
-    base = make_setup(tmp_path, head="peagle") + ["--train.batch_size=1", "--train.grad_accum=2", "--train.max_steps=3",
-                                                  "--train.save_every=3", *DECODE_EVAL]
-    runs = {"fsdp": [], "zero3": VARIANTS["zero3"][:2]}
-    for name, extra in runs.items():
-        torchrun(base + [f"--output_dir={tmp_path / name}", *extra], cwd=tmp_path)
-    reference = train_losses(tmp_path / "fsdp" / "metrics.jsonl")
-    assert len(reference) == 3 and all(x > 0 for x in reference)
-    assert train_losses(tmp_path / "zero3" / "metrics.jsonl") == pytest.approx(reference, rel=1e-5, abs=1e-6)
-    for name in runs:
-        records = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
-        evals = [r for r in records if r["split"] == "eval"]
+    runs = fsdp_and_zero3_evals(tmp_path, "peagle", ["--train.save_every=3"])
+    for name, evals in runs.items():
         assert evals and all(1.0 <= r["decode_tau"] <= 4.0 for r in evals)
         config = json.loads((tmp_path / name / "final" / "config.json").read_text())
         assert config["pard_token"] == config["mask_token_id"] and config["headstart"]["parallel_tokens"] == 3

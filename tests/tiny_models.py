@@ -35,6 +35,17 @@ def tiny_causal_lm(family: str, **overrides) -> PreTrainedModel:
     return AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
 
 
+def randomize(module, seed: int = 0, std: float = 0.2) -> None:
+    """Random trained weights, norms included (around 1): a norm left at ones, or a tensor swapped, would not show."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if p.requires_grad:
+                p.normal_(1.0 if "norm" in name else 0.0, 0.3 if "norm" in name else std, generator=g)
+
+
 def random_peagle_head(target, draft_vocab_size: int = 48, parallel_tokens: int = 4, mask_token_id: int | None = None,
                        fc_norm: bool = False, seed: int = 0, aux_layer_ids=None, **kwargs):
     """An untrained P-EAGLE head for ``target`` with a random draft vocab and random weights (its norms' too)."""
@@ -46,11 +57,8 @@ def random_peagle_head(target, draft_vocab_size: int = 48, parallel_tokens: int 
     config = PEagleConfig.from_target(target.config, draft_vocab_size, aux_layer_ids, fc_norm=fc_norm, mask_token_id=mask_token_id,
                                       parallel_tokens=parallel_tokens)
     head = PEagleDraft(config, ttt_steps=parallel_tokens, **kwargs)
+    randomize(head, seed)
     g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in head.named_parameters():
-            if p.requires_grad:
-                p.normal_(1.0 if "norm" in name else 0.0, 0.3 if "norm" in name else 0.2, generator=g)
     head.set_draft_vocab(*build_draft_vocab(torch.randint(0, 9, (target.vocab_size,), generator=g), draft_vocab_size))
     head.load_target_embeddings(target.embed_tokens.weight)
     return head
