@@ -29,6 +29,7 @@ pair() {  # NAME FLAGS...
 train eagle3 configs/demo/eagle3.yaml
 train peagle configs/demo/peagle.yaml
 train dflash configs/demo/dflash.yaml
+train dflash-dpace configs/demo/dflash.yaml --draft.weighting=dpace
 for k in 3 4 5 6; do
   pair "peagle-k$k" --method peagle --draft "$X/peagle/final" --num-speculative-tokens "$k" \
     --versus "--method eagle3 --draft $X/eagle3/final --num-speculative-tokens $k"
@@ -39,3 +40,5 @@ for k in 4 7; do
   pair "dflash-k$k" --method dflash --draft "$X/dflash/final" --num-speculative-tokens "$k" \
     --versus "--method eagle3 --draft $X/eagle3/final --num-speculative-tokens $k"
 done
+pair dflash-dpace-k7 --method dflash --draft "$X/dflash-dpace/final" --num-speculative-tokens 7 \
+  --versus "--method dflash --draft $X/dflash/final --num-speculative-tokens 7"

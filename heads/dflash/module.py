@@ -13,8 +13,8 @@ token and cached (heads/dflash/drafter.py).
 
 Training draws ``anchors`` positions a per sequence among those whose next token is trained and that have context
 before them; block a holds token a and B-1 masks at positions a..a+B-1, sees the target's features at positions < a
-of its document, and slot i is trained on the target's distribution for token a+i, weighted exp(-(i-1)/gamma) or by
-D-PACE (``DFlashOptions.weighting``).
+of its document, and slot i is trained on the target's distribution for token a+i, weighted by D-PACE or by
+exp(-(i-1)/gamma) (``DFlashOptions.weighting``).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ class DFlashDraft(nn.Module):
     compiled = ("context",)
     """What ``train.compile`` compiles (models/train_compile.py)."""
 
-    def __init__(self, config: DFlashConfig, anchors: int = 64, decay_gamma: float = 4.0, weighting: str = "decay",
+    def __init__(self, config: DFlashConfig, anchors: int = 64, decay_gamma: float = 4.0, weighting: str = "dpace",
                  dpace_alpha: float = 0.5) -> None:
         super().__init__()
         if weighting not in ("decay", "dpace"):
