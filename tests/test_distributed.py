@@ -89,7 +89,6 @@ def test_decode_evaluation_under_sharding(runs, variant):
     assert evals and all(1.0 <= r["decode_tau"] <= 5.0 and r["decode_tokens"] == 2 * 7 for r in evals)
 
 
-@pytest.mark.nightly
 def fsdp_and_zero3_evals(tmp_path: Path, head: str, overrides: list[str]) -> dict[str, list[dict]]:
     """Train ``head`` for 3 steps on 2-rank FSDP2 and on ZeRO-3 (batch 1 x 2 micro-batches, the integrated decode
     evaluation on): their losses agree step for step. Returns each run's evaluation records by backend; the exports are
@@ -110,6 +109,7 @@ def fsdp_and_zero3_evals(tmp_path: Path, head: str, overrides: list[str]) -> dic
     return evals
 
 
+@pytest.mark.nightly
 def test_medusa_heads_train_alike_on_fsdp_and_zero3_with_decode_evaluation(tmp_path):
     """The same trainer and backends carry Medusa: 2-rank FSDP2 and ZeRO-3 agree step for step, the
     integrated decode evaluation drafts with the Medusa drafter, and both export vLLM's Medusa layout.
