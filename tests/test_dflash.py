@@ -159,6 +159,17 @@ def test_decoding_is_greedy_exact_in_chains_trees_and_batches(target):
                              tree=DynamicTree(depth=6, topk=1, total_tokens=6))
 
 
+def test_a_compiled_drafter_drafts_as_the_eager_one(target):
+    """``--compile`` (dynamo's eager backend here): one dynamic-shape graph for the block, the same drafts and tokens."""
+    torch._dynamo.reset()
+    head = random_dflash(target, block_size=6)
+    runner = TargetRunner(target, max_len=128)
+    prompt = torch.randint(3, 128, (1, 11), generator=torch.Generator().manual_seed(11))
+    want = speculative_generate(runner, DFlashDrafter(head, 128), prompt, 24, set(), k=5)
+    got = speculative_generate(runner, DFlashDrafter(head, 128, compile=True, backend="eager"), prompt, 24, set(), k=5)
+    assert got.tokens == want.tokens and got.accepted == want.accepted
+
+
 def test_the_z_lab_layout_is_written_detected_and_read_back_to_the_same_logits(target, tmp_path):
     head = random_dflash(target)
     root = tmp_path / "target"

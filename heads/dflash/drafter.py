@@ -8,7 +8,8 @@ keeps the first k (the block is the one trained, whatever k). The block's own ke
 The drafts of a round are independent given the context (one forward), so a tree is Medusa's: a node at depth d has
 slot d+1's candidates whatever its parent, and sampling draws each slot from its own distribution, which the usual
 verification keeps lossless. A batch runs one drafter per row (``PerSequence``): the context caches are ragged and
-the blocks short, so rows are drafted one after another.
+the blocks short, so rows are drafted one after another. With ``compile`` the block's forward is one dynamic-shape
+graph (its context length varies).
 """
 
 from __future__ import annotations
@@ -17,15 +18,19 @@ import torch
 
 from headstart.decode.batch_generate import PerSequence
 from headstart.decode.confidence import confident_prefix
+from headstart.decode.static_blocks import compile_step
 from headstart.heads.dflash.module import DFlashDraft
 from headstart.models.target import TargetOutput
 
 
 class DFlashDrafter:
     def __init__(self, head: DFlashDraft, max_len: int, compile: bool = False, backend: str = "inductor") -> None:
-        """``compile`` is accepted for the drafter contract; the block runs eagerly (its context grows every round)."""
+        """``compile``: the block's forward through ``torch.compile`` with dynamic shapes (the context it reads grows
+        every round: one graph for every length)."""
         self.head = head.eval()
         self.max_len = max_len
+        self.compile, self.backend = compile, backend
+        self._blocks = compile_step(head.blocks, head.fc.weight.device, backend, dynamic=True) if compile else head.blocks
         c = head.config
         device, dtype = head.fc.weight.device, head.fc.weight.dtype
         shape = (1, c.num_key_value_heads, max_len, c.head_dim)
@@ -73,7 +78,7 @@ class DFlashDrafter:
         tokens[0, 0] = self.bonus
         positions = torch.arange(self.length, self.length + self.block_size, device=device).unsqueeze(0)
         context = [(k[:, :, : self.length], v[:, :, : self.length]) for k, v in zip(self.keys, self.values)]
-        out = head.blocks(tokens, positions, context, None)  # every context position precedes the block
+        out = self._blocks(tokens, positions, context, None)  # every context position precedes the block
         return head.logits(out[:, 1:])[0].float()
 
     @torch.no_grad()
@@ -108,7 +113,7 @@ class DFlashDrafter:
 
     # -- a batch (decode/batch_generate.py): one drafter per row -----------------------------------
     def begin_batch(self, prompts: list[torch.Tensor], states: TargetOutput, next_tokens: list[int]) -> None:
-        self.rows = PerSequence([DFlashDrafter(self.head, self.max_len) for _ in prompts])
+        self.rows = PerSequence([DFlashDrafter(self.head, self.max_len, self.compile, self.backend) for _ in prompts])
         self.rows.begin_batch(prompts, states, next_tokens)
 
     def propose_batch(self, budgets: list[int]) -> list[torch.Tensor]:
