@@ -10,6 +10,7 @@ subset or chunked, so no ``[B, T, V]`` float32 tensor is ever built.
 
 from __future__ import annotations
 
+import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +67,13 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def text_config(config):
     """The decoder's config: a multimodal config's text part, else the config itself."""
     return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def cache_keyword(cls: type) -> str:
+    """The keyword a transformers module's ``forward`` takes its KV cache by: ``cache`` in transformers 5.2x, where the
+    old ``past_key_values`` warns that it is deprecated, and ``past_key_values`` before."""
+    params = inspect.signature(cls.forward).parameters
+    return next((name for name in ("cache", "past_key_values", "past_key_value") if name in params), "past_key_values")
 
 
 def placeholder_token(target_config) -> int:
@@ -136,6 +144,7 @@ class Target(nn.Module):
         self.model.eval().requires_grad_(False)
         self.layers = decoder_layers(model)
         self.base = getattr(model, model.base_model_prefix)
+        self.cache_keyword = cache_keyword(type(self.base))  # read once: a compiled forward does not trace it
         n = len(self.layers)
         self.aux_layer_ids = () if not capture_aux else \
             check_aux_layer_ids(default_aux_layer_ids(n) if aux_layer_ids is None else aux_layer_ids, n)
@@ -209,7 +218,7 @@ class Target(nn.Module):
     ) -> TargetOutput:
         self._captured.clear()
         out = self.base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                        past_key_values=past_key_values, use_cache=past_key_values is not None)
+                        use_cache=past_key_values is not None, **{self.cache_keyword: past_key_values})
         with record_function("target: aux states"):  # a part of the step for torch.profiler
             if with_aux and not self.aux_layer_ids:
                 raise ValueError("this Target captures no aux states (capture_aux=False); call it with with_aux=False")

@@ -41,7 +41,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from headstart.models.head import DraftConfig, FeatureNeeds, Features, check_layout, shift_left
 from headstart.models.ttt_attention import ttt_attention
 from headstart.heads.mtp.checkpoint import MARKER, find_native_layout, fuse_experts, head_name, write_target_with_mtp
-from headstart.models.target import additive_mask, decoder_layers, text_config
+from headstart.models.target import additive_mask, cache_keyword, decoder_layers, text_config
 from headstart.models.target_matrices import weight_files
 from headstart.models.vocab_loss import VocabProjection, multi_step_loss
 
@@ -143,6 +143,7 @@ class MTPHead(nn.Module):
         self.eh_proj = nn.Linear(2 * H, H, bias=False)
         self.block = layer_cls(cfg, layer_idx=config.layer_index)  # MoE, attention type etc. as layer N would be
         self.block_attention = cfg._attn_implementation
+        self.cache_keyword = cache_keyword(layer_cls)  # the block's KV-cache keyword in this transformers version
         for module in self.block.modules():  # its KV lives at index 0 of the head's own one-layer cache
             if hasattr(module, "layer_idx"):
                 module.layer_idx = 0
@@ -187,8 +188,8 @@ class MTPHead(nn.Module):
         """The decoder block on x [B, n, H] at rotary ``positions`` [B, n] under an additive ``mask``
         [B or 1, 1, n, S] over the cache's keys (its new ones included) -> the state the next step reads."""
         mask = mask if isinstance(mask, TTTMask) else mask.to(x.dtype)
-        out = self.block(x, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
-                         position_embeddings=self.rotary_emb(x, positions))
+        out = self.block(x, attention_mask=mask, position_ids=positions, use_cache=True,
+                         position_embeddings=self.rotary_emb(x, positions), **{self.cache_keyword: cache})
         out = out[0] if isinstance(out, tuple) else out
         return self.norm(out) if self.feeds_normed else out
 
