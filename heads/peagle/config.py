@@ -1,5 +1,5 @@
 """P-EAGLE's recipe fields (``PEagleOptions``) and architecture (``PEagleConfig``): EAGLE-3's config plus the placeholder
-token, written in the keys vLLM's parallel drafting reads (docs/FORMATS.md section P)."""
+token, written in the keys vLLM's parallel drafting reads (docs/FORMATS.md section B.1)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ The round's forward holds the newly committed pairs (f_j, x_{j+1}) and, after th
 placeholder pairs: the token ``mask_token_id`` and the learned aux feature ``mask_hidden`` [1, 1, n * H_t] (through
 ``fc_norm``/``fc`` like a real feature), at rotary positions t+1..t+k-1. Attention is the draft's causal one, so
 placeholder d sees the context up to t and placeholders < d; the output at t predicts x_{t+2} and placeholder d
-predicts x_{t+2+d}. This is vLLM's parallel drafting (an EAGLE-3 model with ``parallel_drafting``; docs/FORMATS.md P).
+predicts x_{t+2+d}. This is vLLM's parallel drafting (an EAGLE-3 model with ``parallel_drafting``; docs/FORMATS.md B.1).
 
 Training is EAGLE-3's training-time test with other inputs: depth 0 is the real pair at every position, depth d >= 1
 the placeholder pair at rotary position t + d, attending to depth 0's keys up to t and to its own position's depths
