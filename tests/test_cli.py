@@ -15,6 +15,9 @@ def test_usage_lists_every_command(capsys):
     out = capsys.readouterr().out
     for name in cli.COMMANDS:
         assert f"\n  {name} " in out
+    # one whole line per command: no reST markup, no sentence cut short, nothing wider than a terminal
+    assert "``" not in out and all(len(line) <= 100 for line in out.splitlines())
+    assert all(line.rstrip()[-1] not in "(,:" for line in out.splitlines() if line.startswith("  "))
     assert cli.main(["trian"]) == 2
     assert "unknown command 'trian'" in capsys.readouterr().err
 
