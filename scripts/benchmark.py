@@ -331,7 +331,7 @@ def write_run(method: Method, report: dict, shape: str, mode: str, table: str) -
     out = Path(method.args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps({"args": {**vars(method.args), "compiled_drafter": method.compiled_drafter},
-                                                  **provenance(), **report}, indent=2))
+                                                  **provenance(), "shape": shape, "mode": mode, **report}, indent=2))
     (out / "results.md").write_text(table + "\n")
     plot_acceptance(report["results"], out / "acceptance.png", f"{method.args.method}, {shape}, {mode}")
 
@@ -341,11 +341,8 @@ def run_table(report: dict) -> str:
     table = markdown_table(report["results"], report["by_prompt_length"])
     split = split_table(report["results"])
     if split:
-        table += ("\n\nWhere a speculative round's time goes (decode/clock.py; the drafter update is its forward on the "
-                  "accepted tokens), and the speed-up the measured forwards alone predict: tokens per second of the "
-                  "speculative run's forwards (prompt, draft, update, verify) against plain decoding's (prompt, one-token "
-                  "forwards), about tau x plain forward / (draft + update + verify) one sequence at a time; a turn's prompt "
-                  "is the target's forward over it (and, speculating, the drafter reading it):\n\n" + split)
+        # what the columns mean (the round clock, the predicted speed-up): docs/DECODING.md, "What the benchmark reports"
+        table += "\n\nWhere a round's time goes (ms), and the speed-up the measured forwards predict:\n\n" + split
     return table
 
 
@@ -414,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
                        "proposed at least i; for trees, i = depth); speed-up = plain / speculative time on the same runner.\n\n"
                        + table)
     failed = False
+    checked = args.verify_greedy and not sampling
     for name, r in [(args.method, report)] + ([(f"--versus {second.method}", versus)] if versus else []):
         if r["near_ties"]:  # reduced precision: block and one-token forwards round differently (decode/exactness.py)
             print(f"{name}, {dtype}: speculative output first differs from plain greedy decoding at a near-tie of the "
@@ -422,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: speculative output differs from plain greedy decoding at: " + "; ".join(r["mismatches"]),
                   file=sys.stderr)
             failed = True
+    verdict = ("" if not checked else "; greedy check FAILED (see above)" if failed else
+               "; output identical to plain greedy decoding (--verify-greedy)")
+    print(f"wrote {args.out}/results.json, results.md and acceptance.png{verdict}")
     return 1 if failed else 0
 
 
