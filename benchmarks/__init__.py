@@ -1,1 +1,2 @@
-"""Lab and benchmark drivers that write BENCHMARKS.md; no user command needs them."""
+"""Lab and benchmark drivers: result files for BENCHMARKS.md (benchmarks/results/, results_page.py) and lab notes;
+no user command needs them."""

@@ -2,7 +2,7 @@
 
     python benchmarks/ablate_recipe.py --config configs/demo/eagle3_full.yaml --out runs/ablation \
         --variant baseline= --variant step_weight_1=--draft.step_weight=1.0 --variant clip_1=--train.grad_clip=1.0 \
-        --questions configs/demo/eval/mt_bench.jsonl --parallel 1 --benchmarks BENCHMARKS.md
+        --questions configs/demo/eval/mt_bench.jsonl --parallel 1 --benchmarks runs/lab-notes.md
 
 A variant is NAME=OVERRIDES (space-separated ``--section.key=value``, empty for the recipe as it is);
 ``--common`` overrides apply to every variant (e.g. ``--common "--train.batch_size=8"`` for one process
@@ -96,7 +96,7 @@ def main() -> int:
     header = f"| variant | tau (chain k={args.k}) | held-out sim. accept len | train time | command |\n|---|---|---|---|---|\n"
     print(header + "\n".join(rows))
     # A variant that did not train or measure is a failed ablation, not a row of NaNs: say which, after the table,
-    # and keep it out of BENCHMARKS.md (a section of NaNs records nothing).
+    # and keep it out of the notes (a section of NaNs records nothing).
     ok = [r.get("rc", 0) == 0 and r["tau"] == r["tau"] for r in results]
     failed = [r["name"] for r, good in zip(results, ok) if not good]
     measured = [row for row, good in zip(rows, ok) if good]

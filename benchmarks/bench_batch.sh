@@ -3,7 +3,7 @@
 # draft model, n-gram lookup) at --batch-size 1, 4 and 16 on the same MT-bench questions (first 2 per category = 16
 # questions, all turns, 64 new tokens, chain k=4, greedy, output checked equal to plain greedy decoding). tau is per
 # sequence; tokens/s are over the batch, plain and speculative on the same runner. One benchmark at a time: nothing
-# else may run meanwhile. Numbers: BENCHMARKS.md ("Decoding by batch size").
+# else may run meanwhile. Tables go to the notes file named (runs/lab-notes.md).
 #   benchmarks/bench_batch.sh [OUT_DIR] [TARGET]      (BATCHES="1 4 16", METHODS="eagle3 mtp medusa draft-model ngram")
 set -euo pipefail
 X=${1:-runs/bench-batch}

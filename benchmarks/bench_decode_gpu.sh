@@ -10,7 +10,7 @@
 #   benchmarks/bench_decode_gpu.sh [OUT_DIR] [BENCHMARKS_FILE]
 set -euo pipefail
 X=${1:-runs/bench-decode-gpu}
-M=${2:-BENCHMARKS.md}
+M=${2:-runs/lab-notes.md}
 D=${TARGET:-configs/demo/target}
 source "$(dirname "$0")/decode_runs.sh"
 run() { decode_run "$D" "$X" "$@"; }

@@ -1,7 +1,7 @@
 """Offline training start-up: time to the first step from feature stores with different shard counts.
 
     python benchmarks/bench_features.py --config configs/demo/eagle3.yaml \
-        --stores runs/feat-a runs/feat-b --out BENCHMARKS.md [overrides]
+        --stores runs/feat-a runs/feat-b --out runs/lab-notes.md [overrides]
 
 For each store (same data, different ``features.samples_per_shard``): build the trainer (reads the
 manifest; shards are opened lazily) and run one optimizer step. Also prints bytes per token.

@@ -1,6 +1,6 @@
 """Peak memory and time of one EAGLE-3 training step (forward + backward, 7 TTT steps) by sequence length.
 
-    python benchmarks/bench_memory.py --lengths 256 1024 2048 4096 --benchmarks BENCHMARKS.md
+    python benchmarks/bench_memory.py --lengths 256 1024 2048 4096 --benchmarks runs/lab-notes.md
     python benchmarks/bench_memory.py --lengths 256 1024 2048 4096 8192 16384 32768 --impls before blocks after  # GPU
 
 "before": the TTT attention and the loss as they were written before they became memory-linear (a

@@ -2,7 +2,7 @@
 # Online vs offline EAGLE-3 training on the demo target (GSM8K rows, the main job's 150 steps):
 # the same recipe trained online, from the default store (fp8 aux + top-32) and from the lossless
 # one (bf16 aux + final hidden); then tau on the recipe's held-out prompts and on MT-bench.
-# Numbers: BENCHMARKS.md ("Offline vs online training"). About 45 minutes on a 2-core CPU.
+# Tables go to the notes file named (runs/lab-notes.md). About 45 minutes on a 2-core CPU.
 set -euo pipefail
 X=${1:-runs/offline-exp}
 COMMON="--config configs/demo/eagle3.yaml --data.files=[configs/demo/data/gsm8k_train.jsonl] --logging.progress=false"
@@ -20,4 +20,4 @@ for h in online offline-fp8-topk offline-bf16-hidden; do
 done
 # Ten times more shards for the time-to-first-step measurement (benchmarks/bench_features.py).
 $GEN --features.path=$X/feat-fp8-topk-x10 --features.samples_per_shard=25
-python benchmarks/bench_features.py $COMMON --stores $X/feat-fp8-topk $X/feat-fp8-topk-x10 --out BENCHMARKS.md
+python benchmarks/bench_features.py $COMMON --stores $X/feat-fp8-topk $X/feat-fp8-topk-x10 --out runs/lab-notes.md

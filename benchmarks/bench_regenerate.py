@@ -2,7 +2,7 @@
 `transformers serve` (started here) serving the same target. Run with nothing else running.
 
     python benchmarks/bench_regenerate.py --target configs/demo/target --data configs/demo/data/*.json* \
-        --rows-per-file 8 --max-new-tokens 128 --benchmarks BENCHMARKS.md
+        --rows-per-file 8 --max-new-tokens 128 --benchmarks runs/lab-notes.md
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 # k = 2..6 (Medusa: up to its 4 heads), and trees -- EAGLE-2's default dynamic tree (depth 6, top-k 8, 48 tokens)
 # and a small one (depth 5, top-k 4, 12 tokens: on a CPU the verify forward's cost grows with every tree token),
 # or a head's fitted static tree (configs/smollm2/<head>-tree.json). One benchmark at a time: nothing else may
-# run meanwhile. Numbers: BENCHMARKS.md ("Real target: SmolLM2-135M-Instruct").
+# run meanwhile. Tables go to the notes file named (runs/lab-notes.md).
 #   benchmarks/bench_smollm2.sh [OUT_DIR]            HEADS="eagle3 medusa" picks the heads (the default)
 set -euo pipefail
 X=${1:-runs/bench-smollm2}
@@ -28,5 +28,5 @@ for m in ${HEADS:-eagle3 medusa} ngram; do
     runs+=("$X/$m-tree48" "$X/$m-tree12")
   fi
 done
-python benchmarks/compare_methods.py "${runs[@]}" --benchmarks BENCHMARKS.md --title "Real target: SmolLM2-135M-Instruct" \
+python benchmarks/compare_methods.py "${runs[@]}" --benchmarks runs/lab-notes.md --title "Real target: SmolLM2-135M-Instruct" \
   --script '`benchmarks/bench_smollm2.sh`' --note "${NOTE:-}"

@@ -2,7 +2,7 @@
 target's forward alone on the same batch; with ``--layouts padded packed``, both batch layouts of the same
 recipe one after the other in this process, on the same steps' sequences (a ratio from one run).
 
-    python benchmarks/bench_train.py --config configs/demo/eagle3.yaml --steps 10 --layouts padded packed --out BENCHMARKS.md
+    python benchmarks/bench_train.py --config configs/demo/eagle3.yaml --steps 10 --layouts padded packed --out runs/lab-notes.md
 
 Tokens are the sequences' real tokens (padding not counted), so padded and packed rows compare directly.
 """

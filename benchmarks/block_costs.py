@@ -1,7 +1,7 @@
 """What a target forward over a block of n tokens costs, n = 1..max: the verify cost a draft of n - 1 tokens pays.
 
     python benchmarks/block_costs.py --target targets/SmolLM2-135M-Instruct --dtypes float32 bfloat16 --max-block 9 \
-        --benchmarks BENCHMARKS.md
+        --benchmarks runs/lab-notes.md
 
 Each dtype's eager runner (decode/target_runner.py ``time_blocks``: median of --repeats forwards after a --context
 token prompt, nothing committed) and the sizes ``tune_blocks`` (``--tune-blocks`` in scripts/benchmark.py) would pad

@@ -1,8 +1,8 @@
 """One table from several ``scripts/benchmark.py`` runs (their ``results.json``): tau, acceptance by
-position, tokens/s and speed-up per method and batch size, side by side; optionally appended to BENCHMARKS.md.
+position, tokens/s and speed-up per method and batch size, side by side; optionally appended to a notes file.
 Batched runs' tokens/s are over the whole batch.
 
-    python benchmarks/compare_methods.py runs/bench-medusa-chain runs/bench-eagle3-chain ... --benchmarks BENCHMARKS.md \
+    python benchmarks/compare_methods.py runs/bench-medusa-chain runs/bench-eagle3-chain ... --benchmarks runs/lab-notes.md \
         --title "Heads side by side" --note "why the ranking comes out as it does"
 """
 

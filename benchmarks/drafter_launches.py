@@ -1,8 +1,8 @@
 """Count the eager ops a compiled drafter dispatches per round outside its compiled graphs: on a GPU each is a kernel
-launch (tens of microseconds on the H200 lease, BENCHMARKS.md "Decoding on a GPU"), which at a small model's size is
+launch (tens of microseconds on the H200 lease), which at a small model's size is
 what a round costs. Counted with torch.profiler, so it runs anywhere; the counts do not depend on the machine.
 
-    python benchmarks/drafter_launches.py --target configs/demo/target --k 4 --out BENCHMARKS.md
+    python benchmarks/drafter_launches.py --target configs/demo/target --k 4 --out runs/lab-notes.md
 
 Heads: the demo's EAGLE-3, MTP and Medusa heads (``--heads kind=DIR ...`` for others).
 """

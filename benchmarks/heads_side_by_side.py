@@ -1,6 +1,6 @@
 """Heads side by side: one result file from finished training runs and paired ``headstart bench`` runs.
 
-    python benchmarks/heads_side_by_side.py --what "P-EAGLE vs EAGLE-3, quick-start recipe" \\
+    python benchmarks/heads_side_by_side.py --title "P-EAGLE and EAGLE-3" --what "P-EAGLE vs EAGLE-3, quick-start recipe" \\
         --train eagle3=runs/pe-demo/eagle3:runs/pe-demo/eagle3.time --train peagle=runs/pe-demo/peagle:runs/pe-demo/peagle.time \\
         --bench k4=runs/pe-demo/bench-k4 --out benchmarks/results/peagle_vs_eagle3_demo_quick.json
 
@@ -22,7 +22,7 @@ from headstart.decode.report import provenance
 
 
 def time_log(path: Path) -> dict[str, float]:
-    """Wall seconds and peak RSS (GiB) from ``/usr/bin/time -v`` output."""
+    """Wall seconds, peak RSS (GiB) and the command from ``/usr/bin/time -v`` output."""
     text = path.read_text()
     wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", text)
     rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
@@ -31,26 +31,44 @@ def time_log(path: Path) -> dict[str, float]:
     seconds = 0.0
     for part in wall.group(1).split(":"):
         seconds = seconds * 60 + float(part)
-    return {"wall_s": round(seconds, 1), "peak_rss_gib": round(int(rss.group(1)) / 2**20, 2)}
+    timed = re.search(r'Command being timed: "(.*)"', text)
+    return {"wall_s": round(seconds, 1), "peak_rss_gib": round(int(rss.group(1)) / 2**20, 2),
+            **({"command": timed.group(1)} if timed else {})}
 
 
 def train_run(directory: Path, log: Path | None) -> dict:
-    records = [json.loads(line) for line in (directory / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    """A run directory (metrics.jsonl, run_config.json) or a published head (its card's eval_metrics.json)."""
+    if (directory / "metrics.jsonl").is_file():
+        records = [json.loads(line) for line in (directory / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        config = json.loads((directory / "run_config.json").read_text())
+    else:
+        card = json.loads((directory / "eval_metrics.json").read_text())
+        records, config = card["evals"], card.get("run_config", {})
     evals = [r for r in records if r.get("split") == "eval"]
     if not evals:
-        raise ValueError(f"{directory}/metrics.jsonl has no evaluation record")
+        raise ValueError(f"{directory}: no evaluation record (metrics.jsonl, or a published head's eval_metrics.json)")
     last = evals[-1]
-    config = json.loads((directory / "run_config.json").read_text())
     acc = [round(last[f"acc_{s}"], 3) for s in range(64) if f"acc_{s}" in last]
     return {"run": str(directory), "step": last.get("step"), "sim_accept_len": round(last["sim_accept_len"], 3),
             "acc_by_step": acc, "draft": config.get("draft"), "train": config.get("train"),
             **(time_log(log) if log else {})}
 
 
+def conditions(args: dict, machine: str) -> str:
+    """What was decoded and how: the questions, how many of them, the new tokens, the dtype and batch."""
+    which = (f"first {args['per_category']} per category" if args.get("per_category") else
+             f"first {args['limit']}" if args.get("limit") else "all")
+    dtype = args.get("dtype") or ("float32" if machine.startswith("CPU") else "bfloat16")  # the benchmark's default
+    return (f"{Path(args['questions']).name} ({which}, every turn), {args['max_new_tokens']} new tokens, {dtype}, "
+            f"batch {args.get('batch_size', 1)}")
+
+
 def method(report: dict) -> dict:
-    o = report["results"]["overall"]
-    return {"method": report["args"]["method"], "draft": report["args"].get("draft"),
-            "k": report["args"]["num_speculative_tokens"], "tau": round(o["tau"], 3),
+    o, args = report["results"]["overall"], report["args"]
+    return {"method": args["method"], "draft": args.get("draft"), "target": args["target"],
+            "shape": report.get("shape", f"chain k={args['num_speculative_tokens']}"),
+            "mode": report.get("mode", "greedy"), "conditions": conditions(args, report["machine"]),
+            "k": args["num_speculative_tokens"], "tau": round(o["tau"], 3),
             "acceptance_by_position": [round(a, 3) for a in o["acceptance_by_position"] if a is not None],
             "round_ms": {k: round(v, 2) for k, v in o["round_ms"].items()}, "tokens_per_s": round(o["spec_tokens_per_s"], 2),
             "plain_tokens_per_s": round(o["plain_tokens_per_s"], 2), "speedup": round(o["speedup"], 3),
@@ -82,8 +100,11 @@ def pairs(values: list[str], what: str) -> dict[str, str]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--title", required=True, help="the results page's heading for this file (a few words)")
     p.add_argument("--what", required=True, help="one line: what is compared, on which data, steps and batch")
     p.add_argument("--train", action="append", default=[], metavar="NAME=RUN_DIR[:TIME_LOG]")
+    p.add_argument("--train-command", action="append", default=[], metavar="NAME=COMMAND",
+                   help="the command of a training run whose time log does not record it (a published head)")
     p.add_argument("--bench", action="append", default=[], metavar="NAME=BENCH_DIR")
     p.add_argument("--out", required=True)
     args = p.parse_args()
@@ -91,8 +112,10 @@ def main() -> None:
     for name, value in pairs(args.train, "train").items():
         run, _, log = value.partition(":")
         train[name] = train_run(Path(run), Path(log) if log else None)
+    for name, command in pairs(args.train_command, "train-command").items():
+        train[name]["command"] = command
     bench = {name: bench_run(Path(d)) for name, d in pairs(args.bench, "bench").items()}
-    Path(args.out).write_text(json.dumps({"what": args.what, **provenance(), "train": train, "bench": bench}, indent=1) + "\n")
+    Path(args.out).write_text(json.dumps({"title": args.title, "what": args.what, **provenance(), "train": train, "bench": bench}, indent=1) + "\n")
     print(f"wrote {args.out}")
 
 

@@ -6,10 +6,10 @@ oracle that drafts exactly the tokens that will be accepted of headstart's propo
 on that proposal can do).
 
     python benchmarks/ngram_policies.py --target targets/SmolLM2-135M-Instruct \
-        --questions configs/demo/eval/mt_bench.jsonl --per-category 1 --max-new-tokens 128 --out BENCHMARKS.md
+        --questions configs/demo/eval/mt_bench.jsonl --per-category 1 --max-new-tokens 128 --out runs/lab-notes.md
 
 The model leaves out what a round costs beyond the verify forward (0.1-0.5 ms per round in headstart's loop,
-BENCHMARKS.md "Decoding: headstart's loop vs transformers'"), so modelled tokens/s run above measured ones.
+measured), so modelled tokens/s run above measured ones.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 and the heads name (data, features = the target's forward or the store's read, the head's forward -- its draft
 steps and its vocab loss --, its backward, the optimizer) and, below, the ops that cost most.
 
-    python benchmarks/profile_step.py --config configs/demo/eagle3.yaml --steps 3 --out BENCHMARKS.md
+    python benchmarks/profile_step.py --config configs/demo/eagle3.yaml --steps 3 --out runs/lab-notes.md
 
 One process (the profile of one rank). The scopes nest: "head: draft step" and "head: vocab loss" are parts of
 "step: head forward" (the loss's chunks recomputed in backward are counted in "step: head backward").

@@ -20,7 +20,7 @@
 # 2,000 of SmolLM2's conversations, tau 2.45-2.47 in trees on the held-out questions against the committed head's ~2.0),
 # QUESTIONS (the bench and batch stages' question arguments, default the MT-bench setting of decode_runs.sh; e.g.
 # QUESTIONS="--questions configs/smollm2/data/heldout_questions.jsonl", the questions the heads' sources hold out).
-# The CPU path and its numbers: README "A real target"; this path's: BENCHMARKS.md.
+# The CPU path and its numbers: docs/examples/smollm2.md.
 set -euo pipefail
 X=${1:-runs/smollm2-gpu}
 T=${TARGET:-targets/SmolLM2-135M-Instruct}

@@ -3,7 +3,7 @@ the best head, the final head, a feature shard, the manifest, a regenerated shar
 ``--resume`` after every kill, and compare what it ends with against an uninterrupted run.
 
     python benchmarks/soak_kill.py --config configs/demo/eagle3.yaml --rows 256 --kills 8 --seed 0 \
-        --benchmarks BENCHMARKS.md
+        --benchmarks runs/lab-notes.md
 
 Three jobs, each on ``--rows`` conversations of the recipe's first data file: 2-rank training (FSDP2,
 checkpoints and evaluations every few steps so that ``best/`` is written too), the 2-rank feature job,

@@ -9,7 +9,7 @@ behind n-gram lookup (and the datastore) at each minimum score (decode/hybrid.py
 
     python benchmarks/tree_shapes.py --target targets/SmolLM2-135M-Instruct --method eagle3 \
         --draft runs/smollm2-eagle3-finetune-2k-head --questions configs/smollm2/data/heldout_questions.jsonl \
-        --max-new-tokens 128 --dtype bfloat16 --benchmarks BENCHMARKS.md
+        --max-new-tokens 128 --dtype bfloat16 --benchmarks runs/lab-notes.md
 
 Modelled speed-up = plain decoding's seconds per token (a one-token forward, timed with the blocks, plus its loop's
 own time) / the speculative seconds per token: the drafter's draft and update time and the loop's own time as measured
@@ -184,7 +184,7 @@ def main() -> None:
     p.add_argument("--out", default=None, help="write every row to this JSON file")
     p.add_argument("--benchmarks", default=None, help="append the table to this markdown file")
     p.add_argument("--note", default="", help="a paragraph under the table")
-    p.add_argument("--title", default=None, help="the BENCHMARKS.md section's title")
+    p.add_argument("--title", default=None, help="the notes section's title")
     args = p.parse_args()
 
     setup = decode_setup(args.target, args.dtype, args.questions, args.limit, args.per_category)

@@ -6,7 +6,7 @@ block of k+1 tokens, plain decoding one token, and the two shapes take different
 different summation orders, so logits differ by a few bf16 steps (eps 2^-7, relative). Where the target's top two
 tokens are that close, the two runs pick different tokens and then continue from different prefixes -- the
 continuation is still the target's greedy output of its own prefix. transformers' assisted generation differs
-from plain `generate` at the same places for the same reason (BENCHMARKS.md, the GPU decode table).
+from plain `generate` at the same places for the same reason.
 
 So at a run's first differing token we ask the target itself: one forward over the prompt and the common prefix
 (a third summation order), and the gap between the logits of the token plain decoding chose and the one

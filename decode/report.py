@@ -1,5 +1,6 @@
-"""Describe the machine and the run (a result file's provenance), and append a dated section to BENCHMARKS.md (the
-benchmark and publish commands, benchmarks/)."""
+"""Describe the machine and the run (a result file's provenance), and append a dated section to a notes file (the
+benchmark's ``--benchmarks``, benchmarks/ drivers). BENCHMARKS.md is not such a file: benchmarks/results_page.py
+generates it from result files."""
 
 from __future__ import annotations
 
@@ -57,6 +58,9 @@ def append_section(path: str | Path, title: str, body: str, measured_on: str | N
     """``measured_on``: the machine that made the numbers, where another than this one (tables made from runs'
     results.json files brought back from a leased GPU)."""
     path = Path(path)
+    if path.resolve() == Path(__file__).resolve().parents[1] / "BENCHMARKS.md":
+        raise ValueError("BENCHMARKS.md is generated from benchmarks/results/ by benchmarks/results_page.py: write the run's "
+                         "result file there (benchmarks/heads_side_by_side.py) and regenerate it, or name a notes file")
     header = "" if path.exists() else "# Benchmarks\n\nEvery section is written by the script named in it; newest last.\n"
     stamp = datetime.date.today().isoformat()
     section = f"\n## {title}\n\n- date: {stamp}\n- machine: {measured_on or machine()}\n- command: `{command()}`\n\n{body.rstrip()}\n"

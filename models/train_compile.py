@@ -6,7 +6,7 @@ attention. The loss's data-dependent parts (the trained positions' ``nonzero``, 
 document masks, the fused Triton loss) stay eager, as do the target's forward and the optimizer.
 
 Why parts, not the step: on a GPU a small head's training step is launch-bound (hundreds of small kernels per TTT
-step; BENCHMARKS.md "Online training throughput on a GPU"), and fusing each part's elementwise kernels is where
+step), and fusing each part's elementwise kernels is where
 that goes. On a CPU the step is matrix products (the measured step sits at its FLOP floor), and compiling gains
 nothing there.
 """

@@ -38,7 +38,7 @@ class TrainConfig:
     warmup_ratio: float = 0.015
     """Share of max_steps with linear warm-up; then ``schedule`` decays the rate."""
     schedule: str = "linear"
-    """After warm-up: linear (to 0; it won the recipe ablation in BENCHMARKS.md), cosine (to 0) or constant."""
+    """After warm-up: linear (to 0; it won the demo recipe's ablation), cosine (to 0) or constant."""
     optimizer: str = "adamw"
     """adamw, or muon: torch.optim.Muon for the head's hidden matrices (AdamW for norms, embeddings and lm_head),
     its update scaled to AdamW's RMS so ``lr`` means the same for both. The FSDP backend (any world size)."""

@@ -2,7 +2,7 @@
 
 torch.optim.Muon runs its Newton-Schulz iteration (five quintic steps, each a few matrix products) on whatever the
 parameter is. Under FSDP2 that is a DTensor sharded by rows, so every product of the iteration is a collective:
-on 2 CPU gloo ranks the demo recipe's step took 1.27 s with Muon against 1.04 s with AdamW (BENCHMARKS.md), where
+on 2 CPU gloo ranks the demo recipe's step took 1.27 s with Muon against 1.04 s with AdamW, where
 one process pays 25 ms for it. ``GatheredMuon`` keeps torch's Muon -- its hyper-parameters, its state
 (``momentum_buffer``, so checkpoints are the same) and its update -- and differs only in where the orthogonalisation
 runs: the momentum is kept on the shards (it is element-wise), the update is gathered whole once, orthogonalised

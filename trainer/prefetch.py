@@ -3,7 +3,7 @@
 A step is features (the target's forward online, the store's read offline) then the head's forward and backward.
 The features of the next micro-batch depend on nothing the head does, so one worker thread computes them while the
 main thread runs the head: on a GPU the two threads issue their kernels side by side (a small model's step spends
-most of its time issuing kernels: BENCHMARKS.md "Training step on a GPU"), and an offline run reads the next batch
+most of its time issuing kernels), and an offline run reads the next batch
 from disk meanwhile. The worker issues its kernels on the stream the main thread was on when it started the work,
 so they run in issue order with the head's and the main thread takes the features only after the worker has issued
 everything that computes them: no events needed. (The GPU runs the two threads' kernels one after another; what
