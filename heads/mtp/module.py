@@ -19,7 +19,7 @@ Layouts (docs/FORMATS.md section D): a target that ships MTP tensors -- DeepSeek
 (``model.layers.{N}.*``, N = num_hidden_layers) or Qwen3-Next (``mtp.*``) -- is read from and
 written back to its own checkpoint (heads/mtp/checkpoint.py); a fresh layer for a dense target is
 saved in headstart's own layout (``HeadstartMTP``: config.json + model.safetensors), which no
-server loads (see the README).
+server loads (docs/FORMATS.md, the MTP section).
 """
 
 from __future__ import annotations
@@ -261,7 +261,7 @@ class MTPHead(nn.Module):
             "architectures": ["HeadstartMTP"], "model_type": "headstart_mtp", "hidden_size": self.config.hidden_size,
             "vocab_size": self.config.vocab_size, "layer_index": self.config.layer_index, "unroll": self.unroll_steps,
             "torch_dtype": str(dtype).removeprefix("torch."),
-            "note": "headstart's own layout for an MTP layer on a dense target; no server loads it (see README)"}, indent=2))
+            "note": "headstart's own layout for an MTP layer on a dense target; no server loads it (see headstart docs/FORMATS.md)"}, indent=2))
 
     @classmethod
     def load(cls, directory: str | Path, target) -> "MTPHead":

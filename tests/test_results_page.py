@@ -1,0 +1,73 @@
+"""BENCHMARKS.md is what benchmarks/results_page.py writes from the committed result files, and the README quotes it."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from headstart.benchmarks import results_page
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_benchmarks_md_is_generated_from_the_result_files() -> None:
+    text = results_page.render(results_page.load())
+    assert (ROOT / "BENCHMARKS.md").read_text() == text, "run: python benchmarks/results_page.py"
+    assert len(text.encode()) <= 30 * 1024
+    assert results_page.main(["--check"]) == 0
+
+
+def test_user_docs_name_no_issue_and_hold_no_todo_list() -> None:
+    pages = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    for page in pages:
+        text = page.read_text()
+        assert not re.search(r"issue [0-9]+", text, re.I), page
+        assert "still to measure" not in text and "still to run" not in text, page
+    assert len((ROOT / "README.md").read_text().encode()) <= 12 * 1024
+
+
+def readme_figures() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"<!-- figures: BENCHMARKS.md -->(.*?)<!-- /figures -->", text, re.S)
+    assert block, "README.md marks the figures it quotes from BENCHMARKS.md"
+    return re.findall(r"\d+\.\d+x?", block.group(1))
+
+
+def test_readme_figures_are_quoted_from_the_results_page() -> None:
+    figures = readme_figures()
+    assert len(figures) >= 4
+    page = (ROOT / "BENCHMARKS.md").read_text()
+    missing = [f for f in figures if f not in page]
+    assert not missing, f"README.md quotes figures BENCHMARKS.md does not have: {missing}"
+
+
+def bench_record(target: str, tau: float) -> dict:
+    run = {"method": "ngram", "draft": None, "target": target, "shape": "chain k=4", "mode": "greedy",
+           "conditions": "mt_bench.jsonl (all, every turn), 8 new tokens, float32, batch 1", "k": 4, "tau": tau,
+           "acceptance_by_position": [0.5, 0.25], "round_ms": {"draft": 0.1, "update": 0.0, "verify": 5.0, "other": 0.2},
+           "tokens_per_s": 10.0, "plain_tokens_per_s": 8.0, "speedup": 1.25, "predicted_speedup": 1.3,
+           "command": "python scripts/benchmark.py --method ngram"}
+    return {"title": f"n-gram on {target}", "what": "n-gram lookup", "command": "x", "commit": "abc", "machine": "CPU",
+            "date": "2026-11-28T00:00:00+00:00", "train": {}, "bench": {"ngram": {"first": run}}}
+
+
+def test_the_page_groups_by_target_and_machine_and_shows_each_figure(tmp_path: Path) -> None:
+    (tmp_path / "a.json").write_text(json.dumps(bench_record("targets/A", 1.875)))
+    (tmp_path / "b.json").write_text(json.dumps(bench_record("targets/B", 2.125)))
+    text = results_page.render(results_page.load(tmp_path))
+    assert text.index("## `targets/A` on CPU") < text.index("1.88") < text.index("## `targets/B` on CPU") < text.index("2.12")
+    assert "`python scripts/benchmark.py --method ngram`" in text and "commit `abc`, 2026-11-28" in text
+    out = tmp_path / "page.md"
+    out.write_text(text + "edited by hand\n")
+    assert results_page.main(["--check", "--results", str(tmp_path), "--out", str(out)]) == 1
+
+
+def test_a_result_file_without_provenance_is_refused_by_name(tmp_path: Path) -> None:
+    record = bench_record("targets/A", 1.5)
+    del record["commit"]
+    (tmp_path / "bad.json").write_text(json.dumps(record))
+    with pytest.raises(ValueError, match=r"bad.json: a result file needs 'commit'"):
+        results_page.load(tmp_path)
