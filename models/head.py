@@ -129,6 +129,11 @@ class DraftHead(Protocol):
 
         ``forward`` must return the same, so that sharding wrappers see the call."""
 
+    def activation_bytes(self, tokens: int, sequences: int, element_bytes: int) -> dict[str, int]:
+        """``headstart plan``'s estimate of a training step's head memory beyond its weights, by part: what the
+        forward keeps for backward and the largest transient, over ``tokens`` tokens in ``sequences`` sequences
+        with activations of ``element_bytes`` (4: float32; 2: bf16 autocast)."""
+
     def export_state_dict(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """The tensors a server loads, under its names (from ``state``, a gathered state dict, if given)."""
 
@@ -181,6 +186,18 @@ class StepTally:
         *rows, (n_tokens, *_) = torch.cat([torch.stack(self.rows), loss_mask.sum().float().expand(1, len(_SUM_FIELDS))]).tolist()
         sums = {f"{SUMS}{name}_{s}": v for s, row in enumerate(rows) for name, v in zip(_SUM_FIELDS, row) if v == v}  # no NaN
         return {**step_metrics(sums), **sums, "valid_tokens": n_tokens}
+
+
+def layer_activation_bytes(tokens: int, hidden: int, intermediate: int, element_bytes: int) -> int:
+    """What one decoder layer's forward keeps for backward, per the usual count for a Llama-style layer: per token
+    about 12 hidden-wide tensors (input, two norms, q, k, v, attention output, o_proj output, residuals) and 3
+    intermediate-wide ones (the MLP's gate, up and activation). A rule of thumb, within a few tens of percent."""
+    return tokens * (12 * hidden + 3 * intermediate) * element_bytes
+
+
+def loss_chunk_bytes(chunk_tokens: int, vocab: int, tokens: int) -> int:
+    """The chunked vocab loss's peak: one [chunk, vocab] float32 block of logits, its softmax and its gradient."""
+    return min(chunk_tokens, tokens) * vocab * 4 * 3
 
 
 def step_metrics(sums: dict[str, float]) -> dict[str, float]:

@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "regenerate": ("regenerate_data", "rewrite every assistant turn with the target itself (in process or a vLLM server)"),
     "features": ("generate_features", "run the frozen target once and store what training reads (offline training)"),
     "train": ("train_eagle3", "train a draft head against the frozen target (any head; torchrun for several GPUs)"),
+    "plan": ("plan", "a recipe's per-GPU memory, tokens per step and feature store size, before training"),
     "export": ("export_head", "convert a finished head between its layouts (EAGLE-3: flat <-> speculators)"),
     "publish": ("publish_head", "copy a run's best head into a self-contained directory with a card"),
     "check": ("check_head", "check an exported head against the target as a server will load it"),

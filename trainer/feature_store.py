@@ -109,6 +109,14 @@ class Storage:
     def to_dict(self) -> dict:
         return {"aux": self.aux, "hidden": self.hidden, "topk": self.topk}
 
+    def bytes_per_token(self, hidden_size: int, n_aux: int) -> int:
+        """What a stored token takes on disk (``encode_sample``): int32 id, uint8 mask, the aux states (fp8 with a
+        bf16 scale per layer, or bf16), the final hidden state, and the top-k ids (int32) and probabilities (fp16)."""
+        size = 4 + 1
+        size += {"fp8": n_aux * (hidden_size + 2), "bf16": 2 * n_aux * hidden_size, None: 0}[self.aux]
+        size += {"fp8": hidden_size + 2, "bf16": 2 * hidden_size, None: 0}[self.hidden]
+        return size + (self.topk or 0) * (4 + 2)
+
     def check_serves(self, needs: FeatureNeeds, where: Path) -> None:
         """Refuse, by name, a store that lacks a tensor the head reads."""
         missing = [what for what, needed, have in (

@@ -31,7 +31,8 @@ from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, apply_rotary_pos_emb
 
 from headstart.heads.dflash.config import DFlashConfig, DFlashOptions
-from headstart.models.head import DraftConfig, FeatureNeeds, Features, StepTally, check_layout, loss_denominator
+from headstart.models.head import (DraftConfig, FeatureNeeds, Features, StepTally, check_layout, layer_activation_bytes,
+                                   loss_chunk_bytes, loss_denominator)
 from headstart.models.vocab_loss import VocabProjection, chunked_vocab_loss
 
 KV = tuple[torch.Tensor, torch.Tensor]
@@ -116,6 +117,21 @@ class DFlashDraft(nn.Module):
         self.rotary_emb = Qwen3RotaryEmbedding(config.qwen3_config())
         self.lm_head: Callable[[torch.Tensor], torch.Tensor] | None = None  # the target's, shared and frozen
         self.lm_head_dtype = torch.float32
+
+    def activation_bytes(self, tokens: int, sequences: int, element_bytes: int) -> dict[str, int]:
+        """headstart plan: each layer runs over the step's blocks (``anchors`` per sequence, at most one per
+        position) and keeps the context's keys and values for every token; the loss is over the full vocab."""
+        c, b = self.config, element_bytes
+        per_sequence = max(1, tokens // max(1, sequences))
+        slots = sequences * min(self.anchors, per_sequence) * c.block_size
+        kv = 2 * c.num_key_value_heads * c.head_dim
+        layers = c.num_hidden_layers * (layer_activation_bytes(slots, c.hidden_size, c.intermediate_size, b)
+                                         + tokens * kv * b)
+        scores = min(self.anchors, per_sequence) * c.block_size * (per_sequence + c.block_size) \
+            * c.num_attention_heads * 4 * 2
+        return {f"head activations ({c.num_hidden_layers} layers, {slots} block slots)": layers + 2 * tokens * c.hidden_size * b,
+                "attention scores, one sequence": scores,
+                "loss chunks": loss_chunk_bytes(self.chunk_tokens, c.vocab_size, slots)}
 
     def set_target(self, target) -> None:
         """Take the target's embedding (copied) and lm_head (shared, as a function)."""

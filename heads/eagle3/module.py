@@ -38,6 +38,8 @@ from headstart.models.head import (
     Features,
     StepTally,
     check_layout,
+    layer_activation_bytes,
+    loss_chunk_bytes,
     loss_denominator,
     shift_left,
 )
@@ -129,6 +131,19 @@ class Eagle3Draft(nn.Module):
         self.rotary_emb = LlamaRotaryEmbedding(config.llama_config())
         self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.int64))
         self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
+
+    def activation_bytes(self, tokens: int, sequences: int, element_bytes: int) -> dict[str, int]:
+        """headstart plan: every TTT step runs the decoder layer over the step's tokens (all of them, the upper
+        bound: steps 1.. skip untrained positions); the attention runs in blocks of 512 query rows on a CPU (one
+        block of scores live at a time), as one flex_attention call on a GPU (no score matrix)."""
+        c = self.config
+        per_step = layer_activation_bytes(tokens, c.hidden_size, c.intermediate_size, element_bytes)
+        per_step += tokens * 2 * c.hidden_size * element_bytes  # the step's input pair [embed, hidden]
+        fc = tokens * c.hidden_size * element_bytes
+        scores = min(512, tokens) * tokens * c.num_attention_heads * 4 * 2
+        return {f"head activations ({self.ttt_steps} TTT steps)": self.ttt_steps * per_step + fc,
+                "attention scores, one block of 512 query rows": scores,
+                "loss chunks": loss_chunk_bytes(self.chunk_tokens, c.draft_vocab_size, tokens)}
 
     # -- draft vocab ---------------------------------------------------------------------------
     def set_draft_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from headstart.models.head import DraftConfig, FeatureNeeds, Features, check_layout
+from headstart.models.head import DraftConfig, FeatureNeeds, Features, check_layout, loss_chunk_bytes
 from headstart.models.target import text_config
 from headstart.models.vocab_loss import VocabProjection, multi_step_loss
 from headstart.models.draft_vocab import build_draft_vocab
@@ -169,6 +169,14 @@ class MedusaHeads(nn.Module):
         # or a checkpoint. None: the full vocab.
         self.register_buffer("token_map", torch.arange(V, dtype=torch.int64) if config.truncated else None)
         self.teacher: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    def activation_bytes(self, tokens: int, sequences: int, element_bytes: int) -> dict[str, int]:
+        """headstart plan: each head's ResBlocks keep their linear output, activation and residual per token; the
+        heads' losses run one after another over chunks of their (possibly truncated) vocab."""
+        c = self.config
+        blocks = c.num_heads * c.num_layers * tokens * c.hidden_size * 3 * element_bytes
+        return {f"head activations ({c.num_heads} heads)": blocks,
+                "loss chunks": loss_chunk_bytes(self.chunk_tokens, c.draft_vocab_size, tokens)}
 
     def set_token_map(self, token_map: torch.Tensor) -> None:
         """The target ids [V'] the heads predict, ascending (e.g. the most frequent trained tokens)."""

@@ -38,7 +38,8 @@ from torch.profiler import record_function
 from transformers import AttentionInterface, AutoModelForCausalLM, DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from headstart.models.head import DraftConfig, FeatureNeeds, Features, check_layout, shift_left
+from headstart.models.head import (DraftConfig, FeatureNeeds, Features, check_layout, layer_activation_bytes,
+                                   loss_chunk_bytes, shift_left)
 from headstart.models.ttt_attention import ttt_attention
 from headstart.heads.mtp.checkpoint import MARKER, find_native_layout, fuse_experts, head_name, write_target_with_mtp
 from headstart.models.target import additive_mask, cache_keyword, decoder_layers, text_config
@@ -198,6 +199,16 @@ class MTPHead(nn.Module):
         return self.lm_head((hidden if self.feeds_normed else self.norm(hidden)).to(self.lm_head_dtype))
 
     # -- training -------------------------------------------------------------------------------
+    def activation_bytes(self, tokens: int, sequences: int, element_bytes: int) -> dict[str, int]:
+        """headstart plan: every unrolled step runs the target-architecture block over all tokens, plus the fused
+        [embedding, hidden] input; an MoE block is counted as dense at its ``intermediate_size`` (rough); the loss
+        is over the full vocab."""
+        H = self.config.hidden_size
+        intermediate = getattr(self.block.mlp, "intermediate_size", None) or 4 * H
+        per_step = layer_activation_bytes(tokens, H, intermediate, element_bytes) + tokens * 2 * H * element_bytes
+        return {f"head activations ({self.unroll_steps} unrolled steps)": self.unroll_steps * per_step,
+                "loss chunks": loss_chunk_bytes(self.chunk_tokens, self.config.vocab_size, tokens)}
+
     def forward(self, features: Features) -> tuple[torch.Tensor, dict[str, float]]:
         return self.loss(features)
 
