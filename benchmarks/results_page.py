@@ -6,7 +6,8 @@ per result file, every row with the command that made it and the file's commit a
 
 A result file is what ``benchmarks/heads_side_by_side.py`` writes: ``title``, ``what``, the provenance (``command``,
 ``commit``, ``machine``, ``date``), ``train`` (runs by name) and ``bench`` (``scripts/benchmark.py`` runs by name, each
-a ``first`` method, and with ``--versus`` a ``second`` and their ``paired`` ratio). The page holds nothing else: to
+a ``first`` method, and with ``--versus`` a ``second`` and their ``paired`` ratio); or what
+``benchmarks/plan_vs_measured.py`` writes: the same provenance and ``plan`` (headstart plan against measured peaks). The page holds nothing else: to
 change a figure, rerun its command and replace the file.
 """
 
@@ -48,9 +49,11 @@ def load(directory: Path = RESULTS) -> list[dict]:
     files = []
     for path in sorted(directory.glob("*.json")):
         record = json.loads(path.read_text())
-        for key in ("title", "what", "commit", "machine", "date", "bench"):
+        for key in ("title", "what", "commit", "machine", "date"):
             if key not in record:
                 raise ValueError(f"{path}: a result file needs {key!r} (benchmarks/heads_side_by_side.py writes it)")
+        if "bench" not in record and "plan" not in record:
+            raise ValueError(f"{path}: a result file needs 'bench' (decoding runs) or 'plan' (headstart plan rows)")
         files.append({**record, "file": path.name})
     return files
 
@@ -111,15 +114,32 @@ def section(record: dict) -> list[str]:
     return lines + bench_table(record) + [""]
 
 
+def plan_section(record: dict) -> list[str]:
+    """headstart plan's estimate against a measured peak, recipe by recipe (benchmarks/plan_vs_measured.py)."""
+    lines = [f"## {record['title']}: {record['machine']}", "", record["what"].rstrip(".") + ".", "",
+             f"`benchmarks/results/{record['file']}` -- commit `{record['commit']}`, {record['date'][:10]}.", "",
+             "| recipe | ranks | overrides | planned | measured | planned / measured |", "|---|---|---|---|---|---|"]
+    commands = []
+    for r in record["plan"]:
+        lines.append(f"| `{r['recipe']}` | {r['ranks']} | {' '.join(r['overrides']) or '-'} | {r['planned_gib']:.2f} GiB | "
+                     f"{r['measured_gib']:.2f} GiB | {r['ratio']:.2f} |")
+        if r.get("command"):
+            commands.append(f"- `{r['command']}`")
+    return lines + ([""] + ["Measured runs:", "", *commands] if commands else []) + [""]
+
+
 def render(records: list[dict]) -> str:
     groups: dict[tuple[str, str], list[dict]] = {}
     for record in records:
-        groups.setdefault((target_of(record), record["machine"]), []).append(record)
+        if "bench" in record:
+            groups.setdefault((target_of(record), record["machine"]), []).append(record)
     out = [HEADER]
     for (target, machine), members in sorted(groups.items()):
         out += [f"## `{target}` on {machine}", ""]
         for record in sorted(members, key=lambda r: r["title"]):
             out += section(record)
+    for record in sorted((r for r in records if "plan" in r), key=lambda r: r["title"]):
+        out += plan_section(record)
     return "\n".join(out).rstrip() + "\n"
 
 

@@ -71,3 +71,17 @@ def test_a_result_file_without_provenance_is_refused_by_name(tmp_path: Path) -> 
     (tmp_path / "bad.json").write_text(json.dumps(record))
     with pytest.raises(ValueError, match=r"bad.json: a result file needs 'commit'"):
         results_page.load(tmp_path)
+
+
+def test_plan_rows_render_planned_against_measured(tmp_path: Path) -> None:
+    record = {"title": "headstart plan against measured peaks", "what": "plan vs GNU time", "command": "x",
+              "commit": "abc", "machine": "CPU", "date": "2026-11-28T00:00:00+00:00",
+              "plan": [{"recipe": "configs/demo/eagle3.yaml", "ranks": 2, "overrides": [], "planned_gib": 1.15,
+                        "measured_gib": 1.24, "ratio": 0.927, "command": "torchrun ..."}]}
+    (tmp_path / "plan.json").write_text(json.dumps(record))
+    text = results_page.render(results_page.load(tmp_path))
+    assert "| `configs/demo/eagle3.yaml` | 2 | - | 1.15 GiB | 1.24 GiB | 0.93 |" in text and "- `torchrun ...`" in text
+    del record["plan"]
+    (tmp_path / "plan.json").write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="needs 'bench' .* or 'plan'"):
+        results_page.load(tmp_path)
