@@ -134,11 +134,14 @@ class Eagle3Draft(nn.Module):
 
     def activation_bytes(self, tokens: int, sequences: int, element_bytes: int) -> dict[str, int]:
         """headstart plan: every TTT step runs the decoder layer over the step's tokens (all of them, the upper
-        bound: steps 1.. skip untrained positions); the attention runs in blocks of 512 query rows on a CPU (one
-        block of scores live at a time), as one flex_attention call on a GPU (no score matrix)."""
+        bound: steps 1.. skip untrained positions); the attention runs in blocks of 512 query rows (one block of
+        scores live at a time; packed batches on a GPU too). The layer reads a 2H-wide input pair (embedding,
+        hidden) through two norms into q/k/v: 8H a token more than a plain layer, a constant fitted to
+        benchmarks/bench_memory.py's measured steps (hidden 1024, 7 steps, 1k-32k tokens, CPU float32 and H200
+        bf16: the estimate is 0.8-1.1x the measured peak)."""
         c = self.config
         per_step = layer_activation_bytes(tokens, c.hidden_size, c.intermediate_size, element_bytes)
-        per_step += tokens * 2 * c.hidden_size * element_bytes  # the step's input pair [embed, hidden]
+        per_step += tokens * 8 * c.hidden_size * element_bytes
         fc = tokens * c.hidden_size * element_bytes
         scores = min(512, tokens) * tokens * c.num_attention_heads * 4 * 2
         return {f"head activations ({self.ttt_steps} TTT steps)": self.ttt_steps * per_step + fc,
