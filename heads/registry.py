@@ -17,6 +17,7 @@ from torch import nn
 
 from headstart.heads.dflash.spec import DFLASH
 from headstart.heads.eagle3.spec import EAGLE3
+from headstart.heads.hydra.spec import HYDRA
 from headstart.heads.medusa.spec import MEDUSA
 from headstart.heads.mtp.spec import MTP
 from headstart.heads.peagle.spec import PEAGLE
@@ -25,7 +26,8 @@ from headstart.models.head import DraftConfig, DraftHead
 from headstart.models.provenance import check_record, check_target
 
 
-HEADS: dict[str, HeadSpec] = {"eagle3": EAGLE3, "medusa": MEDUSA, "mtp": MTP, "peagle": PEAGLE, "dflash": DFLASH}
+HEADS: dict[str, HeadSpec] = {"eagle3": EAGLE3, "medusa": MEDUSA, "mtp": MTP, "peagle": PEAGLE, "dflash": DFLASH,
+                             "hydra": HYDRA}
 """The head catalog: one line a head; each head's spec is in its folder (heads/<name>/spec.py)."""
 
 DEFAULT_HEAD = "eagle3"

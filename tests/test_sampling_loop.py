@@ -15,6 +15,8 @@ from headstart.decode.generate import Sampling, speculative_generate
 from headstart.decode.hybrid import HybridDrafter
 from headstart.heads.medusa.drafter import MedusaDrafter
 from headstart.heads.mtp.drafter import MTPDrafter
+from headstart.heads.hydra.drafter import HydraDrafter
+from headstart.heads.hydra.module import HydraConfig, HydraHeads, HydraOptions
 from headstart.heads.peagle.drafter import PEagleDrafter
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.target_runner import TargetRunner
@@ -88,6 +90,17 @@ def peagle_head(target):
     return random_peagle_head(target, draft_vocab_size=V, parallel_tokens=3, mask_token_id=V - 1, seed=3)
 
 
+def hydra_heads(target) -> HydraHeads:
+    """Random Hydra heads over the whole small vocab: every head reads the drafts before it."""
+    heads = HydraHeads(HydraConfig.from_target(target.config, HydraOptions(num_heads=3)))
+    heads.set_target(target)
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for head in heads.heads:
+            head.proj.weight.add_(torch.randn(head.proj.weight.shape, generator=g) * 0.3)
+    return heads.eval()
+
+
 def medusa_heads(model) -> MedusaHeads:
     heads = MedusaHeads(MedusaConfig.from_target(model.config, 3))
     heads.load_target_lm_head(model.lm_head.weight)
@@ -99,12 +112,13 @@ def medusa_heads(model) -> MedusaHeads:
 
 
 @pytest.mark.nightly
-@pytest.mark.parametrize("drafter", ["eagle3", "medusa", "mtp", "ngram", "peagle"])
+@pytest.mark.parametrize("drafter", ["eagle3", "medusa", "mtp", "ngram", "peagle", "hydra"])
 def test_speculative_samples_follow_the_target(world, drafter):
     model, runner, head = world
     heads, mtp, peagle = medusa_heads(model), build_mtp(runner.target), peagle_head(runner.target)
     make = {"eagle3": lambda: Eagle3Drafter(head, 32), "medusa": lambda: MedusaDrafter(heads),
-            "mtp": lambda: MTPDrafter(mtp, 32), "ngram": NgramDrafter, "peagle": lambda: PEagleDrafter(peagle, 32)}[drafter]
+            "mtp": lambda: MTPDrafter(mtp, 32), "ngram": NgramDrafter, "peagle": lambda: PEagleDrafter(peagle, 32),
+            "hydra": lambda: HydraDrafter(hydra_heads(runner.target))}[drafter]
     stat, critical = chi2_vs(sample_pairs(runner, make, 2500, seed=0), exact_joint(model))
     assert stat < critical
 
@@ -164,7 +178,7 @@ def test_misreported_draft_probabilities_are_detected(world):
 
 
 @pytest.mark.nightly
-@pytest.mark.parametrize("drafter", ["eagle3", "medusa", "mtp", "draft-model", "peagle"])
+@pytest.mark.parametrize("drafter", ["eagle3", "medusa", "mtp", "draft-model", "peagle", "hydra"])
 @pytest.mark.parametrize("tree", [DynamicTree(depth=3, topk=3, total_tokens=8), StaticTree(((0,), (1,), (0, 0), (1, 0), (0, 0, 0)))])
 def test_tree_speculative_samples_follow_the_target(world, drafter, tree):
     model, runner, head = world
@@ -172,7 +186,7 @@ def test_tree_speculative_samples_follow_the_target(world, drafter, tree):
     heads, mtp, peagle = medusa_heads(model), build_mtp(runner.target), peagle_head(runner.target)
     make = {"eagle3": lambda: Eagle3Drafter(head, 32), "medusa": lambda: MedusaDrafter(heads),
             "mtp": lambda: MTPDrafter(mtp, 32), "draft-model": lambda: DraftModelDrafter(small, 32, V),
-            "peagle": lambda: PEagleDrafter(peagle, 32)}[drafter]
+            "peagle": lambda: PEagleDrafter(peagle, 32), "hydra": lambda: HydraDrafter(hydra_heads(runner.target))}[drafter]
     pairs = sample_pairs(runner, make, 2500, seed=0, tree=tree)
     stat, critical = chi2_vs(pairs, exact_joint(model))
     assert stat < critical
