@@ -2,11 +2,13 @@
 number of ranks) next to the peak resident memory GNU time measured for its largest process, in one result file.
 
     python benchmarks/plan_vs_measured.py --title "headstart plan against measured peaks (CPU)" \\
-        --run "configs/demo/eagle31_regenerated.yaml:1:runs/new-heads-full/eagle31.time:--train.batch_size=8" \\
+        --run "configs/demo/eagle31_regenerated.yaml:1:runs/new-heads-full/eagle31.time:runs/demo-eagle31-regenerated:--train.batch_size=8" \\
         --out benchmarks/results/plan_vs_measured_cpu.json
 
-Each --run is RECIPE:RANKS:TIME_LOG[:OVERRIDES] (overrides space-separated, as the run was given them). Nothing
-is re-measured here: the time logs are the runs'.
+Each --run is RECIPE:RANKS:TIME_LOG:RUN_DIR[:OVERRIDES] (overrides space-separated, as the run was given them). The
+plan is given twice: with micro-batches as full as the recipe allows (its bound, what ``headstart plan`` prints) and
+with the run's largest logged micro-batch (RUN_DIR/metrics.jsonl), when the data's conversations are shorter. Nothing
+is re-measured here: the time logs and metrics are the runs'.
 """
 
 from __future__ import annotations
@@ -22,21 +24,37 @@ from headstart.trainer.config import load_config
 from headstart.trainer.plan import GIB, plan
 
 
+def largest_micro_batch(run: Path, ranks: int) -> int:
+    """The most tokens a logged step held, per rank and micro-batch (metrics.jsonl adds them over ranks)."""
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [r for r in records if r.get("split") == "train"]
+    if not steps:
+        raise ValueError(f"{run}/metrics.jsonl has no train record")
+    accum = json.loads((run / "run_config.json").read_text())["train"]["grad_accum"]
+    return int(max(r["tokens"] for r in steps) / ranks / accum)
+
+
 def row(spec: str) -> dict:
-    recipe, ranks, log, *rest = spec.split(":", 3)
-    overrides = rest[0].split() if rest else []
+    recipe, ranks, log, run, *rest = spec.split(":", 4)
+    overrides, ranks = (rest[0].split() if rest else []), int(ranks)
     measured = time_log(Path(log))
-    planned = plan(load_config(recipe, overrides), int(ranks), device="cpu" if machine().startswith("CPU") else "cuda")
-    return {"recipe": recipe, "ranks": int(ranks), "overrides": overrides, "command": measured.get("command"),
-            "planned_gib": round(planned.total / GIB, 2), "measured_gib": measured["peak_rss_gib"],
-            "ratio": round(planned.total / GIB / measured["peak_rss_gib"], 3),
-            "parts_gib": {name: round(size / GIB, 3) for name, size in planned.parts}}
+    config = load_config(recipe, overrides)
+    device = "cpu" if machine().startswith("CPU") else "cuda"
+    tokens = largest_micro_batch(Path(run), ranks)
+    bound, actual = plan(config, ranks, device=device), plan(config, ranks, device=device, tokens=tokens)
+    gib = measured["peak_rss_gib"]
+    return {"recipe": recipe, "ranks": ranks, "overrides": overrides, "command": measured.get("command"),
+            "measured_gib": gib, "planned_gib": round(bound.total / GIB, 2), "ratio": round(bound.total / GIB / gib, 3),
+            "bound_tokens": bound.tokens_per_micro_batch, "run_tokens": tokens,
+            "planned_at_run_tokens_gib": round(actual.total / GIB, 2),
+            "ratio_at_run_tokens": round(actual.total / GIB / gib, 3),
+            "parts_gib": {name: round(size / GIB, 3) for name, size in bound.parts}}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--title", required=True)
-    p.add_argument("--run", action="append", required=True, metavar="RECIPE:RANKS:TIME_LOG[:OVERRIDES]")
+    p.add_argument("--run", action="append", required=True, metavar="RECIPE:RANKS:TIME_LOG:RUN_DIR[:OVERRIDES]")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     rows = [row(spec) for spec in args.run]
@@ -44,8 +62,9 @@ def main(argv: list[str] | None = None) -> int:
             "training process (GNU time) of a run of it")
     Path(args.out).write_text(json.dumps({"title": args.title, "what": what, **provenance(), "plan": rows}, indent=1) + "\n")
     for r in rows:
-        print(f"{r['recipe']} x{r['ranks']}: planned {r['planned_gib']} GiB, measured {r['measured_gib']} GiB "
-              f"({r['ratio']:.2f}x)")
+        print(f"{r['recipe']} x{r['ranks']}: measured {r['measured_gib']} GiB; planned {r['planned_gib']} GiB at "
+              f"{r['bound_tokens']} tokens ({r['ratio']:.2f}x), {r['planned_at_run_tokens_gib']} GiB at {r['run_tokens']} "
+              f"({r['ratio_at_run_tokens']:.2f}x)")
     return 0
 
 

@@ -118,11 +118,15 @@ def plan_section(record: dict) -> list[str]:
     """headstart plan's estimate against a measured peak, recipe by recipe (benchmarks/plan_vs_measured.py)."""
     lines = [f"## {record['title']}: {record['machine']}", "", record["what"].rstrip(".") + ".", "",
              f"`benchmarks/results/{record['file']}` -- commit `{record['commit']}`, {record['date'][:10]}.", "",
-             "| recipe | ranks | overrides | planned | measured | planned / measured |", "|---|---|---|---|---|---|"]
+             "| recipe | ranks | overrides | measured | planned, full micro-batches | planned / measured | "
+             "planned at the run's largest micro-batch | planned / measured |", "|---|---|---|---|---|---|---|---|"]
     commands = []
     for r in record["plan"]:
-        lines.append(f"| `{r['recipe']}` | {r['ranks']} | {' '.join(r['overrides']) or '-'} | {r['planned_gib']:.2f} GiB | "
-                     f"{r['measured_gib']:.2f} GiB | {r['ratio']:.2f} |")
+        at_run = (f"{r['planned_at_run_tokens_gib']:.2f} GiB ({r['run_tokens']:,} tokens) | {r['ratio_at_run_tokens']:.2f}"
+                  if "run_tokens" in r else "- | -")
+        bound = f" ({r['bound_tokens']:,} tokens)" if "bound_tokens" in r else ""
+        lines.append(f"| `{r['recipe']}` | {r['ranks']} | {' '.join(r['overrides']) or '-'} | {r['measured_gib']:.2f} GiB | "
+                     f"{r['planned_gib']:.2f} GiB{bound} | {r['ratio']:.2f} | {at_run} |")
         if r.get("command"):
             commands.append(f"- `{r['command']}`")
     return lines + ([""] + ["Measured runs:", "", *commands] if commands else []) + [""]

@@ -80,7 +80,7 @@ def test_plan_rows_render_planned_against_measured(tmp_path: Path) -> None:
                         "measured_gib": 1.24, "ratio": 0.927, "command": "torchrun ..."}]}
     (tmp_path / "plan.json").write_text(json.dumps(record))
     text = results_page.render(results_page.load(tmp_path))
-    assert "| `configs/demo/eagle3.yaml` | 2 | - | 1.15 GiB | 1.24 GiB | 0.93 |" in text and "- `torchrun ...`" in text
+    assert "| `configs/demo/eagle3.yaml` | 2 | - | 1.24 GiB | 1.15 GiB | 0.93 | - | - |" in text and "- `torchrun ...`" in text
     del record["plan"]
     (tmp_path / "plan.json").write_text(json.dumps(record))
     with pytest.raises(ValueError, match="needs 'bench' .* or 'plan'"):

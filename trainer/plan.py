@@ -100,8 +100,10 @@ def zero_stage(config: RunConfig) -> int:
 
 
 def plan(config: RunConfig, gpus: int, gpu_memory_gib: float | None = None, target_config: str | None = None,
-         device: str | None = None) -> MemoryPlan:
-    """The per-GPU (per-process on a CPU) memory of one training step of ``config`` on ``gpus`` ranks."""
+         device: str | None = None, tokens: int | None = None) -> MemoryPlan:
+    """The per-GPU (per-process on a CPU) memory of one training step of ``config`` on ``gpus`` ranks: with micro-batches
+    as full as the recipe allows (``data.tokens_per_batch``, else ``batch_size`` x ``max_length``: a bound), or of
+    ``tokens`` tokens (what a run's largest micro-batch held, when the data's conversations are shorter)."""
     if gpus < 1:
         raise ValueError(f"--gpus must be >= 1, got {gpus}")
     device = device or ("cuda" if config.target.device.startswith("cuda") else "cpu")
@@ -112,7 +114,7 @@ def plan(config: RunConfig, gpus: int, gpu_memory_gib: float | None = None, targ
     intermediate = getattr(tc, "intermediate_size", 4 * H)
     target_bytes = dtype_of(config.target.dtype).itemsize
     act_bytes = 2 if device == "cuda" and config.train.mixed_precision in ("auto", "bf16", "bfloat16") else 4
-    T = config.data.pack_tokens(config.train.batch_size) or config.train.batch_size * config.data.max_length
+    T = tokens or config.data.pack_tokens(config.train.batch_size) or config.train.batch_size * config.data.max_length
     offline = config.features.path is not None
     needs = head.needs
     vocab = head.target_vocab_ids().numel()
