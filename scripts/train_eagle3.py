@@ -2,6 +2,7 @@
 features (``features.path``). One trainer for every head; the file name is historical.
 
     headstart train --config configs/demo/eagle3.yaml                               # one process
+    headstart train --nproc-per-node 2 --config configs/demo/eagle3.yaml            # 2 processes, launched here
     torchrun --nproc_per_node 2 -m headstart.train --config configs/demo/eagle3.yaml  # or scripts/train_eagle3.py
     torchrun --nproc_per_node 2 scripts/train_eagle3.py --config configs/demo/medusa.yaml
     python scripts/train_eagle3.py --config my.yaml --train.lr=3e-4 --parallel.backend=deepspeed --resume
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import gc
+import logging
+import os
 import sys
 from pathlib import Path
 
@@ -43,13 +46,42 @@ def finished(output_dir: str, target: str, final: dict | None, best: dict | None
     return "\n".join(lines)
 
 
+def launch(nproc: int, argv: list[str]) -> int:
+    """This command on ``nproc`` local processes, launched by torchrun's own launcher in this process, so that a
+    refusal every rank makes (a finished run in output_dir, a bad recipe) is printed alone, not under torchrun's
+    ChildFailedError traceback; exit status 2 then, as in one process."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    logging.getLogger("torch.distributed").setLevel(logging.CRITICAL)  # its per-worker failure lines
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default for its ranks, without its banner about it
+    args = get_args_parser().parse_args(["--standalone", f"--nproc-per-node={nproc}", "-m", "headstart.train", *argv])
+    try:
+        run(args)
+    except ChildFailedError as err:
+        _, failure = err.get_first_failure()
+        message = failure.message.get("message") if isinstance(failure.message, dict) else failure.message
+        if not isinstance(message, str) or not message.startswith("error: "):  # not a refusal: a crash, shown above
+            message = f"error: training failed on local rank {failure.local_rank} (exit code {failure.exitcode}); see above"
+        print(message, file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nproc-per-node", type=int, default=None,
+                   help="launch this many local processes (as torchrun --nproc_per_node) from this command")
     p.add_argument("--config", help="recipe YAML")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in output_dir")
     p.add_argument("--overwrite", action="store_true",
                    help="move the run in output_dir aside (to <output_dir>.old-<time>) and start again")
     args, overrides = p.parse_known_args(argv)
+    if args.nproc_per_node and "LOCAL_RANK" not in os.environ:  # the launcher, not a rank
+        argv = sys.argv[1:] if argv is None else argv
+        rest = [a for i, a in enumerate(argv) if not a.startswith("--nproc-per-node")
+                and not (i > 0 and argv[i - 1] == "--nproc-per-node")]
+        return launch(args.nproc_per_node, rest)
     try:
         config = load_config(args.config, overrides)
         info = init_distributed()

@@ -76,3 +76,16 @@ def test_an_error_under_torchrun_is_printed_once_and_last(tmp_path):
     assert output.count("already holds a training run") == 1, output[-3000:]
     last = [line for line in result.stderr.splitlines() if line.strip() and not set(line.strip()) <= {"="}][-1]
     assert "error: " in last and "already holds a training run" in last, result.stderr[-2000:]
+
+
+def test_the_headstart_launcher_prints_a_refusal_alone(tmp_path):
+    """``headstart train --nproc-per-node 2`` launches the ranks itself: the refusal is its only output, exit 2."""
+    overrides = make_setup(tmp_path, rows=4, layers=2)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text(json.dumps({"step": 1, "split": "train", "loss": 1.0}) + "\n")
+    cmd = [sys.executable, "-m", "headstart.scripts.cli", "train", "--nproc-per-node", "2", *overrides]
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and result.stdout == ""
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "already holds a training run" in lines[0], result.stderr

@@ -77,7 +77,7 @@ def test_each_readme_command_parses_as_written(words, monkeypatch):
     module, args = script_and_args(words)
     parsed = parse_only(module, args, monkeypatch)
     if module == "train_eagle3":  # the recipe takes the rest: every override must be one of its fields
-        overrides = [a for a in args if a.startswith("--") and a.split("=")[0] not in ("--config", "--resume", "--overwrite")]
+        overrides = [a for a in args if a.startswith("--") and "=" in a]  # the recipe's --section.key=value
         config = load_config(parsed.config, overrides)
         assert Path(parsed.config).is_file() and config.output_dir
 
@@ -88,10 +88,15 @@ def test_the_demo_commands_run_as_written(tmp_path):
         (tmp_path / name).symlink_to(REPO / name)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     demo = [w for w in readme_commands() if "configs/demo/target" in w or "configs/demo/eagle3.yaml" in w]
-    assert demo[0][0] == "torchrun" and len(demo) >= 4
+    assert demo[0][:2] == ["headstart", "train"] and len(demo) >= 4
     for words in demo:
         words = [sys.executable, "-m", "torch.distributed.run", *words[1:]] if words[0] == "torchrun" else (
             [sys.executable, "-m", "headstart.scripts.cli", *words[1:]] if words[0] == "headstart" else words)
         done = subprocess.run(words, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
         assert done.returncode == 0, (words, done.stdout[-2000:], done.stderr[-3000:])
     assert (tmp_path / "runs" / "bench-eagle3" / "results.json").is_file()
+    again = subprocess.run([sys.executable, "-m", "headstart.scripts.cli", *demo[0][1:]], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=600)  # the main job again: refused, alone
+    assert again.returncode == 2 and again.stdout == ""
+    assert again.stderr.strip().splitlines()[-1].startswith("error: runs/demo-eagle3 already holds a training run")
+    assert "Traceback" not in again.stderr and "ChildFailedError" not in again.stderr
