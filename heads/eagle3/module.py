@@ -144,9 +144,12 @@ class Eagle3Draft(nn.Module):
         per_step += tokens * 8 * c.hidden_size * element_bytes
         fc = tokens * c.hidden_size * element_bytes
         scores = min(512, tokens) * tokens * c.num_attention_heads * 4 * 2
+        if tokens * c.draft_vocab_size <= RECOMPUTE_ABOVE:  # small steps keep their logits for backward (see there)
+            loss = {"loss: kept logits, every step": self.ttt_steps * tokens * c.draft_vocab_size * 4 * 2}
+        else:
+            loss = {"loss chunks": loss_chunk_bytes(self.chunk_tokens, c.draft_vocab_size, tokens)}
         return {f"head activations ({self.ttt_steps} TTT steps)": self.ttt_steps * per_step + fc,
-                "attention scores, one block of 512 query rows": scores,
-                "loss chunks": loss_chunk_bytes(self.chunk_tokens, c.draft_vocab_size, tokens)}
+                "attention scores, one block of 512 query rows": scores, **loss}
 
     # -- draft vocab ---------------------------------------------------------------------------
     def set_draft_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
