@@ -160,6 +160,33 @@ class PerSequence:
         self.drafters = [self.drafters[r] for r in rows]
 
 
+class RowByRow:
+    """The batch methods of a one-sequence drafter that drafts a batch one row after another: ``begin_batch`` makes a
+    fresh drafter per row (``row_drafter``) and the rest delegate to their ``PerSequence``."""
+
+    rows: PerSequence | None = None
+
+    def row_drafter(self) -> Drafter:
+        """A fresh drafter of the same head and settings, for one row."""
+        raise NotImplementedError
+
+    def begin_batch(self, prompts: list[torch.Tensor], states: TargetOutput, next_tokens: list[int]) -> None:
+        self.rows = PerSequence([self.row_drafter() for _ in prompts])
+        self.rows.begin_batch(prompts, states, next_tokens)
+
+    def propose_batch(self, budgets: list[int]) -> list[torch.Tensor]:
+        return self.rows.propose_batch(budgets)
+
+    def propose_sampled_batch(self, budgets: list[int], sampling: Sampling, generator: torch.Generator | None = None):
+        return self.rows.propose_sampled_batch(budgets, sampling, generator)
+
+    def update_batch(self, emitted: list[list[int]], states: TargetOutput) -> None:
+        self.rows.update_batch(emitted, states)
+
+    def select(self, rows: list[int]) -> None:
+        self.rows.select(rows)
+
+
 def _rows(states: TargetOutput, rows: list[int]) -> TargetOutput:
     index = torch.tensor(rows, dtype=torch.long, device=states.last_hidden_state.device)
     aux = None if states.aux_hidden_states is None else states.aux_hidden_states[index]

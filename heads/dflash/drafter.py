@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import torch
 
-from headstart.decode.batch_generate import PerSequence
+from headstart.decode.batch_generate import RowByRow
 from headstart.decode.confidence import confident_prefix
 from headstart.decode.static_blocks import compile_step
 from headstart.heads.dflash.module import DFlashDraft
 from headstart.models.target import TargetOutput
 
 
-class DFlashDrafter:
+class DFlashDrafter(RowByRow):
     def __init__(self, head: DFlashDraft, max_len: int, compile: bool = False, backend: str = "inductor") -> None:
         """``compile``: the block's forward through ``torch.compile`` with dynamic shapes (the context it reads grows
         every round: one graph for every length)."""
@@ -40,7 +40,6 @@ class DFlashDrafter:
         self.bonus = 0  # the last emitted token: slot 0 of the next block
         self.confidence_threshold = 0.0
         self.tree_logits: torch.Tensor | None = None
-        self.rows: PerSequence | None = None  # a batch: one drafter per row
 
     @property
     def block_size(self) -> int:
@@ -111,19 +110,6 @@ class DFlashDrafter:
                              f"a tree deeper than {self.block_size - 1} levels cannot be drafted (lower --tree-depth)")
         return self.tree_logits[depth].expand(tokens.numel(), -1)
 
-    # -- a batch (decode/batch_generate.py): one drafter per row -----------------------------------
-    def begin_batch(self, prompts: list[torch.Tensor], states: TargetOutput, next_tokens: list[int]) -> None:
-        self.rows = PerSequence([DFlashDrafter(self.head, self.max_len, self.compile, self.backend) for _ in prompts])
-        self.rows.begin_batch(prompts, states, next_tokens)
-
-    def propose_batch(self, budgets: list[int]) -> list[torch.Tensor]:
-        return self.rows.propose_batch(budgets)
-
-    def propose_sampled_batch(self, budgets: list[int], sampling, generator: torch.Generator | None = None):
-        return self.rows.propose_sampled_batch(budgets, sampling, generator)
-
-    def update_batch(self, emitted: list[list[int]], states: TargetOutput) -> None:
-        self.rows.update_batch(emitted, states)
-
-    def select(self, rows: list[int]) -> None:
-        self.rows.select(rows)
+    # -- a batch (decode/batch_generate.py): one drafter per row -------------------------------------
+    def row_drafter(self) -> "DFlashDrafter":
+        return DFlashDrafter(self.head, self.max_len, self.compile, self.backend)

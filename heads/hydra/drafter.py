@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import torch
 
-from headstart.decode.batch_generate import PerSequence
+from headstart.decode.batch_generate import RowByRow
 from headstart.decode.confidence import confident_prefix
 from headstart.heads.hydra.module import HydraHeads
 from headstart.models.target import TargetOutput
 
 
-class HydraDrafter:
+class HydraDrafter(RowByRow):
     def __init__(self, heads: HydraHeads, max_len: int = 0, compile: bool = False, backend: str = "inductor") -> None:
         """``max_len``: no cache to size. ``compile`` is accepted and not used: a round is a few eager ops."""
         self.heads = heads.eval()
@@ -28,7 +28,6 @@ class HydraDrafter:
         self.bonus = 0
         self.confidence_threshold = 0.0
         self._paths: torch.Tensor | None = None  # [n, K + 1] target-id paths (bonus first) of the expanded tree nodes
-        self.rows: PerSequence | None = None
         self.max_len, self.compile, self.backend = max_len, compile, backend
 
     def precompile(self, max_block: int = 1, trees: bool = True) -> None:
@@ -111,19 +110,6 @@ class HydraDrafter:
         self._paths = torch.cat([self._paths, paths])
         return self._logits(depth, paths[:, : depth + 1])
 
-    # -- a batch (decode/batch_generate.py): one drafter per row ---------------------------------------
-    def begin_batch(self, prompts: list[torch.Tensor], states: TargetOutput, next_tokens: list[int]) -> None:
-        self.rows = PerSequence([HydraDrafter(self.heads, self.max_len) for _ in prompts])
-        self.rows.begin_batch(prompts, states, next_tokens)
-
-    def propose_batch(self, budgets: list[int]) -> list[torch.Tensor]:
-        return self.rows.propose_batch(budgets)
-
-    def propose_sampled_batch(self, budgets: list[int], sampling, generator: torch.Generator | None = None):
-        return self.rows.propose_sampled_batch(budgets, sampling, generator)
-
-    def update_batch(self, emitted: list[list[int]], states: TargetOutput) -> None:
-        self.rows.update_batch(emitted, states)
-
-    def select(self, rows: list[int]) -> None:
-        self.rows.select(rows)
+    # -- a batch (decode/batch_generate.py): one drafter per row -------------------------------------
+    def row_drafter(self) -> "HydraDrafter":
+        return HydraDrafter(self.heads, self.max_len)

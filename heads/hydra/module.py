@@ -28,7 +28,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from headstart.heads.medusa.module import ResidualBlock
+from headstart.heads.medusa.module import MedusaConfig, ResidualBlock
 from headstart.models.draft_vocab import build_draft_vocab
 from headstart.models.head import DraftConfig, FeatureNeeds, Features, check_layout, loss_chunk_bytes, shift_left
 from headstart.models.target import text_config
@@ -52,29 +52,10 @@ class HydraOptions:
 
 
 @dataclass(frozen=True)
-class HydraConfig:
-    """The heads' shape; serialised as headstart's ``HydraModel`` config.json."""
+class HydraConfig(MedusaConfig):
+    """The heads' shape (Medusa's fields and rules); serialised as headstart's ``HydraModel`` config.json."""
 
-    hidden_size: int
-    vocab_size: int
-    num_heads: int = 4
-    num_layers: int = 1
-    truncated_vocab_size: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.num_heads < 1 or self.num_layers < 1:
-            raise ValueError(f"Hydra needs num_heads >= 1 and num_layers >= 1, got {self.num_heads} / {self.num_layers}")
-        if self.truncated_vocab_size is not None and not 0 < self.truncated_vocab_size <= self.vocab_size:
-            raise ValueError(f"Hydra truncated_vocab_size must be in 1..{self.vocab_size} (the target vocab), "
-                             f"got {self.truncated_vocab_size}")
-
-    @property
-    def draft_vocab_size(self) -> int:
-        return self.truncated_vocab_size or self.vocab_size
-
-    @property
-    def truncated(self) -> bool:
-        return self.draft_vocab_size < self.vocab_size
+    head_name = "Hydra"
 
     @classmethod
     def from_target(cls, target_config, options: HydraOptions) -> "HydraConfig":
@@ -100,15 +81,6 @@ class HydraConfig:
         truncated = d.get("draft_vocab_size") or d["vocab_size"]
         return cls(hidden_size=d["hidden_size"], vocab_size=d["vocab_size"], num_heads=d["num_heads"],
                    num_layers=d["num_layers"], truncated_vocab_size=truncated if truncated != d["vocab_size"] else None)
-
-    def check_target(self, target_config, where: str = "the Hydra config") -> None:
-        """Refuse, by name, heads made for a target of another hidden size or vocab."""
-        tc = text_config(target_config)
-        problems = [f"{k} {mine} != target {k} {theirs}" for k, mine, theirs in (
-            ("hidden_size", self.hidden_size, tc.hidden_size), ("vocab_size", self.vocab_size, tc.vocab_size))
-            if mine != theirs]
-        if problems:
-            raise ValueError(f"{where}: the Hydra heads do not fit the target:\n  " + "\n  ".join(problems))
 
 
 class HydraHead(nn.Module):

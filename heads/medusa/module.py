@@ -58,6 +58,8 @@ class MedusaOptions:
 class MedusaConfig:
     """The heads' shape; serialised as vLLM's Medusa config.json."""
 
+    head_name = "Medusa"  # what the refusals call these heads (a subclass's are others)
+
     hidden_size: int  # the target's hidden size H
     vocab_size: int  # the target vocab V
     num_heads: int = 4
@@ -66,9 +68,10 @@ class MedusaConfig:
 
     def __post_init__(self) -> None:
         if self.num_heads < 1 or self.num_layers < 1:
-            raise ValueError(f"Medusa needs num_heads >= 1 and num_layers >= 1, got {self.num_heads} / {self.num_layers}")
+            raise ValueError(f"{self.head_name} needs num_heads >= 1 and num_layers >= 1, got {self.num_heads} / "
+                             f"{self.num_layers}")
         if self.truncated_vocab_size is not None and not 0 < self.truncated_vocab_size <= self.vocab_size:
-            raise ValueError(f"Medusa truncated_vocab_size must be in 1..{self.vocab_size} (the target vocab), "
+            raise ValueError(f"{self.head_name} truncated_vocab_size must be in 1..{self.vocab_size} (the target vocab), "
                              f"got {self.truncated_vocab_size}")
 
     @property
@@ -118,7 +121,7 @@ class MedusaConfig:
         return cls(hidden_size=d["hidden_size"], vocab_size=d["vocab_size"], num_heads=d["num_heads"],
                    num_layers=d["num_hidden_layers"], truncated_vocab_size=truncated if truncated != d["vocab_size"] else None)
 
-    def check_target(self, target_config, where: str = "the Medusa config") -> None:
+    def check_target(self, target_config, where: str | None = None) -> None:
         """Refuse, by name, heads made for a target of another hidden size or vocab."""
         tc = text_config(target_config)
         problems = []
@@ -127,7 +130,8 @@ class MedusaConfig:
         if self.vocab_size != tc.vocab_size:
             problems.append(f"vocab_size {self.vocab_size} != target vocab_size {tc.vocab_size}")
         if problems:
-            raise ValueError(f"{where}: the Medusa heads do not fit the target:\n  " + "\n  ".join(problems))
+            raise ValueError(f"{where or f'the {self.head_name} config'}: the {self.head_name} heads do not fit the "
+                             "target:\n  " + "\n  ".join(problems))
 
 
 class ResidualBlock(nn.Module):
