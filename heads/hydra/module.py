@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 
 from headstart.heads.medusa.module import MedusaConfig, ResidualBlock
@@ -33,6 +32,7 @@ from headstart.models.draft_vocab import build_draft_vocab
 from headstart.models.head import DraftConfig, FeatureNeeds, Features, check_layout, loss_chunk_bytes, shift_left
 from headstart.models.target import text_config
 from headstart.models.vocab_loss import VocabProjection, multi_step_loss
+from headstart.models.weights_file import read_weights, write_weights
 
 
 @dataclass(frozen=True)
@@ -194,12 +194,7 @@ class HydraHeads(nn.Module):
                         state_dict: dict[str, torch.Tensor] | None = None, layout: str | None = None,
                         verifier: dict | None = None) -> None:
         check_layout(self, layout)
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        tensors = self.export_state_dict(state_dict)
-        save_file({k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()},
-                  str(directory / "model.safetensors"), metadata={"format": "pt"})
-        (directory / "config.json").write_text(json.dumps(self.config.to_dict(dtype), indent=2))
+        write_weights(directory, self.export_state_dict(state_dict), dtype, self.config.to_dict(dtype))
 
     @classmethod
     def load(cls, directory: str | Path, target) -> "HydraHeads":
@@ -210,18 +205,9 @@ class HydraHeads(nn.Module):
         config = HydraConfig.from_dict(json.loads((directory / "config.json").read_text()), str(directory / "config.json"))
         config.check_target(target.config, str(directory / "config.json"))
         model = cls(config)
-        tensors = load_file(str(directory / "model.safetensors"))
-        expected = model.export_state_dict()
-        missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
-        if missing or unexpected:
-            raise ValueError(f"{directory}: tensors do not match the Hydra layout of its config.json: missing {missing}, "
-                             f"unexpected {unexpected}")
-        bad = [k for k, v in tensors.items() if tuple(v.shape) != tuple(expected[k].shape)]
-        if bad:
-            raise ValueError(f"{directory}: tensors of the wrong shape: " + ", ".join(
-                f"{k} {tuple(tensors[k].shape)} (expected {tuple(expected[k].shape)})" for k in bad))
+        tensors = read_weights(directory, model.export_state_dict(), "Hydra")
         model.set_target(target)  # the embedding (not saved) and the teacher; the saved lm_heads replace its copies
-        model.load_state_dict({k: v.to(expected[k].dtype) for k, v in tensors.items()}, strict=False)
+        model.load_state_dict(tensors, strict=False)
         return model
 
 

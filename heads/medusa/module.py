@@ -28,12 +28,12 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 from torch import nn
 
 from headstart.models.head import DraftConfig, FeatureNeeds, Features, check_layout, loss_chunk_bytes
 from headstart.models.target import text_config
 from headstart.models.vocab_loss import VocabProjection, multi_step_loss
+from headstart.models.weights_file import read_weights, write_weights
 from headstart.models.draft_vocab import build_draft_vocab
 
 
@@ -247,12 +247,8 @@ class MedusaHeads(nn.Module):
                         state_dict: dict[str, torch.Tensor] | None = None, layout: str | None = None,
                         verifier: dict | None = None) -> None:
         check_layout(self, layout)  # vLLM's layout only; its config does not name the target
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
         tensors = state_dict if state_dict is not None else self.export_state_dict()
-        save_file({k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()},  # token_map stays int64
-                  str(directory / "model.safetensors"), metadata={"format": "pt"})
-        (directory / "config.json").write_text(json.dumps(self.config.to_hf_dict(dtype), indent=2))
+        write_weights(directory, tensors, dtype, self.config.to_hf_dict(dtype))  # token_map stays int64
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, **kwargs) -> "MedusaHeads":
@@ -261,17 +257,7 @@ class MedusaHeads(nn.Module):
             raise FileNotFoundError(f"{directory}: expected config.json and model.safetensors of Medusa heads")
         config = MedusaConfig.from_hf_dict(json.loads((directory / "config.json").read_text()), str(directory / "config.json"))
         model = cls(config, **kwargs)
-        tensors = load_file(str(directory / "model.safetensors"))
-        expected = dict(model.state_dict())
-        missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
-        if missing or unexpected:
-            raise ValueError(f"{directory}: tensors do not match the Medusa layout of its config.json: missing {missing}, "
-                             f"unexpected {unexpected}")
-        bad = [k for k, v in tensors.items() if tuple(v.shape) != tuple(expected[k].shape)]
-        if bad:
-            raise ValueError(f"{directory}: tensors of the wrong shape: "
-                             + ", ".join(f"{k} {tuple(tensors[k].shape)} (expected {tuple(expected[k].shape)})" for k in bad))
-        model.load_state_dict({k: v.to(expected[k].dtype) for k, v in tensors.items()})
+        model.load_state_dict(read_weights(directory, dict(model.state_dict()), "Medusa"))
         return model
 
     @classmethod
