@@ -18,6 +18,7 @@ from headstart.decode.draft_model_batch_drafter import DraftModelBatchDrafter, a
 from headstart.decode.hf_peers import HFSpeculation
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.ngram_store import NgramStore
+from headstart.models.provenance import check_target
 from headstart.models.target import TargetConfig, load_causal_lm, load_tokenizer
 
 
@@ -97,8 +98,10 @@ def _draft_model(ctx: MethodContext) -> Drafting:
 
 
 def load_draft_model(ctx: MethodContext):
-    """``--draft`` as an HF causal LM sharing the target's vocabulary, refused by name otherwise."""
+    """``--draft`` as an HF causal LM sharing the target's vocabulary, refused by name otherwise (and, when it records
+    the target it was distilled from, refused for another one)."""
     args, setup = ctx.args, ctx.setup
+    check_target(args.draft, args.target, getattr(args, "allow_other_target", False))
     if load_tokenizer(args.draft).get_vocab() != setup.tokenizer.get_vocab():
         raise MethodError(f"the draft model {args.draft} has another tokenizer than the target {args.target}; "
                           "a draft model must share its target's vocabulary")

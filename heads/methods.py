@@ -37,4 +37,4 @@ def head_method(name: str, spec: HeadSpec) -> DraftingMethod:
 
 def drafting_methods() -> dict[str, DraftingMethod]:
     """Every method by its ``--method`` name: the heads first, then the others."""
-    return {**{name: head_method(name, spec) for name, spec in HEADS.items()}, **METHODS}
+    return {**{name: head_method(name, spec) for name, spec in HEADS.items() if spec.decoded_by is None}, **METHODS}

@@ -39,3 +39,7 @@ class HeadSpec:
     """``check_head``'s rules: (directory, layout, target config) -> problems; None: the reader's refusals."""
     convert: Callable[..., Path] | None = None
     """(source, out, to layout, verifier, force) -> out: rewrite an export in another of its layouts."""
+    decoded_by: str | None = None
+    """The drafting method (decode/methods.py) that decodes this head's exports, when that is not a method of its own:
+    a distilled draft model is a plain causal LM, which ``draft-model`` decodes like any other. None: ``--method``
+    takes the head's catalog name."""

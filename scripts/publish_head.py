@@ -89,9 +89,9 @@ def main(argv: list[str] | None = None) -> None:
     world = json.loads((latest_checkpoint(run) / "trainer_state.json").read_text())["world_size"]
     recipe = args.recipe or f"{run}/run_config.json (resolved)"
     out.mkdir(parents=True, exist_ok=True)
-    for name in ("config.json", "model.safetensors", "headstart.json"):  # headstart.json: the target it was trained for
-        if (final / name).is_file():
-            shutil.copy2(final / name, out / name)
+    for path in sorted(final.iterdir()):  # the export's files (headstart.json: the target it was trained for; a draft
+        if path.is_file() and path.name != BEST_RECORD:  # model's tokenizer), not the run's record of its best step
+            shutil.copy2(path, out / path.name)
     run_config = json.loads((run / "run_config.json").read_text())
     command = f"torchrun --nproc_per_node {world} scripts/train_eagle3.py --config {recipe}"
     if args.recipe:
