@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from headstart.heads.dflash.spec import DFLASH
+from headstart.heads.draft_model.spec import DRAFT_MODEL
 from headstart.heads.eagle3.spec import EAGLE3
 from headstart.heads.hydra.spec import HYDRA
 from headstart.heads.medusa.spec import MEDUSA
@@ -27,7 +28,7 @@ from headstart.models.provenance import check_record, check_target
 
 
 HEADS: dict[str, HeadSpec] = {"eagle3": EAGLE3, "medusa": MEDUSA, "mtp": MTP, "peagle": PEAGLE, "dflash": DFLASH,
-                             "hydra": HYDRA}
+                             "hydra": HYDRA, "draft_model": DRAFT_MODEL}
 """The head catalog: one line a head; each head's spec is in its folder (heads/<name>/spec.py)."""
 
 DEFAULT_HEAD = "eagle3"
