@@ -22,7 +22,8 @@ from headstart.decode.report import provenance
 
 
 def time_log(path: Path) -> dict[str, float]:
-    """Wall seconds, peak RSS (GiB) and the command from ``/usr/bin/time -v`` output."""
+    """Wall seconds, CPU seconds (user + system, every process of the run: what sharing the machine with other work
+    does not inflate as it does the wall time), peak RSS (GiB) and the command from ``/usr/bin/time -v`` output."""
     text = path.read_text()
     wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", text)
     rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
@@ -32,7 +33,9 @@ def time_log(path: Path) -> dict[str, float]:
     for part in wall.group(1).split(":"):
         seconds = seconds * 60 + float(part)
     timed = re.search(r'Command being timed: "(.*)"', text)
+    cpu = [re.search(rf"{kind} time \(seconds\): ([\d.]+)", text) for kind in ("User", "System")]
     return {"wall_s": round(seconds, 1), "peak_rss_gib": round(int(rss.group(1)) / 2**20, 2),
+            **({"cpu_s": round(sum(float(m.group(1)) for m in cpu), 1)} if all(cpu) else {}),
             **({"command": timed.group(1)} if timed else {})}
 
 

@@ -93,14 +93,16 @@ def bench_table(record: dict) -> list[str]:
 
 
 def train_table(record: dict) -> list[str]:
-    lines = ["| run | steps | wall | peak memory | simulated acceptance | top-1 accuracy by step |",
-             "|---|---|---|---|---|---|"]
+    cpu = any("cpu_s" in run for run in record["train"].values())  # CPU time: older result files lack it
+    lines = [f"| run | steps | wall |{' CPU time |' if cpu else ''} peak memory | simulated acceptance | top-1 accuracy by step |",
+             f"|---|---|---|{'---|' if cpu else ''}---|---|---|"]
     commands = []
     for name, run in record["train"].items():
         wall = f"{run['wall_s'] / 60:.1f} min" if "wall_s" in run else "-"
         memory = f"{run['peak_rss_gib']:.2f} GiB" if "peak_rss_gib" in run else "-"
         accuracy = " ".join(f"{a:.2f}" for a in run.get("acc_by_step", []))
-        lines.append(f"| {name} | {run.get('step', '-')} | {wall} | {memory} | {run['sim_accept_len']:.2f} | {accuracy} |")
+        cpu_time = (f" {run['cpu_s'] / 60:.1f} min |" if "cpu_s" in run else " - |") if cpu else ""
+        lines.append(f"| {name} | {run.get('step', '-')} | {wall} |{cpu_time} {memory} | {run['sim_accept_len']:.2f} | {accuracy} |")
         if run.get("command"):
             commands.append(f"- {name}: `{run['command']}`")
     return ["Training:", "", *lines, *(["", "Commands:", "", *commands] if commands else [])]
