@@ -85,3 +85,28 @@ def test_plan_rows_render_planned_against_measured(tmp_path: Path) -> None:
     (tmp_path / "plan.json").write_text(json.dumps(record))
     with pytest.raises(ValueError, match="needs 'bench' .* or 'plan'"):
         results_page.load(tmp_path)
+
+
+GNU_TIME = """\tCommand being timed: "python scripts/train_eagle3.py --config r.yaml"
+\tUser time (seconds): 1500.25
+\tSystem time (seconds): 20.50
+\tElapsed (wall clock) time (h:mm:ss or m:ss): 1:02:03.5
+\tMaximum resident set size (kbytes): 1572864
+"""
+
+
+def test_a_time_log_gives_wall_cpu_and_peak_memory_and_the_training_table_shows_them(tmp_path: Path) -> None:
+    from headstart.benchmarks.heads_side_by_side import time_log
+
+    (tmp_path / "run.time").write_text(GNU_TIME)
+    got = time_log(tmp_path / "run.time")
+    assert got == {"wall_s": 3723.5, "cpu_s": 1520.8, "peak_rss_gib": 1.5,
+                   "command": "python scripts/train_eagle3.py --config r.yaml"}
+    record = {"train": {"a": {**got, "step": 400, "sim_accept_len": 1.7, "acc_by_step": [0.7]},
+                        "b": {"step": 10, "sim_accept_len": 1.2}}}  # b: a published head with no time log
+    table = "\n".join(results_page.train_table(record))
+    assert "| a | 400 | 62.1 min | 25.3 min | 1.50 GiB | 1.70 | 0.70 |" in table
+    assert "| b | 10 | - | - | - | 1.20 |  |" in table
+    with pytest.raises(ValueError, match="not a /usr/bin/time -v log"):
+        (tmp_path / "bad.time").write_text("Traceback ...")
+        time_log(tmp_path / "bad.time")
