@@ -22,6 +22,7 @@ declare -A CHANGE=(
 )
 VARIANTS="fkl rkl tv data fresh adaspec"
 run_dir() { [ "$1" = fkl ] && echo runs/demo-distill || echo "runs/demo-distill-$1"; }
+head_dir() { [ "$1" = fkl ] && echo configs/demo/distilled-draft-model || echo "$(run_dir "$1")/final"; }  # as published
 if want features && [ ! -d runs/demo-distill-features ]; then
   python scripts/generate_features.py --config configs/demo/distill.yaml > "$X/features.log" 2>&1
 fi
@@ -39,11 +40,11 @@ if want publish; then
 fi
 for v in $VARIANTS; do
   want "$v" || continue
-  [ -d "$(run_dir "$v")/final" ] || continue
+  [ -d "$(head_dir "$v")" ] || continue
   echo "== $v $(date +%T)"
   python scripts/benchmark.py --target configs/demo/target --questions configs/demo/eval/mt_bench.jsonl \
     --per-category 1 --max-new-tokens 128 --no-hf-reference --verify-greedy --method draft-model \
-    --draft "$(run_dir "$v")/final" --num-speculative-tokens 4 \
+    --draft "$(head_dir "$v")" --num-speculative-tokens 4 \
     --versus "--method draft-model --draft configs/demo/draft-model --num-speculative-tokens 4" --out "$X/$v-k4" \
     > "$X/$v-k4.log" 2>&1 || echo "FAILED or not greedy-exact: $v (see $X/$v-k4.log)"
   grep "Paired" "$X/$v-k4.log"

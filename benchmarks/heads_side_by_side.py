@@ -2,7 +2,7 @@
 
     python benchmarks/heads_side_by_side.py --title "P-EAGLE and EAGLE-3" --what "P-EAGLE vs EAGLE-3, quick-start recipe" \\
         --train eagle3=runs/pe-demo/eagle3:runs/pe-demo/eagle3.time --train peagle=runs/pe-demo/peagle:runs/pe-demo/peagle.time \\
-        --bench k4=runs/pe-demo/bench-k4 --out benchmarks/results/peagle_vs_eagle3_demo_quick.json
+        --bench k4=runs/pe-demo/bench-k4 --out benchmarks/results/peagle_vs_eagle3.json
 
 A training run gives its command (run_config.json), the last evaluation's simulated acceptance length and top-1
 accuracy by step, and, from a GNU ``/usr/bin/time -v`` log of the run, its wall time and peak resident memory (the
