@@ -43,7 +43,8 @@ class Drafter(Protocol):
         A drafter that samples also has ``propose_sampled(k, sampling, generator) -> (tokens [k'],
         q [k', V])`` giving the distributions its drafts were drawn from. A model drafter also has a
         ``confidence_threshold`` (0 by default): above 0 its chain stops after the first draft it gives a lower
-        probability (decode/confidence.py)."""
+        probability (decode/confidence.py). A self-speculative drafter, which drafts with the target's own first layers
+        on its KV cache, has ``attach(runner)``: the loop hands it the target's runner before ``begin``."""
 
     def update(self, emitted: list[int], states: TargetOutput) -> None:
         """Tokens appended after verification, and the target's states of the positions that
@@ -152,6 +153,9 @@ def speculative_generate(
     runner.commit(prompt_ids.shape[1])
     tokens, done = stop_at_end([_pick(logits[0, -1], sampling, generator)], eos_ids, max_new_tokens)
     clock.lap("other")
+    attach = getattr(drafter, "attach", None)
+    if attach is not None:  # a self-speculative drafter runs the target's first layers on this runner's cache
+        attach(runner)
     drafter.begin(prompt_ids, states, tokens[0])
     clock.lap("prefill")  # the drafter reading the prompt is a prompt cost, like the target's forward over it
     out = Generation(tokens)

@@ -19,7 +19,7 @@ from headstart.decode.clock import median_seconds
 from headstart.decode.kv_cache import PositionalKVCache, StaticKVCache, move_slots
 from headstart.decode.ragged_blocks import RaggedBlocks
 from headstart.decode.static_blocks import COMPILED_BLOCK, causal_allowed, compile_step, padded_size, self_mask
-from headstart.models.target import Target, TargetOutput, additive_mask
+from headstart.models.target import Target, TargetOutput, additive_mask, decoder_layers
 
 
 def pad_sizes(cost: dict[int, float], margin: float = 0.05) -> dict[int, int]:
@@ -151,6 +151,31 @@ class TargetRunner:
         else:
             out = self._run(input_ids, mask, position_ids, last_only)
         return self._outputs(out, n, compiled, last_only)
+
+    @torch.no_grad()
+    def forward_layers(self, input_ids: torch.Tensor, layers: int, start: int | None = None) -> torch.Tensor:
+        """The target's first ``layers`` decoder layers over a causal block [1, n] at slot ``start`` (default: right
+        after the committed tokens) -> the hidden state after the last of them [1, n, H] (before any final norm).
+
+        Those layers' K/V go to the cache's slots there, uncommitted, and every earlier slot is visible: a
+        self-speculative drafter (early exit) drafts on the target's own cache, reading the committed context's
+        first-layer K/V that verification wrote and writing its drafts' where verification overwrites them. Eager
+        runners only (a compiled runner's graphs run every layer)."""
+        if self._compiled is not None:
+            raise ValueError("forward_layers runs on an eager runner (compile=False)")
+        total = len(decoder_layers(self.target.model))
+        if not 0 < layers <= total:
+            raise ValueError(f"forward_layers: layers must be in 1..{total}, got {layers}")
+        n, device = input_ids.shape[1], input_ids.device
+        start = self.cache.length if start is None else start
+        if start + n > self.max_len:
+            raise ValueError(f"KV cache overflow: {start + n} tokens > max_len {self.max_len} (raise --max-len)")
+        allowed = torch.ones(n, start + n, dtype=torch.bool, device=device)
+        allowed[:, start:] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+        positions = start + torch.arange(n, device=device)
+        mask = self._mask(allowed, positions, torch.arange(start + n, device=device))
+        self.cache.begin(start)
+        return self.target.first_layers(input_ids, layers, mask, positions.unsqueeze(0), self.cache)
 
     def _forward_causal(self, input_ids: torch.Tensor, start: int, last_only: bool) -> tuple[torch.Tensor, TargetOutput]:
         """A compiled causal block at ``start``: padded to a compiled size; the graph reads the start from the cache's

@@ -226,6 +226,31 @@ class Target(nn.Module):
         self._captured.clear()
         return TargetOutput(aux_hidden_states=aux, last_hidden_state=out.last_hidden_state)
 
+    def first_layers(self, input_ids: torch.Tensor, layers: int, attention_mask, position_ids: torch.Tensor,
+                     past_key_values=None) -> torch.Tensor:
+        """The model's own forward cut after its first ``layers`` decoder layers -> their output [B, T, H] (no final
+        norm). The cut is the config's layer count, which transformers' decoders loop over, set for this call only."""
+        text = self.model.config.get_text_config()
+        full, layer_list = text.num_hidden_layers, decoder_layers(self.model)
+        out: dict[str, torch.Tensor] = {}
+
+        def keep(module, args, output):
+            out["h"] = output[0] if isinstance(output, tuple) else output
+
+        hook = layer_list[layers - 1].register_forward_hook(keep)
+        base_layers = self.base.layers
+        try:
+            text.num_hidden_layers = layers
+            self.base.layers = nn.ModuleList(list(base_layers)[:layers])  # a decoder that loops over all of them
+            self.base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                      use_cache=past_key_values is not None, **{self.cache_keyword: past_key_values})
+        finally:
+            text.num_hidden_layers = full
+            self.base.layers = base_layers
+            hook.remove()
+            self._captured.clear()
+        return out["h"]
+
     def vocab_head(self, vocab_ids: torch.Tensor | None = None):
         """A function [..., H] -> logits over ``vocab_ids`` [V'] (or the whole vocab).
 

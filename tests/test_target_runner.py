@@ -194,3 +194,22 @@ def test_tuned_blocks_run_padded_to_the_cheapest_size_and_score_the_same(monkeyp
     assert spec.tokens == greedy_generate(plain, prompt, 40, set()).tokens
     assert {1, 2} & set(spec.proposed), spec.proposed  # verify blocks of 2-3 tokens were asked for ...
     assert not {2, 3} & set(run_sizes), run_sizes  # ... and every one ran padded to 4
+
+
+def test_forward_layers_is_the_targets_first_layers_on_its_own_cache():
+    E = 3
+    target = Target(tiny_causal_lm("llama", num_hidden_layers=8), aux_layer_ids=(E,))
+    ids = torch.randint(3, 128, (1, 12), generator=torch.Generator().manual_seed(0))
+    want = target.model(ids, output_hidden_states=True).hidden_states[E]  # after layers 0..E-1
+    runner = TargetRunner(target, 32, with_aux=False)
+    runner.forward(ids[:, :8])
+    runner.commit(8)
+    got = [runner.forward_layers(ids[:, 8 + i: 9 + i], E, 8 + i) for i in range(4)]  # one token at a time, as drafts
+    torch.testing.assert_close(torch.cat(got, 1), want[:, 8:], atol=1e-5, rtol=1e-5)
+    assert runner.length == 8  # nothing committed
+    keys = [layer.keys[:, :, 8:12].clone() for layer in runner.cache.layers[:E]]
+    logits, _ = runner.forward(ids[:, 8:])  # verification over the same slots: every layer, the drafts' K/V rewritten
+    torch.testing.assert_close(logits[0], target.model(ids).logits[0, 8:], atol=1e-5, rtol=1e-5)
+    for before, layer in zip(keys, runner.cache.layers[:E]):  # the same K/V the drafts wrote: nothing to keep twice
+        torch.testing.assert_close(layer.keys[:, :, 8:12], before, atol=1e-5, rtol=1e-5)
+    assert target.model.config.num_hidden_layers == 8 and len(target.base.layers) == 8  # the cut is undone
