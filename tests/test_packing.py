@@ -79,7 +79,7 @@ def _head_loss(head, f: Features) -> tuple[torch.Tensor, dict, dict[str, torch.T
 
 
 @pytest.mark.parametrize("source", ["online", "offline"])
-@pytest.mark.parametrize("head_name", ["eagle3", "medusa", "mtp", "peagle", "dflash", "draft_model"])
+@pytest.mark.parametrize("head_name", ["eagle3", "medusa", "mtp", "peagle", "dflash", "draft_model", "early-exit"])
 def test_packed_loss_and_gradients_equal_the_padded_ones(tmp_path, head_name, source, monkeypatch):
     overrides = make_setup(tmp_path, head=head_name) + ["--target.dtype=float32", "--features.samples_per_shard=8"]
     if source == "offline":

@@ -31,6 +31,14 @@ def target_dir(tmp_path_factory):
     return root
 
 
+AUX_LAYERS = {"early-exit": (4,)}
+"""The target's capture a head needs when it is not the default three layers (early exit reads one: its exit layer)."""
+
+
+def target_for(name: str, target_dir) -> Target:
+    return Target.from_pretrained(TargetConfig(path=str(target_dir), dtype="float32", aux_layer_ids=AUX_LAYERS.get(name)))
+
+
 def test_every_entry_is_complete_and_its_fields_are_its_own():
     for name, spec in HEADS.items():
         own = {f.name for f in dataclasses.fields(spec.options)}
@@ -41,7 +49,7 @@ def test_every_entry_is_complete_and_its_fields_are_its_own():
 
 @pytest.mark.parametrize("name", sorted(HEADS))
 def test_each_head_builds_exports_is_detected_loads_and_decodes_through_its_entry(name, target_dir, tmp_path):
-    target = Target.from_pretrained(TargetConfig(path=str(target_dir), dtype="float32"))
+    target = target_for(name, target_dir)
     counts = torch.arange(target.config.vocab_size, dtype=torch.float32)
     spec = HEADS[name]
     small = {"draft_vocab_size": 48} if "draft_vocab_size" in {f.name for f in dataclasses.fields(spec.options)} else {}
@@ -65,13 +73,17 @@ def test_each_head_builds_exports_is_detected_loads_and_decodes_through_its_entr
 
 @pytest.mark.parametrize("name", sorted(HEADS))
 def test_a_head_started_from_a_published_one_has_its_weights_and_vocab(name, target_dir, tmp_path):
-    target = Target.from_pretrained(TargetConfig(path=str(target_dir), dtype="float32"))
+    target = target_for(name, target_dir)
     spec = HEADS[name]
     sized = "draft_vocab_size" in {f.name for f in dataclasses.fields(spec.options)}
     options = spec.options(**({"draft_vocab_size": 48} if sized else {}))
     torch.manual_seed(1)
     published = build_head(DraftConfig(head=name, options=options), target,
                            torch.arange(target.config.vocab_size, dtype=torch.float32))
+    with torch.no_grad():  # trained: away from any deterministic start (an identity adapter, the target's own layers)
+        for p in published.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.05)
     export_head(published, tmp_path / "pub", name, fingerprint(target_dir))
     want = load_head(name, str(tmp_path / "pub"), target).state_dict()
     # Other token counts and seed: a fresh head would differ in every weight and (with a draft vocab) in its map.

@@ -15,7 +15,8 @@ ANSWERS = ["2+3 = 5. The answer is 5.", "Blue is a colour.", "Hello there!", "On
 
 HEAD_FIELDS = {"eagle3": ["--draft.draft_vocab_size=64", "--draft.ttt_steps=3"], "mtp": ["--draft.ttt_steps=3"], "medusa": [],
                "peagle": ["--draft.draft_vocab_size=64", "--draft.parallel_tokens=3"],
-               "dflash": ["--draft.block_size=4", "--draft.anchors=1000"]}
+               "dflash": ["--draft.block_size=4", "--draft.anchors=1000"],
+               "early-exit": ["--target.aux_layer_ids=[4]"]}  # its exit layer: the one layer it reads
 """Each head's small settings (a recipe may set only its head's fields)."""
 
 
