@@ -56,7 +56,7 @@ def test_a_fresh_adapter_is_plain_early_exit(target):
 
 
 @pytest.mark.parametrize("loss", ["kl", "tv"])
-def test_loss_equals_a_dense_reference(target, loss):
+def test_loss_equals_a_dense_reference(target, target_dir, loss):
     head = build_early_exit(DraftConfig(head="early-exit", loss=loss, options=EarlyExitOptions()), target,
                             torch.ones(128))
     with torch.no_grad():
@@ -75,6 +75,16 @@ def test_loss_equals_a_dense_reference(target, loss):
     torch.testing.assert_close(got, dense[:, 1:-1][trained].sum() / mask[:, 1:].sum(), atol=1e-5, rtol=1e-5)
     right = (logq.argmax(-1) == logp.argmax(-1))[:, 1:-1][trained].float().mean().item()
     assert metrics["acc_0"] == pytest.approx(right)
+    # The exit layer among several captured ones: the same loss from its slice of the features.
+    several = Target.from_pretrained(TargetConfig(path=str(target_dir), dtype="float32", aux_layer_ids=(1, E, 6)))
+    picked = build_early_exit(DraftConfig(head="early-exit", loss=loss, options=EarlyExitOptions(exit_layer=E)), several,
+                              torch.ones(128))
+    picked.load_state_dict(head.state_dict())
+    wide = several(ids)
+    assert picked.aux_index == 1 and wide.aux_hidden_states.shape[-1] == 3 * 32
+    got_wide, _ = picked.loss(Features(input_ids=ids, loss_mask=mask, aux_hidden_states=wide.aux_hidden_states,
+                                       last_hidden_state=wide.last_hidden_state))
+    torch.testing.assert_close(got_wide, got, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])
@@ -89,9 +99,11 @@ def test_chains_are_greedy_exact(target, k):
 
 
 def test_what_it_cannot_do_is_refused_by_name(target, target_dir, tmp_path):
-    with pytest.raises(ValueError, match=r"set target.aux_layer_ids to \[E\]"):
-        three = Target.from_pretrained(TargetConfig(path=str(target_dir), dtype="float32"))
+    three = Target.from_pretrained(TargetConfig(path=str(target_dir), dtype="float32"))  # aux layers 2, 4, 5
+    with pytest.raises(ValueError, match=r"set draft.exit_layer to one of target.aux_layer_ids \[2, 4, 5\]"):
         build_early_exit(DraftConfig(head="early-exit", options=EarlyExitOptions()), three, torch.ones(128))
+    with pytest.raises(ValueError, match=r"draft.exit_layer 3 is not among target.aux_layer_ids \[2, 4, 5\]"):
+        build_early_exit(DraftConfig(head="early-exit", options=EarlyExitOptions(exit_layer=3)), three, torch.ones(128))
     with pytest.raises(ValueError, match="draft.num_layers must be >= 1"):
         EarlyExitOptions(num_layers=0)
     head = adapter_for(target)

@@ -7,8 +7,8 @@ with its own first E layers.
 
 A fresh adapter is the identity: the draft is then the target's lm_head read at layer E (early exit with no
 training); training teaches the adapter what the skipped layers would have added, against the target's full
-distribution (features: the hidden state at layer E, ``target.aux_layer_ids: [E]``; labels: the final hidden
-state). Decoding drafts with layers 0..E-1 on the target's own KV cache (decode/target_runner.py
+distribution (features: the hidden state at layer E, one of ``target.aux_layer_ids``; labels: the final hidden
+state; ``draft.exit_layer`` picks E among several captured layers). Decoding drafts with layers 0..E-1 on the target's own KV cache (decode/target_runner.py
 ``forward_layers``): the committed context's first-layer K/V that verification wrote are read, not kept twice.
 The export is the adapter alone in headstart's own layout (docs/FORMATS.md K): no server runs early exit.
 """
@@ -37,8 +37,12 @@ ARCHITECTURE = "HeadstartEarlyExit"
 
 @dataclass(frozen=True)
 class EarlyExitOptions:
-    """An early-exit recipe's own ``draft:`` fields (the exit layer E is ``target.aux_layer_ids: [E]``)."""
+    """An early-exit recipe's own ``draft:`` fields."""
 
+    exit_layer: int | None = None
+    """E: the draft reads the hidden state after the target's first E layers (HF ``hidden_states[E]``). It must be one
+    of ``target.aux_layer_ids`` (the layers the features carry: one feature store with several serves a sweep of E);
+    None: the only one."""
     num_layers: int = 1
     """Residual blocks of the adapter."""
 
@@ -64,11 +68,15 @@ class EarlyExitConfig:
     @classmethod
     def from_target(cls, target, options: EarlyExitOptions) -> "EarlyExitConfig":
         ids = tuple(target.aux_layer_ids)
-        if len(ids) != 1:
-            raise ValueError(f"early exit reads one layer's hidden state: set target.aux_layer_ids to [E] (the exit "
-                             f"layer), not {list(ids)}")
+        if options.exit_layer is None and len(ids) != 1:
+            raise ValueError(f"early exit reads one layer's hidden state: set draft.exit_layer to one of "
+                             f"target.aux_layer_ids {list(ids)}, or target.aux_layer_ids to [E]")
+        exit_layer = ids[0] if options.exit_layer is None else options.exit_layer
+        if exit_layer not in ids:
+            raise ValueError(f"draft.exit_layer {exit_layer} is not among target.aux_layer_ids {list(ids)}: the features "
+                             "carry only those layers' hidden states")
         tc = text_config(target.config)
-        return cls(hidden_size=tc.hidden_size, vocab_size=tc.vocab_size, exit_layer=ids[0],
+        return cls(hidden_size=tc.hidden_size, vocab_size=tc.vocab_size, exit_layer=exit_layer,
                    target_num_layers=tc.num_hidden_layers, num_layers=options.num_layers)
 
     def to_dict(self) -> dict:
@@ -123,6 +131,7 @@ class EarlyExitAdapter(nn.Module):
         self.config, self.chunk_tokens, self.divergence = config, chunk_tokens, divergence
         self.blocks = ResidualBlock(config.hidden_size, config.num_layers)
         self._target: list = []  # [norm, vocab head]: not submodules, never saved or sharded
+        self.aux_index = 0  # where the exit layer's state sits among the features' aux layers (training)
 
     def set_target(self, norm: nn.Module, vocab_head) -> None:
         self._target = [norm, vocab_head]
@@ -153,7 +162,8 @@ class EarlyExitAdapter(nn.Module):
             raise ValueError("early exit reads the target's hidden state at the exit layer and its final hidden state")
         if not self._target:
             raise ValueError("early-exit training needs the target's final norm and lm_head (set_target)")
-        h = f.aux_hidden_states
+        H = self.config.hidden_size
+        h = f.aux_hidden_states[..., self.aux_index * H:(self.aux_index + 1) * H]
         # multi_step_loss's step 0 trains position t on token t+2 against the target at t+1: the state at t+1 predicts
         # that token, so the states go in one position early.
         draft = torch.cat([h[:, 1:], h[:, :1] * 0], dim=1)
@@ -189,6 +199,7 @@ def build_early_exit(draft: DraftConfig, target, token_counts: torch.Tensor) -> 
     options = draft.options or EarlyExitOptions()
     config = EarlyExitConfig.from_target(target, options)
     head = EarlyExitAdapter(config, chunk_tokens=draft.loss_chunk_tokens, divergence=draft.loss)
+    head.aux_index = tuple(target.aux_layer_ids).index(config.exit_layer)
     head.set_target(final_norm(target), target.vocab_head())
     return head
 
