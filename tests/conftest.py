@@ -94,3 +94,14 @@ def _isolated_cache(tmp_path, monkeypatch):
     # Tests never share (or pollute) the user's tokenization cache.
     monkeypatch.setenv("HEADSTART_CACHE", str(tmp_path / "hs-cache"))
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def llama8_dir(tmp_path_factory):
+    """A tiny random 8-layer Llama checkpoint on disk (no tokenizer), shared by the tests that load a target by path."""
+    from tiny_models import tiny_causal_lm
+
+    root = tmp_path_factory.mktemp("llama8")
+    tiny_causal_lm("llama", num_hidden_layers=8).save_pretrained(root)
+    return root
+

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny_models import tiny_causal_lm
+from tiny_models import random_features, tiny_causal_lm
 from trainer_fixtures import make_setup, train_losses
 from transformers import AutoModelForCausalLM
 
@@ -30,10 +30,8 @@ from headstart.trainer.run import build_trainer
 
 
 @pytest.fixture(scope="module")
-def target_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("target")
-    tiny_causal_lm("llama", num_hidden_layers=8).save_pretrained(root)
-    return root
+def target_dir(llama8_dir):
+    return llama8_dir
 
 
 @pytest.fixture(scope="module")
@@ -52,11 +50,7 @@ def draft_for(target, loss="kl", seed=0, **options) -> DraftModel:
 
 
 def batch(target, B=2, T=17, seed=1) -> Features:
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, 128, (B, T), generator=g)
-    mask = (torch.rand(B, T, generator=g) > 0.3).long()
-    mask[1, 12:] = 0
-    return Features(input_ids=ids, loss_mask=mask, last_hidden_state=target(ids).last_hidden_state)
+    return random_features(target, B, T, seed, cut=12)
 
 
 @pytest.mark.parametrize("loss", ["kl", "rkl", "tv"])

@@ -27,10 +27,8 @@ E = 3
 
 
 @pytest.fixture(scope="module")
-def target_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("target")
-    tiny_causal_lm("llama", num_hidden_layers=8).save_pretrained(root)
-    return root
+def target_dir(llama8_dir):
+    return llama8_dir
 
 
 @pytest.fixture(scope="module")

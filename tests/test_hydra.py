@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from tiny_models import tiny_causal_lm
+from tiny_models import random_features, tiny_causal_lm
 from trainer_fixtures import make_setup, train_losses
 
 from headstart.decode.generate import greedy_generate, speculative_generate
@@ -44,11 +44,7 @@ def heads_for(target, num_heads=3, num_layers=1, truncated=None, seed=0, **kwarg
 
 
 def batch(target, B=2, T=19, seed=1) -> Features:
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, 128, (B, T), generator=g)
-    mask = (torch.rand(B, T, generator=g) > 0.3).long()
-    mask[1, 14:] = 0
-    return Features(input_ids=ids, loss_mask=mask, last_hidden_state=target(ids).last_hidden_state)
+    return random_features(target, B, T, seed, cut=14)
 
 
 @pytest.mark.parametrize("labels", ["target", "data"])

@@ -79,3 +79,16 @@ def random_eagle3_head(target, draft_vocab_size: int = 48, counts_seed: int | No
     head.set_draft_vocab(*build_draft_vocab(torch.randint(0, 9, (target.vocab_size,), generator=g), draft_vocab_size))
     head.load_target_embeddings(target.embed_tokens.weight)
     return head
+
+
+def random_features(target, B: int = 2, T: int = 19, seed: int = 1, cut: int = 14):
+    """A batch of random token ids with a random loss mask (row 1 untrained from ``cut`` on) and the target's final
+    hidden states: what a head that reads only those (Medusa, Hydra, a draft model) trains on."""
+    from headstart.models.head import Features
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 128, (B, T), generator=g)
+    mask = (torch.rand(B, T, generator=g) > 0.3).long()
+    mask[1, cut:] = 0
+    return Features(input_ids=ids, loss_mask=mask, last_hidden_state=target(ids).last_hidden_state)
+
