@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from headstart.models.problem import Problem
-from headstart.models.target import text_config
+from headstart.heads.draft_model.module import check_vocab
 
 
 def detect_draft_model(directory: Path, config: dict) -> str | None:
@@ -20,12 +20,11 @@ def check_draft_model(directory: Path, layout: str, target_config) -> list[Probl
     from transformers import AutoConfig
 
     where = str(Path(directory) / "config.json")
-    config = AutoConfig.from_pretrained(str(directory))
     problems = []
-    draft_vocab, target_vocab = text_config(config).vocab_size, text_config(target_config).vocab_size
-    if draft_vocab != target_vocab:
-        problems.append(Problem(where, "vocab_size", f"the draft model's vocab_size {draft_vocab} != the target's "
-                                                      f"{target_vocab}: a draft model must share its target's vocabulary"))
+    try:
+        check_vocab(AutoConfig.from_pretrained(str(directory)), target_config, where)
+    except ValueError as err:
+        problems.append(Problem(where, "vocab_size", str(err)))
     if not (Path(directory) / "model.safetensors").is_file() and not (Path(directory) / "model.safetensors.index.json").is_file():
         problems.append(Problem(str(directory), "model.safetensors", "no weights: expected model.safetensors"))
     return problems

@@ -21,7 +21,6 @@ learned) is trained, the tokens neither can fit are dropped.
 
 from __future__ import annotations
 
-import json
 import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -34,9 +33,11 @@ from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, Pre
 from transformers.utils import logging as hf_logging
 
 from headstart.heads.draft_model.selective import keep_learnable
-from headstart.models.head import DraftConfig, FeatureNeeds, Features, check_layout, layer_activation_bytes, loss_chunk_bytes
+from headstart.models.head import (DraftConfig, FeatureNeeds, Features, check_layout, layer_activation_bytes,
+                                  loss_chunk_bytes, shift_left)
 from headstart.models.target import text_config
 from headstart.models.vocab_loss import VocabProjection, multi_step_loss
+from headstart.models.weights_file import write_weights
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "tokenizer.model", "vocab.json", "merges.txt", "generation_config.json")
@@ -137,7 +138,7 @@ class DraftModel(nn.Module):
         hidden = self.states(self.model, f)
         # multi_step_loss's step 0 trains position t on token t+2 against the target at t+1: the draft's state at t+1
         # predicts that token, so its states go in one position early (a document's first token predicts nothing).
-        draft = torch.cat([hidden[:, 1:], hidden[:, :1] * 0], dim=1)
+        draft = shift_left(hidden, 1, 0.0)
         project = VocabProjection(lambda z: z, self.model.lm_head.weight)
         if self._reference and self.training and torch.is_grad_enabled():
             f = self.selective(f, draft.detach(), project)
@@ -149,7 +150,7 @@ class DraftModel(nn.Module):
         reference = self._reference[0].to(draft.device)
         with torch.no_grad():
             ref = self.states(reference, f)
-            ref = torch.cat([ref[:, 1:], ref[:, :1] * 0], dim=1)
+            ref = shift_left(ref, 1, 0.0)
             ref_project = VocabProjection(lambda z: z, reference.lm_head.weight)
             mask = keep_learnable(f, draft, project, ref, ref_project, self.teacher, self.divergence, self.filter_keep,
                                   self.chunk_tokens)
@@ -171,17 +172,11 @@ class DraftModel(nn.Module):
         """A plain HF causal LM directory: config.json, model.safetensors, generation config and the target's
         tokenizer files (from ``verifier``'s target directory, else the one it was built for)."""
         check_layout(self, layout)
-        from safetensors.torch import save_file
-
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        tensors = state_dict if state_dict is not None else self.export_state_dict()
-        save_file({k: v.to(dtype) for k, v in tensors.items()}, str(directory / "model.safetensors"),
-                  metadata={"format": "pt"})
         config = self.config.to_dict()
         config["dtype"] = str(dtype).removeprefix("torch.")
         config.pop("torch_dtype", None)
-        (directory / "config.json").write_text(json.dumps(config, indent=2))
+        write_weights(directory, state_dict if state_dict is not None else self.export_state_dict(), dtype, config)
+        directory = Path(directory)
         source = Path((verifier or {}).get("name_or_path") or self.target_dir or "")
         for name in TOKENIZER_FILES:
             if source.name and (source / name).is_file():

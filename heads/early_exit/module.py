@@ -26,7 +26,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 
 from headstart.heads.medusa.module import ResidualBlock
-from headstart.models.head import DraftConfig, FeatureNeeds, Features, check_layout, loss_chunk_bytes
+from headstart.models.head import DraftConfig, FeatureNeeds, Features, check_layout, loss_chunk_bytes, shift_left
 from headstart.models.target import text_config
 from headstart.models.target_matrices import weight_files
 from headstart.models.vocab_loss import multi_step_loss
@@ -166,7 +166,7 @@ class EarlyExitAdapter(nn.Module):
         h = f.aux_hidden_states[..., self.aux_index * H:(self.aux_index + 1) * H]
         # multi_step_loss's step 0 trains position t on token t+2 against the target at t+1: the state at t+1 predicts
         # that token, so the states go in one position early.
-        draft = torch.cat([h[:, 1:], h[:, :1] * 0], dim=1)
+        draft = shift_left(h, 1, 0.0)
         return multi_step_loss([(self.draft_logits, draft)], f, self._target[1], True, 1.0, self.chunk_tokens,
                                divergence=self.divergence)
 
