@@ -44,7 +44,9 @@ class Drafter(Protocol):
         q [k', V])`` giving the distributions its drafts were drawn from. A model drafter also has a
         ``confidence_threshold`` (0 by default): above 0 its chain stops after the first draft it gives a lower
         probability (decode/confidence.py). A self-speculative drafter, which drafts with the target's own first layers
-        on its KV cache, has ``attach(runner)``: the loop hands it the target's runner before ``begin``."""
+        on its KV cache, has ``attach(runner)``: the loop hands it the target's runner before ``begin``; it may also
+        have ``verify(block) -> (logits, states)``, the target's forward over a chain's block [1, 1 + k'] that reuses
+        what drafting computed (the loop calls it in place of ``runner.forward``)."""
 
     def update(self, emitted: list[int], states: TargetOutput) -> None:
         """Tokens appended after verification, and the target's states of the positions that
@@ -156,6 +158,7 @@ def speculative_generate(
     attach = getattr(drafter, "attach", None)
     if attach is not None:  # a self-speculative drafter runs the target's first layers on this runner's cache
         attach(runner)
+    verify = getattr(drafter, "verify", None)  # a self-speculative drafter's own verification (chains)
     drafter.begin(prompt_ids, states, tokens[0])
     clock.lap("prefill")  # the drafter reading the prompt is a prompt cost, like the target's forward over it
     out = Generation(tokens)
@@ -173,7 +176,7 @@ def speculative_generate(
         clock.lap("draft")
         drafts = drafts.to(device)
         block = torch.cat([torch.tensor([tokens[-1]], device=device), drafts]).unsqueeze(0)  # [1, 1+k']
-        logits, states = runner.forward(block)
+        logits, states = verify(block) if verify is not None else runner.forward(block)
         clock.lap("verify")
         if sampling is None:
             n_acc, nxt = verify_greedy(drafts.unsqueeze(0), logits)

@@ -166,16 +166,34 @@ class TargetRunner:
         total = len(decoder_layers(self.target.model))
         if not 0 < layers <= total:
             raise ValueError(f"forward_layers: layers must be in 1..{total}, got {layers}")
-        n, device = input_ids.shape[1], input_ids.device
+        mask, positions = self._causal_block(input_ids.shape[1], start, input_ids.device)
+        return self.target.first_layers(input_ids, layers, mask, positions, self.cache)
+
+    @torch.no_grad()
+    def forward_from(self, hidden: torch.Tensor, layer: int, start: int | None = None) -> tuple[torch.Tensor, TargetOutput]:
+        """The target's layers from ``layer`` on over a causal block at slot ``start`` (default: right after the
+        committed tokens), given the hidden state entering that layer [1, n, H] (``forward_layers(ids, layer)``'s)
+        -> (logits [1, n, V], the final hidden state; no aux states). The block's first layers' K/V must already be
+        in the cache's slots there: self-speculation verifies its drafts without running those layers again."""
+        if self._compiled is not None:
+            raise ValueError("forward_from runs on an eager runner (compile=False)")
+        if self.with_aux:
+            raise ValueError("forward_from gives no aux hidden states: build the runner with with_aux=False")
+        mask, positions = self._causal_block(hidden.shape[1], start, hidden.device)
+        last = self.target.layers_from(hidden, layer, mask, positions, self.cache)
+        return self.target.logits(last), TargetOutput(aux_hidden_states=None, last_hidden_state=last)
+
+    def _causal_block(self, n: int, start: int | None, device: torch.device) -> tuple[object, torch.Tensor]:
+        """An eager causal block of n tokens at slot ``start`` (default: right after the committed tokens), every
+        earlier slot visible: (its mask, positions [1, n]); the cache is set to write there."""
         start = self.cache.length if start is None else start
         if start + n > self.max_len:
             raise ValueError(f"KV cache overflow: {start + n} tokens > max_len {self.max_len} (raise --max-len)")
         allowed = torch.ones(n, start + n, dtype=torch.bool, device=device)
         allowed[:, start:] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
         positions = start + torch.arange(n, device=device)
-        mask = self._mask(allowed, positions, torch.arange(start + n, device=device))
         self.cache.begin(start)
-        return self.target.first_layers(input_ids, layers, mask, positions.unsqueeze(0), self.cache)
+        return self._mask(allowed, positions, torch.arange(start + n, device=device)), positions.unsqueeze(0)
 
     def _forward_causal(self, input_ids: torch.Tensor, start: int, last_only: bool) -> tuple[torch.Tensor, TargetOutput]:
         """A compiled causal block at ``start``: padded to a compiled size; the graph reads the start from the cache's

@@ -32,7 +32,10 @@ def head_method(name: str, spec: HeadSpec) -> DraftingMethod:
         return Drafting(make, make_batch, compiled=compiled)
 
     return DraftingMethod(f"a trained {spec.title} (its exported directory in --draft)", build,
-                          draft="the head's exported directory", reads_aux=spec.cls.needs.aux_hidden_states)
+                          draft="the head's exported directory",
+                          # what the drafter reads when decoding, where it says (early exit trains on a layer's
+                          # state but drafts by running the layers); else what the head trains on
+                          reads_aux=getattr(spec.drafter, "reads_aux", spec.cls.needs.aux_hidden_states))
 
 
 def drafting_methods() -> dict[str, DraftingMethod]:

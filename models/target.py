@@ -229,27 +229,54 @@ class Target(nn.Module):
     def first_layers(self, input_ids: torch.Tensor, layers: int, attention_mask, position_ids: torch.Tensor,
                      past_key_values=None) -> torch.Tensor:
         """The model's own forward cut after its first ``layers`` decoder layers -> their output [B, T, H] (no final
-        norm). The cut is the config's layer count, which transformers' decoders loop over, set for this call only."""
-        text = self.model.config.get_text_config()
-        full, layer_list = text.num_hidden_layers, decoder_layers(self.model)
+        norm)."""
         out: dict[str, torch.Tensor] = {}
 
         def keep(module, args, output):
             out["h"] = output[0] if isinstance(output, tuple) else output
 
-        hook = layer_list[layers - 1].register_forward_hook(keep)
-        base_layers = self.base.layers
+        hook = decoder_layers(self.model)[layers - 1].register_forward_hook(keep)
         try:
-            text.num_hidden_layers = layers
-            self.base.layers = nn.ModuleList(list(base_layers)[:layers])  # a decoder that loops over all of them
-            self.base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                      use_cache=past_key_values is not None, **{self.cache_keyword: past_key_values})
+            self._run_layers(slice(0, layers), input_ids, attention_mask, position_ids, past_key_values)
+        finally:
+            hook.remove()
+        return out["h"]
+
+    def layers_from(self, hidden: torch.Tensor, first: int, attention_mask, position_ids: torch.Tensor,
+                    past_key_values=None) -> torch.Tensor:
+        """The model's own forward from decoder layer ``first`` on, given the hidden state entering it [B, T, H] (what
+        ``first_layers(..., first, ...)`` returned) -> the final hidden state, normed [B, T, H]. Self-speculation's
+        verification: the first layers' K/V of the drafted tokens are already in the cache, and only the rest run."""
+        def enter(module, args, kwargs):  # the layer reads ``hidden``, not what the (skipped) layers before made
+            if args:
+                return (hidden, *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": hidden}
+
+        hook = decoder_layers(self.model)[first].register_forward_pre_hook(enter, with_kwargs=True)
+        dummy = torch.zeros(hidden.shape[:2], dtype=torch.long, device=hidden.device)  # embedded, then replaced
+        try:
+            return self._run_layers(slice(first, None), dummy, attention_mask, position_ids, past_key_values)
+        finally:
+            hook.remove()
+
+    def _run_layers(self, which: slice, input_ids: torch.Tensor, attention_mask, position_ids: torch.Tensor,
+                    past_key_values) -> torch.Tensor:
+        """The base model's forward over the decoder layers ``which`` only -> its last hidden state (final norm on).
+        The cut is the config's layer count, which transformers' decoders loop over, and the layer list, both set
+        for this call only; each layer keeps its ``layer_idx``, so its K/V go to its own cache layer."""
+        text = self.model.config.get_text_config()
+        full, base_layers = text.num_hidden_layers, self.base.layers
+        kept = list(base_layers)[which]
+        try:
+            text.num_hidden_layers = len(kept)
+            self.base.layers = nn.ModuleList(kept)  # a decoder that loops over all of them
+            return self.base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             use_cache=past_key_values is not None,
+                             **{self.cache_keyword: past_key_values}).last_hidden_state
         finally:
             text.num_hidden_layers = full
             self.base.layers = base_layers
-            hook.remove()
             self._captured.clear()
-        return out["h"]
 
     def vocab_head(self, vocab_ids: torch.Tensor | None = None):
         """A function [..., H] -> logits over ``vocab_ids`` [V'] (or the whole vocab).

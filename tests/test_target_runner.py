@@ -213,3 +213,33 @@ def test_forward_layers_is_the_targets_first_layers_on_its_own_cache():
     for before, layer in zip(keys, runner.cache.layers[:E]):  # the same K/V the drafts wrote: nothing to keep twice
         torch.testing.assert_close(layer.keys[:, :, 8:12], before, atol=1e-5, rtol=1e-5)
     assert target.model.config.num_hidden_layers == 8 and len(target.base.layers) == 8  # the cut is undone
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_forward_from_continues_the_first_layers_to_the_targets_logits(family):
+    """Self-speculation's verification: layers E.. over hidden states forward_layers left, on the K/V it wrote, give
+    the full model's logits; layers 0..E-1 do not run again; the cut is undone."""
+    E = 3
+    target = Target(tiny_causal_lm(family, num_hidden_layers=8), aux_layer_ids=(E,))
+    ids = torch.randint(3, 128, (1, 14), generator=torch.Generator().manual_seed(1))
+    runner = TargetRunner(target, 32, with_aux=False)
+    runner.forward(ids[:, :8])
+    runner.commit(8)
+    entered = [runner.forward_layers(ids[:, 8 + i: 9 + i], E, 8 + i) for i in range(5)]  # a chain's inputs, one by one
+    entered.append(runner.forward_layers(ids[:, 13:14], E, 13))  # the last draft, at verification
+    calls = []
+    hooks = [layer.register_forward_hook(lambda m, a, o, i=i: calls.append(i))
+             for i, layer in enumerate(target.base.layers)]
+    logits, states = runner.forward_from(torch.cat(entered, 1), E, 8)
+    for h in hooks:
+        h.remove()
+    assert sorted(set(calls)) == list(range(E, 8))  # only the layers after the exit
+    torch.testing.assert_close(logits[0], target.model(ids).logits[0, 8:], atol=1e-5, rtol=1e-5)
+    assert states.aux_hidden_states is None and states.last_hidden_state.shape == (1, 6, target.hidden_size)
+    runner.commit(6)  # and decoding goes on from that cache as from a full forward
+    nxt, _ = runner.forward(ids[:, :1])
+    torch.testing.assert_close(nxt[0, 0], target.model(torch.cat([ids, ids[:, :1]], 1)).logits[0, -1], atol=1e-5,
+                               rtol=1e-5)
+    assert target.model.config.num_hidden_layers == 8 and len(target.base.layers) == 8
+    with pytest.raises(ValueError, match="with_aux=False"):
+        TargetRunner(target, 32, with_aux=True).forward_from(torch.cat(entered, 1), E, 0)
