@@ -14,6 +14,7 @@ from headstart.decode.generate import greedy_generate, speculative_generate
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import DynamicTree
 from headstart.heads.early_exit.drafter import EarlyExitDrafter
+from headstart.heads.methods import drafting_methods
 from headstart.heads.early_exit.module import EarlyExitAdapter, EarlyExitOptions, build_early_exit
 from headstart.models.export import export_head
 from headstart.models.head import DraftConfig, Features
@@ -94,6 +95,28 @@ def test_chains_are_greedy_exact(target, k):
     out = speculative_generate(runner, EarlyExitDrafter(head), prompt, 30, set(), k=k)
     assert out.tokens == want
     assert sum(out.proposed) > 0
+
+
+def test_verification_runs_the_first_layers_once_per_token(target):
+    """LayerSkip's reuse: drafting ran x, d_1..d_{k-1} through layers 0..E-1; verification runs only d_k there, so
+    the first layer sees exactly the tokens the last one does (not k more per round), and the output stays greedy."""
+    head = adapter_for(target, seed=1)
+    runner = TargetRunner(target, 96, with_aux=False)
+    prompt = torch.randint(3, 128, (1, 9), generator=torch.Generator().manual_seed(5))
+    want = greedy_generate(runner, prompt, 30, set()).tokens
+    seen = {0: 0, len(target.base.layers) - 1: 0}
+    hooks = [target.base.layers[i].register_forward_hook(
+        lambda m, a, o, i=i: seen.__setitem__(i, seen[i] + (o[0] if isinstance(o, tuple) else o).shape[1]))
+        for i in seen]
+    try:
+        out = speculative_generate(runner, EarlyExitDrafter(head), prompt, 30, set(), k=4)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert out.tokens == want
+    assert sum(out.proposed) > len(out.proposed)  # chains of more than one draft: the reuse had something to skip
+    assert seen[0] == seen[len(target.base.layers) - 1] == prompt.shape[1] + sum(p + 1 for p in out.proposed)
+    assert drafting_methods()["early-exit"].reads_aux is False  # the benchmark's runner: no aux states to build
 
 
 def test_what_it_cannot_do_is_refused_by_name(target, target_dir, tmp_path):

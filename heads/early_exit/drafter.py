@@ -2,9 +2,11 @@
 (``TargetRunner.forward_layers``), then the adapter, the target's final norm and lm_head.
 
 A round from bonus token x: x, d_1, ..., d_{k-1} each run through layers 0..E-1 at the slots after the committed
-tokens, where verification then writes every layer's K/V for [x, d_1, ..., d_k] over them; the committed
-context's first-layer K/V, written by verification, are what the drafts attend to. Nothing is kept between rounds
-but the bonus token. Chains only, one sequence: the cache it drafts on is the target's, which a batch splits by row.
+tokens, writing those layers' K/V there. Verification (``verify``, LayerSkip's reuse) then runs d_k through layers
+0..E-1 and the whole block [x, d_1, ..., d_k] through layers E..L-1 only, from the hidden states drafting left at
+layer E: the first E layers run once per token, draft or not, and their K/V live in one cache, the target's. Nothing
+is kept between rounds but the bonus token. Chains only, one sequence: the cache it drafts on is the target's, which
+a batch splits by row.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from headstart.models.target import TargetOutput
 
 
 class EarlyExitDrafter:
+    reads_aux = False  # it runs the target's first layers itself: the runner builds no aux states (and verify skips them)
+
     def __init__(self, head: EarlyExitAdapter, max_len: int = 0, compile: bool = False,
                  backend: str = "inductor") -> None:
         """``max_len``, ``compile``: the contract's; the drafts run on the target's runner (``attach``), eagerly."""
@@ -25,6 +29,9 @@ class EarlyExitDrafter:
         self.runner = None
         self.bonus = 0
         self.confidence_threshold = 0.0
+        self._entered: list[torch.Tensor] = []  # this round's hidden states at layer E, one [1, H] per chain input
+        self._inputs = torch.zeros(0, dtype=torch.long)  # those inputs: x, d_1, ...
+        self._start = 0  # the slot of x
 
     def attach(self, runner) -> None:
         """The target's runner, whose first E layers and KV cache the drafts use (the loop calls this first)."""
@@ -52,14 +59,18 @@ class EarlyExitDrafter:
         start = self.runner.length
         k = min(k, self.runner.max_len - start - 1)  # verification writes the bonus token and k drafts
         token = torch.tensor([[self.bonus]], device=device)
-        drafts, logits = [], []
+        drafts, logits, inputs = [], [], []
+        self._entered, self._start = [], start
         for i in range(max(k, 0)):
             hidden = self.runner.forward_layers(token, self.exit_layer, start + i)
+            self._entered.append(hidden[0])
+            inputs.append(token.view(1))
             row = self.head.draft_logits(hidden[0, -1]).float()
             d = pick(row)
             drafts.append(d)
             logits.append(row)
             token = d.view(1, 1)
+        self._inputs = torch.cat(inputs) if inputs else torch.zeros(0, dtype=torch.long, device=device)
         if not drafts:
             return torch.zeros(0, dtype=torch.long, device=device), torch.zeros(0, self.head.config.vocab_size, device=device)
         return torch.stack(drafts), torch.stack(logits)
@@ -80,6 +91,21 @@ class EarlyExitDrafter:
         drafts, _ = self._chain(k, draw)
         q = torch.stack(qs) if qs else torch.zeros(0, self.head.config.vocab_size, device=self.runner.device)
         return drafts, q
+
+    @torch.no_grad()
+    def verify(self, block: torch.Tensor) -> tuple[torch.Tensor, TargetOutput]:
+        """The target's forward over the round's block [1, 1 + k'] = [x, d_1, ..., d_k']: the tokens drafting ran
+        through layers 0..E-1 (their K/V in the cache, their layer-E states kept) skip them; the rest (d_k', the last
+        draft) run them now; then every one runs layers E..L-1 -> (logits [1, n, V], final states)."""
+        n, have = block.shape[1], min(len(self._entered), block.shape[1])
+        if self._start != self.runner.length or not torch.equal(self._inputs[:have], block[0, :have]):
+            raise ValueError("early-exit verify: the block is not the chain this drafter just drafted at the "
+                             "committed length (the loop verifies [bonus, drafts...] right after propose)")
+        parts = self._entered[:have]
+        if have < n:
+            parts.append(self.runner.forward_layers(block[:, have:], self.exit_layer, self._start + have)[0])
+        self._entered = []
+        return self.runner.forward_from(torch.cat(parts).unsqueeze(0), self.exit_layer, self._start)
 
     # -- what it cannot do, said by name ---------------------------------------------------------------
     def tree_root(self) -> torch.Tensor:
