@@ -52,9 +52,28 @@ def train_run(directory: Path, log: Path | None) -> dict:
         raise ValueError(f"{directory}: no evaluation record (metrics.jsonl, or a published head's eval_metrics.json)")
     last = evals[-1]
     acc = [round(last[f"acc_{s}"], 3) for s in range(64) if f"acc_{s}" in last]
+    data = config.get("data") or {}
     return {"run": str(directory), "step": last.get("step"), "sim_accept_len": round(last["sim_accept_len"], 3),
             "acc_by_step": acc, "draft": config.get("draft"), "train": config.get("train"),
+            **({"data": [Path(f).name for f in data["files"]]} if data.get("files") else {}),
             **(time_log(log) if log else {})}
+
+
+def times_from(train: dict[str, dict], files: list[Path]) -> None:
+    """A published head's training time, from an earlier result file that timed the run it was published from (its
+    card's ``output_dir``): wall, CPU and peak copied with the file named (``times_from``), nothing re-measured."""
+    timed = {}
+    for f in files:
+        for run in json.loads(f.read_text()).get("train", {}).values():  # a plan comparison has none
+            if "wall_s" in run:
+                timed.setdefault(run["run"], (f, run))
+    for record in train.values():
+        card = Path(record["run"]) / "eval_metrics.json"
+        source = json.loads(card.read_text()).get("run_config", {}).get("output_dir") if card.is_file() else None
+        if source in timed:
+            f, run = timed[source]
+            record.update({k: run[k] for k in ("wall_s", "cpu_s", "peak_rss_gib", "command") if k in run},
+                          times_from=f.name)
 
 
 def conditions(args: dict, machine: str) -> str:
@@ -109,6 +128,8 @@ def main() -> None:
     p.add_argument("--train-command", action="append", default=[], metavar="NAME=COMMAND",
                    help="the command of a training run whose time log does not record it (a published head)")
     p.add_argument("--bench", action="append", default=[], metavar="NAME=BENCH_DIR")
+    p.add_argument("--times-from", action="append", default=[], type=Path, metavar="RESULT_FILE",
+                   help="earlier result files whose timed training runs the --train heads were published from")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     train = {}
@@ -117,6 +138,7 @@ def main() -> None:
         train[name] = train_run(Path(run), Path(log) if log else None)
     for name, command in pairs(args.train_command, "train-command").items():
         train[name]["command"] = command
+    times_from(train, args.times_from)
     bench = {name: bench_run(Path(d)) for name, d in pairs(args.bench, "bench").items()}
     Path(args.out).write_text(json.dumps({"title": args.title, "what": args.what, **provenance(), "train": train, "bench": bench}, indent=1) + "\n")
     print(f"wrote {args.out}")

@@ -79,30 +79,62 @@ def method_row(name: str, run: dict, paired: str) -> str:
 def bench_table(record: dict) -> list[str]:
     lines = ["| run | drafter | head | shape | tau | acceptance by position | draft / update / verify ms | speed-up "
              "(predicted) | paired |", "|---|---|---|---|---|---|---|---|---|"]
-    commands = []
+    commands = {}
     for name, run in record["bench"].items():
         pair = run.get("paired")
         ratio = (f"{pair['tokens_per_s_ratio']:.2f}x next row ({pair['turns']} turns)" if pair else "-")
         lines.append(method_row(name, run["first"], ratio))
         if "second" in run:
             lines.append(method_row(f"{name}, versus", run["second"], "1"))
-        commands.append(f"- {name}: `{run['first']['command']}`")
+        commands[name] = run["first"]["command"]
     runs = [run[side] for run in record["bench"].values() for side in ("first", "second") if side in run]
     decoded = sorted({f"{run['conditions']}, {run['mode']}" for run in runs})
-    return ["Decoded: " + "; ".join(decoded) + ".", "", *lines, "", "Commands:", "", *commands]
+    return ["Decoded: " + "; ".join(decoded) + ".", "", *lines, "", *command_list(commands)]
+
+
+def command_list(commands: dict[str, str]) -> list[str]:
+    """The runs' commands, the words they all begin with said once: ``Commands (each `python ... --verify-greedy` then):``
+    and each run's own flags, so a table of many runs of one script lists what differs."""
+    words = [c.split(" ") for c in commands.values()]
+    shared = 0
+    if len(words) > 1:
+        while all(len(w) > shared + 1 and w[shared] == words[0][shared] for w in words):
+            shared += 1
+        while shared and words[0][shared].startswith("--") is False:  # never split a flag from its value
+            shared -= 1
+    if shared < 3:
+        return ["Commands:", "", *(f"- {name}: `{c}`" for name, c in commands.items())]
+    head = " ".join(words[0][:shared])
+    return [f"Commands (each `{head}` then):", "",
+            *(f"- {name}: `{' '.join(w[shared:])}`" for name, w in zip(commands, words))]
+
+
+def batch(run: dict) -> str:
+    """Sequences a step per rank (the ranks are the run's launch, not its recipe); a head trained by sequences of a
+    token budget instead (packing) says that."""
+    train = run.get("train") or {}
+    if train.get("batch_size"):
+        return f"{train['batch_size']} a rank"
+    return f"{train['max_tokens']:,} tokens a rank" if train.get("max_tokens") else "-"
 
 
 def train_table(record: dict) -> list[str]:
     cpu = any("cpu_s" in run for run in record["train"].values())  # CPU time: older result files lack it
-    lines = [f"| run | steps | wall |{' CPU time |' if cpu else ''} peak memory | simulated acceptance | top-1 accuracy by step |",
-             f"|---|---|---|{'---|' if cpu else ''}---|---|---|"]
+    data = any("data" in run for run in record["train"].values())  # the data files: older result files lack them
+    lines = [f"| run |{' data | sequences / step |' if data else ''} steps | wall |{' CPU time |' if cpu else ''} peak memory | "
+             "simulated acceptance | top-1 accuracy by step |",
+             f"|---|{'---|---|' if data else ''}---|---|{'---|' if cpu else ''}---|---|---|"]
     commands = []
     for name, run in record["train"].items():
         wall = f"{run['wall_s'] / 60:.1f} min" if "wall_s" in run else "-"
+        if run.get("times_from"):  # timed by an earlier result file's run, which the page shows too
+            wall += f" ({run['times_from']})"
         memory = f"{run['peak_rss_gib']:.2f} GiB" if "peak_rss_gib" in run else "-"
         accuracy = " ".join(f"{a:.2f}" for a in run.get("acc_by_step", []))
         cpu_time = (f" {run['cpu_s'] / 60:.1f} min |" if "cpu_s" in run else " - |") if cpu else ""
-        lines.append(f"| {name} | {run.get('step', '-')} | {wall} |{cpu_time} {memory} | {run['sim_accept_len']:.2f} | {accuracy} |")
+        files = (f" {', '.join(run.get('data', [])) or '-'} | {batch(run)} |" if data else "")
+        lines.append(f"| {name} |{files} {run.get('step', '-')} | {wall} |{cpu_time} {memory} | {run['sim_accept_len']:.2f} | "
+                     f"{accuracy} |")
         if run.get("command"):
             commands.append(f"- {name}: `{run['command']}`")
     return ["Training:", "", *lines, *(["", "Commands:", "", *commands] if commands else [])]

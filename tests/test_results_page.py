@@ -110,3 +110,36 @@ def test_a_time_log_gives_wall_cpu_and_peak_memory_and_the_training_table_shows_
     with pytest.raises(ValueError, match="not a /usr/bin/time -v log"):
         (tmp_path / "bad.time").write_text("Traceback ...")
         time_log(tmp_path / "bad.time")
+
+
+def test_a_table_lists_its_commands_shared_words_once() -> None:
+    base = "python scripts/benchmark.py --target T --method eagle3 --draft"
+    lines = results_page.command_list({"a": f"{base} A --k 4", "b": f"{base} B --k 5"})
+    assert lines[0] == "Commands (each `python scripts/benchmark.py --target T --method eagle3` then):"
+    assert lines[2:] == ["- a: `--draft A --k 4`", "- b: `--draft B --k 5`"]  # a flag keeps its value
+    one = results_page.command_list({"a": f"{base} A"})
+    assert one == ["Commands:", "", f"- a: `{base} A`"]
+    apart = results_page.command_list({"a": "python x.py --a 1", "b": "bash y.sh"})
+    assert apart[2:] == ["- a: `python x.py --a 1`", "- b: `bash y.sh`"]
+
+
+def test_a_published_heads_time_comes_from_the_result_file_that_timed_its_run(tmp_path: Path) -> None:
+    from headstart.benchmarks.heads_side_by_side import times_from, train_run
+
+    head, other = tmp_path / "head", tmp_path / "other"
+    for d, out in ((head, "runs/x"), (other, "runs/never-timed")):
+        d.mkdir()
+        (d / "eval_metrics.json").write_text(json.dumps({
+            "evals": [{"split": "eval", "step": 9, "sim_accept_len": 2.0, "acc_0": 0.5}],
+            "run_config": {"output_dir": out, "data": {"files": ["data/a.jsonl"]}, "train": {"batch_size": 4}}}))
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps({"train": {"x": {"run": "runs/x", "wall_s": 600.0, "peak_rss_gib": 1.0}}}))
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"plan": []}))  # a result file with no training runs is read past
+    train = {"head": train_run(head, None), "other": train_run(other, None)}
+    times_from(train, [plan, earlier])
+    assert train["head"]["wall_s"] == 600.0 and train["head"]["times_from"] == "earlier.json"
+    assert "wall_s" not in train["other"]
+    table = "\n".join(results_page.train_table({"train": train}))
+    assert "| head | a.jsonl | 4 a rank | 9 | 10.0 min (earlier.json) | 1.00 GiB | 2.00 | 0.50 |" in table
+    assert "| other | a.jsonl | 4 a rank | 9 | - | - | 2.00 | 0.50 |" in table
