@@ -27,7 +27,7 @@ def smollm2() -> Path:
     return out
 
 
-@pytest.mark.parametrize("head", ["eagle3-head", "eagle3-2k-head", "mtp-head", "medusa-head"])
+@pytest.mark.parametrize("head", ["eagle3-head", "eagle3-2k-head", "mtp-head", "medusa-head", "early-exit-head"])
 def test_committed_head_loads_and_decodes_greedy_exact(smollm2, head):
     directory = REPO / "configs" / "smollm2" / head
     if not (directory / "model.safetensors").is_file():
