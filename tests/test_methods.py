@@ -29,7 +29,10 @@ def test_the_catalog_holds_every_head_then_every_other_method():
     for name in own:
         spec, m = HEADS[name], drafting_methods()[name]
         assert m.draft and m.model and m.ranked_trees and not m.own_loop
-        assert m.reads_aux == spec.cls.needs.aux_hidden_states
+        # what decoding reads: the drafter's word where it gives one (early exit runs the layers it trained on), else
+        # what the head trains on
+        assert m.reads_aux == getattr(spec.drafter, "reads_aux", spec.cls.needs.aux_hidden_states)
+    assert drafting_methods()["eagle3"].reads_aux and not drafting_methods()["early-exit"].reads_aux
 
 
 def parse(*flags: str):
