@@ -7,7 +7,9 @@
 # (--versus): MT-bench's first question per category, every turn, 128 new tokens, greedy-exact, chains of 4.
 # Needs runs/demo-regenerated/regenerated.jsonl (the command is in configs/demo/eagle3_regenerated.yaml's header).
 #   benchmarks/bench_distill.sh            ONLY="train-rkl rkl collect" runs just those steps
-# ~22 min per variant to train and ~1 min to decode on a 2-core CPU; nothing else may run meanwhile.
+#   JOBS=2 benchmarks/bench_distill.sh     trains two variants at a time, one thread each (tau does not depend on it;
+#                                          the training table's wall times then include the sharing, CPU times do not)
+# ~22 min per variant to train and ~1 min to decode on a 2-core CPU; decoding must run with nothing else.
 set -u
 X=runs/distill
 mkdir -p "$X"
@@ -18,21 +20,40 @@ declare -A CHANGE=(
   [tv]="--draft.loss=tv"                    # total variation (DistillSpec's TVD)
   [data]="--draft.labels=data"              # cross-entropy to the data's tokens: no distillation, same data and steps
   [fresh]="--draft.init=fresh"              # random initialisation instead of the target's first layers
-  [adaspec]="--draft.filter_reference=runs/demo-distill/final --draft.filter_keep=0.4"  # AdaSPEC, FKL's run as reference
+  [adaspec]="--draft.filter_reference=configs/demo/distilled-draft-model --draft.filter_keep=0.4"  # AdaSPEC: FKL's as reference
+  # the fixed data: the same 2,000 questions with the data's own replies (the first 500 rows of each file, as
+  # regenerated), not the target's; FKL to the target's distribution on them (their own feature store)
+  [fixed]="--data.files=['configs/demo/data/gsm8k_train.jsonl[:500]','configs/demo/data/gpteacher_codegen.json[:500]','configs/demo/data/gpteacher_roleplay.json[:500]','configs/demo/data/gpteacher_toolformer.json[:500]'] --features.path=runs/demo-distill-fixed-features"
 )
-VARIANTS="fkl rkl tv data fresh adaspec"
+VARIANTS="fkl rkl tv data fresh adaspec fixed"
 run_dir() { [ "$1" = fkl ] && echo runs/demo-distill || echo "runs/demo-distill-$1"; }
 head_dir() { [ "$1" = fkl ] && echo configs/demo/distilled-draft-model || echo "$(run_dir "$1")/final"; }  # as published
 if want features && [ ! -d runs/demo-distill-features ]; then
   python scripts/generate_features.py --config configs/demo/distill.yaml > "$X/features.log" 2>&1
 fi
+if want features && [ ! -d runs/demo-distill-fixed-features ]; then
+  # shellcheck disable=SC2086
+  python scripts/generate_features.py --config configs/demo/distill.yaml ${CHANGE[fixed]} > "$X/features-fixed.log" 2>&1
+fi
+JOBS=${JOBS:-1}
+train() {
+  # shellcheck disable=SC2086
+  /usr/bin/time -v python scripts/train_eagle3.py --config configs/demo/distill.yaml --output_dir "$(run_dir "$1")" \
+    ${CHANGE[$1]} --logging.progress=false > "$X/$1.time" 2>&1 || echo "FAILED: train $1 (see $X/$1.time)"
+}
+[ "$JOBS" -gt 1 ] && export OMP_NUM_THREADS=1
 for v in $VARIANTS; do
   want "train-$v" || continue
   echo "== train $v $(date +%T)"
-  # shellcheck disable=SC2086
-  /usr/bin/time -v python scripts/train_eagle3.py --config configs/demo/distill.yaml --output_dir "$(run_dir "$v")" \
-    ${CHANGE[$v]} --logging.progress=false > "$X/$v.time" 2>&1 || echo "FAILED: train $v (see $X/$v.time)"
+  if [ "$JOBS" -gt 1 ]; then
+    train "$v" &
+    while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
+  else
+    train "$v"
+  fi
 done
+wait
+unset OMP_NUM_THREADS
 if want publish; then
   rm -rf configs/demo/distilled-draft-model
   python scripts/publish_head.py --run runs/demo-distill --out configs/demo/distilled-draft-model \
@@ -53,9 +74,17 @@ if want collect; then
   train=() bench=()
   for v in $VARIANTS; do
     [ -f "$X/$v-k4/results.json" ] || continue
-    train+=(--train "$v=$(run_dir "$v"):$X/$v.time"); bench+=(--bench "$v=$X/$v-k4")
+    if [ -f "$X/$v.time" ]; then train+=(--train "$v=$(run_dir "$v"):$X/$v.time")
+    else train+=(--train "$v=$(head_dir "$v")"); fi  # published, not retrained: its times from the last result file
+    bench+=(--bench "$v=$X/$v-k4")
   done
+  # a published variant's training time: from the result file's last version, named by its commit
+  prev=benchmarks/results/distilled_draft_model_demo.json last=
+  if [ -f $prev ]; then
+    last="$X/$(basename $prev)@$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['commit'])" $prev)"
+    cp $prev "$last"
+  fi
   python benchmarks/heads_side_by_side.py --title "Distilled draft models against the committed draft model" \
-    --what "The demo target: draft models of the committed draft model's size (2 layers, 4.06M parameters) and step count (400), trained by configs/demo/distill.yaml (the target's own replies to 2,000 demo questions from one feature store, 32 conversations a step, AdamW 1.5e-3 cosine) with one change each; each decoded paired with configs/demo/draft-model (400 steps of 4,096 tokens of the fixed demo data, cross-entropy) in one process (--versus), chains of 4, MT-bench first question per category (16 turns), 128 tokens, greedy-exact" \
-    "${train[@]}" "${bench[@]}" --out benchmarks/results/distilled_draft_model_demo.json
+    --what "The demo target: draft models of the committed draft model's size (2 layers, 4.06M parameters) and step count (400), trained by configs/demo/distill.yaml (as of this file's commit: forward KL; the target's own replies to 2,000 demo questions from one feature store, 32 conversations a step, AdamW 1.5e-3 cosine) with one change each (trained ${JOBS:-1} at a time, one thread each when more: wall times include that sharing, CPU times do not); each decoded paired with configs/demo/draft-model (400 steps of 4,096 tokens of the fixed demo data, cross-entropy) in one process (--versus), chains of 4, MT-bench first question per category (16 turns), 128 tokens, greedy-exact" \
+    "${train[@]}" "${bench[@]}" ${last:+--times-from "$last"} --out benchmarks/results/distilled_draft_model_demo.json
 fi

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_benchmarks_md_is_generated_from_the_result_files() -> None:
     text = results_page.render(results_page.load())
     assert (ROOT / "BENCHMARKS.md").read_text() == text, "run: python benchmarks/results_page.py"
-    assert len(text.encode()) <= 40 * 1024  # every trained draft on two targets, each comparison with its commands
+    assert len(text.encode()) <= 48 * 1024  # every trained draft on two targets, each comparison with its commands, the loss variants
     assert results_page.main(["--check"]) == 0
 
 
