@@ -27,7 +27,9 @@ COLUMNS = {"acc": "top-1 accuracy (draft argmax = target argmax)", "top5": "top-
 
 
 def recipe_line(draft: dict) -> str:
-    return f"{draft['head']}: " + ", ".join(f"{k} {draft[k]}" for k in option_names(draft["head"]))
+    """The head's options and its loss (what a reader of the card cannot tell from the weights)."""
+    names = ["loss", *option_names(draft["head"])] if "loss" in draft else option_names(draft["head"])
+    return f"{draft['head']}: " + ", ".join(f"{k} {draft[k]}" for k in names)
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:

@@ -298,6 +298,8 @@ def test_the_best_head_by_acceptance_is_kept_and_published(tmp_path, capsys):
     card = (tmp_path / "published" / "README.md").read_text()
     assert f"Chosen as the run's best head: step {best_step} of 5, by simulated acceptance length {best_value:.3f}" in card
     assert f"Held-out evaluation at step {best_step} " in card
+    run_draft = json.loads((tmp_path / "run" / "run_config.json").read_text())["draft"]
+    assert f"{run_draft['head']}: loss {run_draft['loss']}, " in card  # the loss is not in the weights: the card says it
     assert all(torch.equal(v, load_file(str(tmp_path / "published" / "model.safetensors"))[k]) for k, v in draft.items())
     publish.main(["--run", str(tmp_path / "run"), "--out", str(tmp_path / "last"), "--head", "final"])
     assert "Chosen as" not in (tmp_path / "last" / "README.md").read_text()
