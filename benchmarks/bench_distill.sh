@@ -22,11 +22,13 @@ declare -A CHANGE=(
   [data]="$FKL --draft.labels=data"         # cross-entropy to the data's tokens: no distillation, same data and steps
   [fresh]="$FKL --draft.init=fresh"         # random initialisation instead of the target's first layers
   [adaspec]="$FKL --draft.filter_reference=runs/demo-distill-fkl/final --draft.filter_keep=0.4"  # AdaSPEC: FKL's as reference
+  [tv-fresh]="--draft.init=fresh"           # TV with the init and the filter that helped forward KL
+  [tv-adaspec]="--draft.filter_reference=runs/demo-distill-fkl/final --draft.filter_keep=0.4"
   # the fixed data: the same 2,000 questions with the data's own replies (the first 500 rows of each file, as
   # regenerated), not the target's; FKL to the target's distribution on them (their own feature store)
   [fixed]="$FKL --data.files=['configs/demo/data/gsm8k_train.jsonl[:500]','configs/demo/data/gpteacher_codegen.json[:500]','configs/demo/data/gpteacher_roleplay.json[:500]','configs/demo/data/gpteacher_toolformer.json[:500]'] --features.path=runs/demo-distill-fixed-features"
 )
-VARIANTS="tv fkl rkl data fresh adaspec fixed"
+VARIANTS="tv fkl rkl data fresh adaspec fixed tv-fresh tv-adaspec"
 run_dir() { [ "$1" = tv ] && echo runs/demo-distill || echo "runs/demo-distill-$1"; }
 head_dir() { [ "$1" = tv ] && echo configs/demo/distilled-draft-model || echo "$(run_dir "$1")/final"; }  # as published
 if want features && [ ! -d runs/demo-distill-features ]; then
@@ -45,7 +47,7 @@ train() {
 [ "$JOBS" -gt 1 ] && export OMP_NUM_THREADS=1
 for v in $VARIANTS; do
   want "train-$v" || continue
-  [ "$v" = adaspec ] && wait  # its reference is the fkl run
+  [[ $v == *adaspec ]] && want train-fkl && wait  # its reference is the fkl run, trained first
   echo "== train $v $(date +%T)"
   if [ "$JOBS" -gt 1 ]; then
     train "$v" &
@@ -80,13 +82,13 @@ if want collect; then
     else train+=(--train "$v=$(head_dir "$v")"); fi  # published, not retrained: its times from the last result file
     bench+=(--bench "$v=$X/$v-k4")
   done
-  # a published variant's training time: from the result file's last version, named by its commit
-  prev=benchmarks/results/distilled_draft_model_demo.json last=
+  # a published variant's training time: from the result file's earlier versions kept in $X, named by their commit
+  prev=benchmarks/results/distilled_draft_model_demo.json
   if [ -f $prev ]; then
-    last="$X/$(basename $prev)@$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['commit'])" $prev)"
-    cp $prev "$last"
+    cp $prev "$X/$(basename $prev)@$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['commit'])" $prev)"
   fi
+  earlier=(); for f in "$X/$(basename $prev)"@*; do [ -f "$f" ] && earlier+=(--times-from "$f"); done
   python benchmarks/heads_side_by_side.py --title "Distilled draft models against the committed draft model" \
-    --what "The demo target: draft models of the committed draft model's size (2 layers, 4.06M parameters) and step count (400), trained by configs/demo/distill.yaml (total variation; the target's own replies to 2,000 demo questions from one feature store, 32 conversations a step, AdamW 1.5e-3 cosine) with one change each, forward KL the base of the data, init, filter and fixed-data variants (trained ${JOBS:-1} at a time, one thread each when more: wall times include that sharing, CPU times do not); each decoded paired with configs/demo/draft-model (400 steps of 4,096 tokens of the fixed demo data, cross-entropy) in one process (--versus), chains of 4, MT-bench first question per category (16 turns), 128 tokens, greedy-exact" \
-    "${train[@]}" "${bench[@]}" ${last:+--times-from "$last"} --out benchmarks/results/distilled_draft_model_demo.json
+    --what "The demo target: draft models of the committed draft model's size (2 layers, 4.06M parameters) and step count (400), trained by configs/demo/distill.yaml (total variation; the target's own replies to 2,000 demo questions from one feature store, 32 conversations a step, AdamW 1.5e-3 cosine) with one change each, forward KL the base of the data, init, filter and fixed-data variants, and TV with the init and the filter that helped forward KL (tv-fresh, tv-adaspec; the filter's reference is the fkl head, which adaspec's command names where it was then, configs/demo/distilled-draft-model) (trained ${JOBS:-1} at a time, one thread each when more: wall times include that sharing, CPU times do not); each decoded paired with configs/demo/draft-model (400 steps of 4,096 tokens of the fixed demo data, cross-entropy) in one process (--versus), chains of 4, MT-bench first question per category (16 turns), 128 tokens, greedy-exact" \
+    "${train[@]}" "${bench[@]}" "${earlier[@]}" --out benchmarks/results/distilled_draft_model_demo.json
 fi
