@@ -3,8 +3,9 @@
 # trained 400 steps on the data's tokens), on the demo target. Each variant is configs/demo/distill.yaml (the same size
 # and 400 steps; the target's own replies to 2,000 demo questions from one feature store, 32 conversations a step)
 # with one change, trained under GNU time; the recipe's own run (TV) is published as configs/demo/distilled-draft-model.
-# Forward KL is the base of the data, init, filter and fixed-data variants (as the table in BENCHMARKS.md was run). Then each is decoded paired with the committed draft model in one process
-# (--versus): MT-bench's first question per category, every turn, 128 new tokens, greedy-exact, chains of 4.
+# Forward KL is the base of the data, init, filter and fixed-data variants (as the table in BENCHMARKS.md was run).
+# Then each is decoded paired with the committed draft model in one process (--versus): MT-bench's first question
+# per category, every turn, 128 new tokens, greedy-exact, chains of 4.
 # Needs runs/demo-regenerated/regenerated.jsonl (the command is in configs/demo/eagle3_regenerated.yaml's header).
 #   benchmarks/bench_distill.sh            ONLY="train-rkl rkl collect" runs just those steps
 #   JOBS=2 benchmarks/bench_distill.sh     trains two variants at a time, one thread each (tau does not depend on it;
@@ -79,7 +80,7 @@ if want collect; then
   for v in $VARIANTS; do
     [ -f "$X/$v-k4/results.json" ] || continue
     if [ -f "$X/$v.time" ]; then train+=(--train "$v=$(run_dir "$v"):$X/$v.time")
-    else train+=(--train "$v=$(head_dir "$v")"); fi  # published, not retrained: its times from the last result file
+    else train+=(--train "$v=$(head_dir "$v")"); fi  # published, not retrained: its times from earlier result files
     bench+=(--bench "$v=$X/$v-k4")
   done
   # a published variant's training time: from the result file's earlier versions kept in $X, named by their commit
