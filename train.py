@@ -3,7 +3,8 @@
 
 import sys
 
+from headstart.scripts.command import entry_point
 from headstart.scripts.train_eagle3 import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry_point(main))

@@ -20,6 +20,7 @@ from headstart.heads.exports import check_head
 from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
 from headstart.decode.benchmark import decode_setup, run_benchmark
 from headstart.scripts.benchmark import build_method, build_parser, check_args
+from headstart.scripts.command import entry_point, refusals
 
 
 def measure_tau(head_dir: str, head: str, target_path: str, questions: str, limit: int, k: int, max_new_tokens: int,
@@ -39,6 +40,7 @@ def measure_tau(head_dir: str, head: str, target_path: str, questions: str, limi
     return {**report["results"]["overall"], "mismatches": report["mismatches"]}
 
 
+@refusals
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--head", required=True, help="the exported head's directory")
@@ -84,4 +86,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry_point(main))

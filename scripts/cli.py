@@ -12,6 +12,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from headstart.scripts.command import entry_point
+
 COMMANDS: dict[str, tuple[str, str]] = {
     "prepare": ("prepare_data", "tokenize chat data with the target's template, loss on assistant turns only"),
     "regenerate": ("regenerate_data", "rewrite every assistant turn with the target itself (in process or a vLLM server)"),
@@ -49,8 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module = importlib.import_module(f"headstart.scripts.{COMMANDS[name][0]}")
     sys.argv = [f"headstart {name}", *rest]  # every script parses sys.argv (some take no argv parameter)
-    code = module.main()
-    return code if isinstance(code, int) else 0
+    return entry_point(module.main)  # a refusal: one line, exit 2; a bug: its traceback and a line saying so
 
 
 if __name__ == "__main__":

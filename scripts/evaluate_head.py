@@ -16,8 +16,10 @@ import sys
 from headstart.heads.registry import load_head
 from headstart.trainer.config import load_config
 from headstart.trainer.run import build_trainer
+from headstart.scripts.command import entry_point, refusals
 
 
+@refusals
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="recipe YAML")
@@ -43,4 +45,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry_point(main))

@@ -43,6 +43,7 @@ from headstart.trainer.feature_store import (
     write_shard,
 )
 from headstart.trainer.run import tokenized_data
+from headstart.scripts.command import entry_point, refusals
 
 
 def check_plan(out: Path, plan: dict, is_main: bool) -> None:
@@ -130,6 +131,7 @@ def generate(config, resume: bool = False, overwrite: bool = False) -> dict | No
     return manifest
 
 
+@refusals
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="recipe YAML (the training recipe)")
@@ -150,4 +152,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry_point(main))

@@ -26,6 +26,7 @@ from headstart.models.gguf_import import (
     local_gguf,
     source_facts,
 )
+from headstart.scripts.command import entry_point, refusals
 
 
 def parse(argv: list[str] | None):
@@ -45,6 +46,7 @@ def parse(argv: list[str] | None):
     return args
 
 
+@refusals
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     out = args.out
@@ -72,4 +74,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry_point(main))

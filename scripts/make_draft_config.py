@@ -9,15 +9,18 @@ Only the target's config.json is read (no weights). Use the result as draft.conf
 from __future__ import annotations
 
 import argparse
+import sys
 import json
 from pathlib import Path
 
 from transformers import AutoConfig
 
 from headstart.heads.eagle3.module import Eagle3Config
+from headstart.scripts.command import entry_point, refusals
 
 
-def main() -> None:
+@refusals
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True, help="directory (or config.json) of the target")
     p.add_argument("--draft-vocab-size", type=int, default=32000)
@@ -25,7 +28,7 @@ def main() -> None:
     p.add_argument("--eagle3.1", dest="eagle31", action="store_true",
                    help="EAGLE-3.1: fc_norm and norm_output on (docs/FORMATS.md A.1)")
     p.add_argument("--out", required=True)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     path = Path(args.target)
     config = AutoConfig.from_pretrained(path.parent if path.name == "config.json" else path, local_files_only=True)
     draft = Eagle3Config.from_target(config, args.draft_vocab_size, tuple(args.aux_layer_ids) if args.aux_layer_ids else None,
@@ -36,4 +39,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(entry_point(main))

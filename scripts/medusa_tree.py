@@ -32,6 +32,7 @@ from headstart.trainer.batches import split_eval
 from headstart.trainer.config import load_config
 from headstart.trainer.data import build_dataset
 from headstart.trainer.decode_eval import held_out_prompts
+from headstart.scripts.command import entry_point, refusals
 
 
 def held_out_prompts_of(recipe: str, n: int) -> tuple[str, list[torch.Tensor]]:
@@ -43,7 +44,8 @@ def held_out_prompts_of(recipe: str, n: int) -> tuple[str, list[torch.Tensor]]:
     return config.target.path, held_out_prompts(eval_data, n)
 
 
-def main() -> int:
+@refusals
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--draft", required=True, help="the Medusa heads' directory (vLLM layout)")
     p.add_argument("--config", help="training recipe: its target and held-out conversations")
@@ -55,7 +57,7 @@ def main() -> int:
     p.add_argument("--max-rank", type=int, default=10, help="candidates per head considered")
     p.add_argument("--out", required=True, help="JSON file for the tree's rank paths")
     p.add_argument("--allow-other-target", action="store_true", help="use heads trained for another target")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if bool(args.config) == bool(args.questions):
         p.error("give either --config (held-out conversations) or --target with --questions")
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -88,4 +90,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry_point(main))

@@ -38,6 +38,7 @@ from headstart.models.provenance import fingerprint
 from headstart.trainer.distributed import barrier, init_distributed
 from headstart.trainer.errors import report_error
 from headstart.trainer.output_dir import JOB_PLAN, claim_output_dir
+from headstart.scripts.command import entry_point, refusals
 
 
 def parse(argv: list[str] | None):
@@ -98,6 +99,7 @@ def backend_for(args, sampling: SamplingSettings, device: torch.device):
     return HFBackend(model, load_tokenizer(args.target), sampling, args.batch_size)
 
 
+@refusals
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     info = init_distributed()
@@ -152,4 +154,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry_point(main))

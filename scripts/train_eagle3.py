@@ -29,6 +29,7 @@ from headstart.trainer.distributed import barrier, init_distributed
 from headstart.trainer.errors import report_error
 from headstart.trainer.output_dir import TRAINING_RUN, claim_output_dir
 from headstart.trainer.run import build_trainer
+from headstart.scripts.command import entry_point, refusals
 
 
 def finished(output_dir: str, target: str, final: dict | None, best: dict | None) -> str:
@@ -68,6 +69,7 @@ def launch(nproc: int, argv: list[str]) -> int:
     return 0
 
 
+@refusals
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nproc-per-node", type=int, default=None,
@@ -104,4 +106,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry_point(main))

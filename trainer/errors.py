@@ -15,12 +15,14 @@ import os
 import sys
 import time
 
+from headstart.models.errors import one_line
+
 OTHER_RANKS_WAIT_S = 5.0
 
 
 def report_error(err: BaseException | str) -> int:
-    """Print or record ``err`` for the user; returns the exit code (2)."""
-    message = f"error: {err}"
+    """Print or record ``err`` for the user, on one line; returns the exit code (2)."""
+    message = f"error: {one_line(err)}"
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not error_file:
         print(message, file=sys.stderr)
