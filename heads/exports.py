@@ -17,10 +17,13 @@ from pathlib import Path
 from transformers import AutoConfig
 
 from headstart.heads.registry import HEADS, load_head
+from headstart.models.errors import UserError
+from headstart.models.files import check_out_dir
 from headstart.models.problem import Problem
 from headstart.models.provenance import PROVENANCE_FILE, check_record, read_provenance, target_mismatch
 from headstart.models.target import TargetConfig
 from headstart.models.target_matrices import TargetMatrices
+from headstart.models.weights_file import check_safetensors
 
 
 def detect_layout(directory: Path) -> tuple[str, str] | None:
@@ -36,10 +39,74 @@ def detect_layout(directory: Path) -> tuple[str, str] | None:
     return None
 
 
+def read_config(directory: str | Path, flag: str) -> dict:
+    """A head's or model's ``config.json``, refused by name (with ``flag``, the option that gave the directory) when
+    the directory or the file is missing or the file is not a JSON object."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise UserError(f"{flag} {directory}: " + ("a file, not a directory" if directory.exists() else "no such directory")
+                        + "; give the directory a head was exported to (it holds config.json and model.safetensors)")
+    path = directory / "config.json"
+    if not path.is_file():
+        raise UserError(f"{flag} {directory}: no config.json, so not an exported head or model; give the directory the "
+                        "export wrote (a run's final/ or best/), or export the head again")
+    try:
+        config = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise UserError(f"{flag} {path}: not valid JSON ({err}); export the head again or repair the file") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{flag} {path}: expected a JSON object, found {type(config).__name__}; export the head again")
+    return config
+
+
+def check_readable(directory: str | Path, flag: str, weights: bool = True) -> dict:
+    """Before anything loads: ``directory``'s config.json (returned) and each of its ``.safetensors`` files whole, from
+    their headers; ``weights``: refuse a directory without any."""
+    config = read_config(directory, flag)
+    files = sorted(Path(directory).glob("*.safetensors"))
+    if weights and not files:
+        raise UserError(f"{flag} {directory}: no model.safetensors (the weights); export the head again")
+    for file in files:
+        check_safetensors(file)
+    return config
+
+
+def check_draft(directory: str | Path, method: str, flag: str = "--draft") -> tuple[str, str] | None:
+    """Before any model loads: ``directory`` readable (``check_readable``) and holding what ``--method method``
+    decodes: (head, layout) of a head's export, or None for a plain causal LM given to a method that decodes one.
+    A head of another kind is refused with the ``--method`` that decodes it."""
+    check_readable(directory, flag)
+    found = detect_layout(Path(directory))
+    head_method = method in HEADS and HEADS[method].decoded_by is None  # --method names a head of the catalog
+    if found is None:
+        if head_method:
+            raise UserError(f"{flag} {directory}: not an export of a {HEADS[method].title} (its config.json is none of "
+                            f"{', '.join(HEADS[method].cards)}); give the directory a {method} run exported")
+        return None
+    head, layout = found
+    runs_as = HEADS[head].decoded_by or head
+    if runs_as != method and (head_method or HEADS[head].decoded_by is None):
+        raise UserError(f"{flag} {directory} holds {head} ({HEADS[head].title}, {layout} layout), which --method "
+                        f"{method} does not decode; run it with --method {runs_as}")
+    return found
+
+
+def trained_depth(directory: str | Path) -> int | None:
+    """The drafts per round the head in ``directory`` was trained for, as its export records it; None when it records
+    none (or is not a head's export)."""
+    found = detect_layout(Path(directory))
+    depth = HEADS[found[0]].trained_depth if found else None
+    return depth(read_config(directory, "--draft")) if depth else None
+
+
 def check_head(directory: str | Path, target_path: str | Path,
                allow_other_target: bool = False) -> tuple[str, list[Problem], list[str]]:
     """(what the directory holds, the problems found, notes) for an exported head used with ``target_path``."""
     directory = Path(directory)
+    if not (directory / "config.json").is_file():
+        where = "no config.json" if directory.is_dir() else "no such directory"
+        return "unreadable", [Problem(str(directory), "-", f"{where}: give the directory the head was exported to "
+                                      "(it holds config.json and model.safetensors)")], []
     try:
         found = detect_layout(directory)
     except Exception as err:  # an unreadable config.json or safetensors index: report it, do not crash
@@ -92,9 +159,8 @@ def convert_head(source: str | Path, out: str | Path, to: str, verifier: dict | 
                  force: bool = False) -> Path:
     """Rewrite an exported head in another of its layouts (its registry entry's ``convert``), tensors unchanged.
     ``verifier``: the target's fingerprint, for layouts whose config names it."""
-    for name in ("config.json", "model.safetensors"):
-        if not (Path(source) / name).is_file():
-            raise FileNotFoundError(f"{source}: no {name}; expected an exported head")
+    check_readable(source, "--head")
+    check_out_dir(out, "--out", force, [source])  # before anything is written: never over the head being read
     found = detect_layout(Path(source))
     if found is None:
         raise ValueError(f"{source}: not an export of a registered head ({sorted(HEADS)})")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from headstart.models.files import share_like_umask
 from headstart.models.head import check_layout
 from headstart.models.provenance import write_provenance
 
@@ -40,6 +41,7 @@ def replace_dir(tmp: Path, directory: Path) -> None:
     """Put the finished ``tmp`` at ``directory``; the previous one is moved aside, never deleted
     before the new one is in place (a crash in between leaves it at ``.old-<name>``, restored on the
     next export)."""
+    share_like_umask(tmp)  # safetensors writes 0600: a server running as another user could not read the head
     hold = float(os.environ.get(HOLD_ENV) or 0)
     if hold > 0:
         time.sleep(hold)

@@ -29,6 +29,10 @@ _IDENTITY_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attenti
                   "head_dim", "intermediate_size", "vocab_size", "tie_word_embeddings")
 
 
+ALLOW_OTHER_TARGET = "pass --allow-other-target if this is really what you want"
+"""What to do about another target's head, where the command has the flag (bench, generate, check)."""
+
+
 class OtherTargetError(ValueError):
     """A head used with a target other than the one it was trained against."""
 
@@ -122,8 +126,10 @@ def target_mismatch(directory: str | Path, target_path: str | Path) -> str | Non
             f"({Path(directory) / PROVENANCE_FILE})")
 
 
-def check_target(directory: str | Path, target_path: str | Path | None, allow_other_target: bool = False) -> None:
-    """Refuse a head used with another target, naming both; ``allow_other_target`` only warns."""
+def check_target(directory: str | Path, target_path: str | Path | None, allow_other_target: bool = False,
+                 remedy: str = ALLOW_OTHER_TARGET) -> None:
+    """Refuse a head used with another target, naming both and ``remedy`` (what to do, where the command has no
+    ``--allow-other-target``); ``allow_other_target`` only warns."""
     if target_path is None:
         return
     why = target_mismatch(directory, target_path)
@@ -132,5 +138,4 @@ def check_target(directory: str | Path, target_path: str | Path | None, allow_ot
     if allow_other_target:
         warnings.warn(f"{why}; going on because other targets are allowed", stacklevel=2)
         return
-    raise OtherTargetError(f"{why}. A head accepts almost nothing on a target it was not trained for; "
-                           "pass --allow-other-target if this is really what you want")
+    raise OtherTargetError(f"{why}. A head accepts almost nothing on a target it was not trained for; {remedy}")

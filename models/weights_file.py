@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from headstart.models.errors import UserError
+
 
 def write_weights(directory: str | Path, tensors: dict[str, torch.Tensor], dtype: torch.dtype, config: dict) -> None:
     """Floating tensors in ``dtype`` (integer ones, e.g. a ``token_map``, as they are) and the config."""
@@ -33,3 +35,24 @@ def read_weights(directory: str | Path, expected: dict[str, torch.Tensor], layou
         raise ValueError(f"{directory}: tensors of the wrong shape: " + ", ".join(
             f"{k} {tuple(tensors[k].shape)} (expected {tuple(expected[k].shape)})" for k in bad))
     return {k: v.to(expected[k].dtype) for k, v in tensors.items()}
+
+
+def check_safetensors(path: str | Path) -> None:
+    """Refuse a ``.safetensors`` file that is cut short (an interrupted copy or download) or is not one, from its
+    header alone: no tensor is read. Its header's data offsets must end exactly where the file does."""
+    path = Path(path)
+    size = path.stat().st_size
+    again = "copy or export it again"
+    with path.open("rb") as f:
+        prefix = f.read(8)
+        n = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
+        if n < 2 or n > size - 8:
+            raise UserError(f"{path}: cut short or not a safetensors file ({size} bytes, "
+                            + (f"its header says {n} bytes of header); {again}" if n >= 0 else f"no header); {again}"))
+        try:
+            header = json.loads(f.read(n))
+            end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+            raise UserError(f"{path}: not a safetensors file (its header cannot be read); {again}") from None
+    if 8 + n + end != size:
+        raise UserError(f"{path}: cut short: its header lists {8 + n + end:,} bytes, the file has {size:,}; {again}")

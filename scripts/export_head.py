@@ -16,25 +16,31 @@ import argparse
 import sys
 
 from headstart.heads.exports import convert_head
+from headstart.models.errors import UserError
 from headstart.models.provenance import fingerprint
+from headstart.scripts.command import entry_point, refusals
 
 
+@refusals
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--head", required=True, help="an exported head (any of its layouts)")
     p.add_argument("--to", required=True, help="the layout to write (EAGLE-3: flat | speculators)")
     p.add_argument("--out", required=True, help="directory for the converted head")
     p.add_argument("--target", default=None, help="the target's directory, named as the verifier in a speculators config")
-    p.add_argument("--force", action="store_true", help="replace what --out holds")
+    p.add_argument("--overwrite", "--force", dest="overwrite", action="store_true",
+                   help="move what --out holds aside (to <out>.old-<time>) and write there; never the head's own "
+                        "directory or one above it")
     args = p.parse_args(argv)
     try:
-        out = convert_head(args.head, args.out, args.to, fingerprint(args.target) if args.target else None, args.force)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}" + (" (--target)" if "target's path" in str(err) else ""), file=sys.stderr)
-        return 1
+        out = convert_head(args.head, args.out, args.to, fingerprint(args.target) if args.target else None, args.overwrite)
+    except ValueError as err:
+        if "target's path" in str(err):  # the speculators config names its target: the flag that gives it
+            raise UserError(f"{err} (--target)") from None
+        raise
     print(f"wrote {out} ({args.to} layout)")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry_point(main))

@@ -3,7 +3,8 @@
     python scripts/prepare_data.py --data chats.jsonl --tokenizer /models/Llama-3.1-8B-Instruct \
         --output data/tokenized --max-length 2048 --show 2
 
-Writes a ``datasets`` directory (input_ids, loss_mask) plus summary.json, and prints a summary.
+Writes a ``datasets`` directory (input_ids, loss_mask) plus summary.json, and prints a summary. An ``--output`` that
+already holds files is refused unless ``--overwrite`` (which moves them aside to ``<output>.old-<time>``).
 ``--show N`` prints N examples with the trained tokens highlighted: check it before training.
 """
 
@@ -16,10 +17,14 @@ from dataclasses import asdict
 from pathlib import Path
 
 from headstart.models.target import load_tokenizer
-from headstart.trainer.data import DataConfig, build_dataset
+from headstart.models.errors import UserError
+from headstart.models.files import check_out_dir, claim_dir
+from headstart.trainer.data import DataConfig, build_dataset, split_rows
 from headstart.trainer.render import highlight_trained
+from headstart.scripts.command import check_at_least, entry_point, refusals
 
 
+@refusals
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", nargs="+", required=True, help=".json/.jsonl/.parquet conversation files")
@@ -36,8 +41,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache-dir", default=None, help="tokenization cache (default $HEADSTART_CACHE or ~/.cache/headstart)")
     p.add_argument("--show", type=int, default=0, metavar="N", help="print N examples with trained tokens highlighted")
     p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--overwrite", action="store_true",
+                   help="move what --output holds aside (to <output>.old-<time>) and write there")
     args = p.parse_args(argv)
-
+    check_at_least(max_length=(args.max_length, 1), num_proc=(args.num_proc, 1), show=(args.show, 0))
+    # Before the tokenizer loads or a row is read: a used --output, or one that is the data's own directory, is refused.
+    check_out_dir(args.output, "--output", args.overwrite, [split_rows(f)[0] for f in args.data] + [args.tokenizer])
+    if not Path(args.tokenizer).is_dir():
+        raise UserError(f"--tokenizer {args.tokenizer}: " + ("a file, not a directory" if Path(args.tokenizer).exists()
+                        else "no such directory") + "; give the target's (or its tokenizer's) local directory")
     tokenizer = load_tokenizer(args.tokenizer, args.trust_remote_code)
     config = DataConfig(
         files=tuple(args.data),
@@ -49,12 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         num_proc=args.num_proc,
         cache_dir=args.cache_dir,
     )
-    try:
-        dataset, summary = build_dataset(config, tokenizer)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    dataset, summary = build_dataset(config, tokenizer)
     out = Path(args.output)
+    claim_dir(out, "--output", args.overwrite, [split_rows(f)[0] for f in args.data] + [args.tokenizer])
     dataset.save_to_disk(str(out))
     (out / "summary.json").write_text(json.dumps({**asdict(summary), "config": asdict(config), "tokenizer": args.tokenizer}, indent=2))
     print(summary.format())
@@ -69,4 +78,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry_point(main))

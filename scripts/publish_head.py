@@ -10,17 +10,21 @@ publishes the last one.
 from __future__ import annotations
 
 import argparse
+import sys
 import json
 import shlex
 import shutil
 from pathlib import Path
 
-from headstart.heads.exports import detect_layout
+from headstart.heads.exports import check_readable, detect_layout
+from headstart.models.errors import UserError
+from headstart.models.files import check_out_dir, claim_dir, share_like_umask
 from headstart.heads.registry import HEADS, option_names
 from headstart.trainer.checkpoint import latest_checkpoint
 from headstart.trainer.run_dir import BEST_RECORD
 from headstart.trainer.config import load_config, to_dict
 from headstart.decode.report import append_section
+from headstart.scripts.command import entry_point, refusals
 
 COLUMNS = {"acc": "top-1 accuracy (draft argmax = target argmax)", "top5": "top-5 accuracy (target argmax in draft top-5)",
            "accept": "expected acceptance sum min(p, q)"}
@@ -63,6 +67,7 @@ def run_config_steps(run: Path) -> int:
     return json.loads((run / "run_config.json").read_text())["train"]["max_steps"]
 
 
+@refusals
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", required=True, help="output_dir of a finished training run")
@@ -71,16 +76,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--benchmarks", default=None, help="also append the eval numbers to this markdown file")
     p.add_argument("--head", choices=["best", "final"], default=None,
                    help="which of the run's heads (default: best/ when the run kept one, else final/)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="move what --out holds aside (to <out>.old-<time>) and write there")
     args = p.parse_args(argv)
     run, out = Path(args.run), Path(args.out)
     which = args.head or ("best" if (run / "best" / "model.safetensors").is_file() else "final")
     final = run / which
     if not (final / "model.safetensors").is_file():
-        raise SystemExit(f"{final} has no exported draft: did the run finish?")
+        raise UserError(f"--run {run}: {final} has no exported draft; did the run finish?")
+    check_readable(final, "--run")
+    check_out_dir(out, "--out", args.overwrite, [final])  # never over the run's own head, nor above it
+    if not (run / "metrics.jsonl").is_file():
+        raise UserError(f"--run {run}: no metrics.jsonl; give a training run's output_dir")
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if r["split"] == "eval"]
     if not evals:
-        raise SystemExit(f"{run}/metrics.jsonl has no eval records")
+        raise UserError(f"--run {run}: {run}/metrics.jsonl has no eval records; publish a run that evaluated its head")
     chosen = ""
     if which == "best":  # the card describes the evaluation the head was chosen at
         best = json.loads((final / BEST_RECORD).read_text())
@@ -90,10 +101,12 @@ def main(argv: list[str] | None = None) -> None:
                   f"{best['value']:.3f}.")
     world = json.loads((latest_checkpoint(run) / "trainer_state.json").read_text())["world_size"]
     recipe = args.recipe or f"{run}/run_config.json (resolved)"
+    claim_dir(out, "--out", args.overwrite, [final])
     out.mkdir(parents=True, exist_ok=True)
     for path in sorted(final.iterdir()):  # the export's files (headstart.json: the target it was trained for; a draft
         if path.is_file() and path.name != BEST_RECORD:  # model's tokenizer), not the run's record of its best step
             shutil.copy2(path, out / path.name)
+    share_like_umask(out)  # copy2 keeps a file's mode: a checkpoint written 0600 would stay unreadable to a server
     run_config = json.loads((run / "run_config.json").read_text())
     command = f"torchrun --nproc_per_node {world} scripts/train_eagle3.py --config {recipe}"
     if args.recipe:
@@ -104,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     columns = [c for c in COLUMNS if f"{c}_0" in last]
     found = detect_layout(final)
     if found is None:
-        raise SystemExit(f"{final}: not an export of a registered head ({sorted(HEADS)})")
+        raise UserError(f"--run {run}: {final} is not an export of a registered head ({sorted(HEADS)})")
     spec = HEADS[found[0]]
     title, layout, unit = spec.title, spec.cards[found[1]], spec.unit
     header = f"| {unit} | " + " | ".join(COLUMNS[c] for c in columns) + " |\n|---|" + "---|" * len(columns)
@@ -143,4 +156,4 @@ All eval records: `eval_metrics.json`.
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(entry_point(main))

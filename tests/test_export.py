@@ -166,15 +166,15 @@ def test_export_head_script_converts_and_says_what_is_missing(tmp_path, targets,
 
     head = random_eagle3_head(llama(targets), counts_seed=0)
     export_head(head, tmp_path / "flat", "eagle3", None)  # a head that records no target
-    assert script.main(["--head", str(tmp_path / "flat"), "--to", "speculators", "--out", str(tmp_path / "s")]) == 1
+    assert script.main(["--head", str(tmp_path / "flat"), "--to", "speculators", "--out", str(tmp_path / "s")]) == 2
     err = capsys.readouterr().err
     assert "vLLM refuses it without one: give the target's path" in err and not (tmp_path / "s").exists()
     assert script.main(["--head", str(tmp_path / "flat"), "--to", "speculators", "--out", str(tmp_path / "s"),
                         "--target", str(targets["llama"])]) == 0
     d = json.loads((tmp_path / "s" / "config.json").read_text())
     assert d["speculators_config"]["verifier"]["name_or_path"] == str(targets["llama"])
-    assert script.main(["--head", str(tmp_path / "missing"), "--to", "flat", "--out", str(tmp_path / "f")]) == 1
-    assert "no config.json" in capsys.readouterr().err
+    assert script.main(["--head", str(tmp_path / "missing"), "--to", "flat", "--out", str(tmp_path / "f")]) == 2
+    assert "--head " + str(tmp_path / "missing") + ": no such directory" in capsys.readouterr().err
 
 
 def test_a_crash_while_replacing_an_export_never_loses_the_previous_one(tmp_path, targets, monkeypatch):

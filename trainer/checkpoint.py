@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from headstart.models.files import share_like_umask
 from headstart.trainer.distributed import DistInfo, barrier
 
 
@@ -59,6 +60,7 @@ def save_checkpoint(
         barrier()
         if info.is_main:
             (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2))
+            share_like_umask(tmp)  # safetensors writes 0600: give the run's files the umask's mode
             final = root / name
             if final.exists():
                 shutil.rmtree(final)

@@ -33,6 +33,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from headstart.models.files import share_like_umask
 from headstart.models.head import FeatureNeeds
 
 FORMAT_VERSION = 2  # 2: aux / hidden / top-k each optional, chosen by what the head reads
@@ -178,6 +179,7 @@ def write_shard(directory: Path, name: str, rows: list[int], samples: list[dict[
     with tmp.open("rb") as f:
         os.fsync(f.fileno())
     info = {"file": path.name, "rows": rows, "offsets": offsets, "size": tmp.stat().st_size, "crc32": file_crc32(tmp)}
+    share_like_umask(tmp)  # safetensors writes 0600: a training job running as another user reads these shards
     os.replace(tmp, path)
     side_tmp = directory / f".{name}.json.tmp"
     side_tmp.write_text(json.dumps(info))

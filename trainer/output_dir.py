@@ -8,10 +8,9 @@ and start again).
 
 from __future__ import annotations
 
-import os
-import time
 from pathlib import Path
 
+from headstart.models.files import move_aside
 from headstart.trainer.distributed import DistInfo, barrier
 
 TRAINING_RUN = ("checkpoints", "metrics.jsonl", "final")
@@ -32,11 +31,7 @@ def claim_output_dir(out: str | Path, markers: tuple[str, ...], what: str, resum
                          f"--overwrite to move it aside to {out.name}.old-<time> and start again")
     aside = None
     if found and overwrite and (info is None or info.is_main):
-        aside = out.with_name(f"{out.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
-        n = 1
-        while aside.exists():
-            aside, n = out.with_name(f"{out.name}.old-{time.strftime('%Y%m%d-%H%M%S')}-{n}"), n + 1
-        os.rename(out, aside)
+        aside = move_aside(out)
         print(f"moved the {what} in {out} aside to {aside}")
     if info is not None and info.world_size > 1:
         barrier()  # no rank writes into the directory before it has been moved

@@ -13,7 +13,9 @@ from safetensors.torch import load_file, save_file
 
 from headstart.models.draft_vocab import count_tokens
 from headstart.models.export import export_head, layouts_for
-from headstart.models.provenance import fingerprint
+from headstart.models.files import share_like_umask
+from headstart.models.provenance import check_target, fingerprint
+from headstart.heads.exports import check_readable
 from headstart.heads.registry import build_head
 from headstart.models.target import Target, dtype_of, load_tokenizer
 from headstart.models.target_matrices import TargetMatrices
@@ -40,6 +42,7 @@ def token_counts(dataset: datasets.Dataset, vocab_size: int, cache_dir: str | No
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     save_file({"counts": counts}, str(tmp))
+    share_like_umask(tmp)
     os.replace(tmp, path)
     return counts
 
@@ -59,6 +62,10 @@ def tokenized_data(config: RunConfig, info: DistInfo):
 def build_trainer(config: RunConfig, info: DistInfo | None = None) -> Trainer:
     info = info or init_distributed()
     torch.manual_seed(config.train.seed)
+    if config.draft.init_from is not None:  # before anything loads; train has no --allow-other-target
+        check_readable(config.draft.init_from, "draft.init_from")
+        check_target(config.draft.init_from, config.target.path,
+                     remedy="set draft.init_from to a head trained for this target, or leave it unset to train from scratch")
     dataset = tokenized_data(config, info)
     data_fingerprint = dataset._fingerprint
     dataset = dataset.add_column("row", list(range(len(dataset))))  # the key of stored features

@@ -11,6 +11,7 @@ from safetensors.torch import load_file, save_file
 from headstart.heads.eagle3.config import Eagle3Config
 from headstart.heads.eagle3.speculators import from_speculators_tensors, is_speculators, to_speculators_tensors
 from headstart.models.export import replace_dir
+from headstart.models.files import check_out_dir, claim_dir
 from headstart.models.provenance import read_provenance, write_provenance
 
 
@@ -20,7 +21,8 @@ def convert_eagle3(source: str | Path, out: str | Path, to: str, verifier: dict 
 
     ``verifier`` (a fingerprint) names the target in a speculators config; default: the one the head
     records (``headstart.json``) or, converting from speculators, the one its config names. ``out``
-    must not hold anything unless ``force``; it appears whole or not at all. ``config_class``: the config of a head
+    must not hold anything unless ``force`` (then what it held is moved aside to ``<out>.old-<time>``), nor be, hold or
+    lie inside ``source``; it appears whole or not at all. ``config_class``: the config of a head
     built on EAGLE-3's (P-EAGLE's), which reads and writes its own keys."""
     source, out = Path(source), Path(out)
     if to not in ("flat", "speculators"):
@@ -28,10 +30,7 @@ def convert_eagle3(source: str | Path, out: str | Path, to: str, verifier: dict 
     for name in ("config.json", "model.safetensors"):
         if not (source / name).is_file():
             raise FileNotFoundError(f"{source}: no {name}; expected an exported EAGLE-3 head")
-    if out.resolve() == source.resolve() or source.resolve() in out.resolve().parents:
-        raise ValueError(f"--out {out} is (inside) the head's own directory; write the converted head elsewhere")
-    if out.exists() and any(out.iterdir()) and not force:
-        raise ValueError(f"--out {out} already holds files; choose an empty directory (or --force to replace it)")
+    check_out_dir(out, "--out", force, [source])  # never the head's own directory, inside it or above it
     raw = json.loads((source / "config.json").read_text())
     config = config_class.from_json(source / "config.json")
     record = read_provenance(source) or {"head": config.speculators_type}
@@ -49,6 +48,7 @@ def convert_eagle3(source: str | Path, out: str | Path, to: str, verifier: dict 
     new_config["torch_dtype"] = str(floats.pop()).removeprefix("torch.") if len(floats) == 1 else new_config["torch_dtype"]
     tmp = out.with_name(f".tmp-{out.name}")
     shutil.rmtree(tmp, ignore_errors=True)
+    claim_dir(out, "--out", force, [source])  # with force, what --out held is moved aside, not deleted
     tmp.mkdir(parents=True)
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(new_config, indent=2))
