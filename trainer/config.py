@@ -138,6 +138,24 @@ class RunConfig:
     export: ExportConfig = field(default_factory=ExportConfig)
 
 
+AT_LEAST: dict[type, dict[str, float]] = {
+    TrainConfig: {"max_steps": 1, "batch_size": 1, "grad_accum": 1, "save_every": 1, "keep_checkpoints": 1,
+                  "eval_every": 0, "eval_fraction": 0, "max_eval_batches": 1, "log_every": 1, "decode_eval_prompts": 0,
+                  "decode_eval_max_new_tokens": 1, "decode_eval_k": 1, "warmup_ratio": 0, "lr": 0, "grad_clip": 0},
+    FeaturesConfig: {"topk": 1, "samples_per_shard": 1, "batch_size": 1},
+    DataConfig: {"max_length": 1, "num_proc": 1},
+}
+"""The least value of each numeric field that has one, checked as a recipe is read: ``train.max_steps: 0`` would
+export an untrained head, ``train.save_every: 0`` divide by zero, ``train.batch_size: 0`` build no batch."""
+
+
+def _check_bounds(cls: type, values: dict[str, Any], where: str) -> None:
+    for name, least in AT_LEAST.get(cls, {}).items():
+        value = values.get(name)
+        if isinstance(value, (int, float)) and value < least:
+            raise ValueError(f"{where}{name}={value}: must be >= {least:g}; fix the recipe or the --{where}{name}= override")
+
+
 def _build(cls: type, values: dict[str, Any], where: str):
     if not isinstance(values, dict):
         raise ValueError(f"{where or 'config'}: expected a mapping, got {values!r}")
@@ -149,6 +167,7 @@ def _build(cls: type, values: dict[str, Any], where: str):
     kwargs = {}
     for name, value in values.items():
         kwargs[name] = _coerce(hints[name], value, f"{where}{name}")
+    _check_bounds(cls, kwargs, where)
     return cls(**kwargs)
 
 

@@ -105,20 +105,63 @@ def split_rows(path: str) -> tuple[str, int, int | None]:
     return m["file"], start, stop
 
 
-def read_rows(path: str) -> datasets.Dataset:
-    """Load one local file (or its ``[a:b]`` rows) as a Dataset, with a clear error for a missing or unreadable
-    file or a range past its end."""
-    file, start, stop = split_rows(path)
+def require_file(file: str) -> None:
+    """Refuse a data file that is missing, or is a directory, by name."""
     p = Path(file)
+    if p.is_dir():
+        raise ValueError(f"data file {file} is a directory; give the .jsonl, .json or .parquet files in it "
+                         f"(e.g. {file}/*.jsonl)")
     if not p.is_file():
         raise FileNotFoundError(f"data file not found: {file}")
+
+
+def check_json_text(p: Path) -> None:
+    """A JSON data file, refused by line where it is not UTF-8 or not JSON, or when it is empty: the reader's own
+    errors name no line (and it reads some bad bytes as other characters)."""
+    with p.open("rb") as f:  # stops at the first block that holds anything
+        empty = not any(block.strip() for block in iter(lambda: f.read(1 << 20), b""))
+    if empty:
+        raise ValueError(f"{p}: the file is empty; expected conversation rows (one JSON object a line for .jsonl)")
+    with p.open("rb") as f:
+        document = f.read(64).lstrip().startswith(b"[")  # one JSON list of rows, not a row a line
+    with p.open("rb") as f:
+        for number, line in enumerate(f, 1):
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(f"{p} line {number}: not UTF-8 text (byte 0x{line[err.start]:02x} at column "
+                                 f"{err.start + 1}); save the file as UTF-8") from None
+            if not document and text.strip():
+                try:
+                    json.loads(text)
+                except ValueError as err:
+                    raise ValueError(f"{p} line {number}: not valid JSON ({err.msg} at column {err.colno}); "
+                                     "expected one JSON object a line") from None
+    if document:
+        try:
+            json.loads(p.read_text(encoding="utf-8"))
+        except ValueError as err:
+            raise ValueError(f"{p} line {err.lineno}: not valid JSON ({err.msg} at column {err.colno})") from None
+
+
+def read_rows(path: str) -> datasets.Dataset:
+    """Load one local file (or its ``[a:b]`` rows) as a Dataset, with a clear error for a missing, empty or unreadable
+    file (by line where it is not JSON or not UTF-8) or a range past its end."""
+    file, start, stop = split_rows(path)
+    p = Path(file)
+    require_file(file)
     reader = _READERS.get(p.suffix.lower())
     if reader is None:
         raise ValueError(f"{file}: unsupported file type {p.suffix!r}; use .json, .jsonl or .parquet")
+    if reader == "json":
+        check_json_text(p)
+    elif p.stat().st_size == 0:
+        raise ValueError(f"{file}: the file is empty; expected conversation rows")
     try:
         rows = datasets.load_dataset(reader, data_files=str(p), split="train")
     except Exception as err:
-        raise ValueError(f"{file}: could not be read as {reader} rows: {err}") from err
+        reason = str(err).strip() or type(err).__name__
+        raise ValueError(f"{file}: could not be read as {reader} rows: {reason}") from err
     if (start, stop) == (0, None):
         return rows
     if start >= len(rows):
@@ -229,8 +272,7 @@ def build_dataset(config: DataConfig, tokenizer: PreTrainedTokenizerBase) -> tup
     if not config.files:
         raise ValueError("no data files given")
     for file in (split_rows(f)[0] for f in config.files):
-        if not Path(file).is_file():
-            raise FileNotFoundError(f"data file not found: {file}")
+        require_file(file)
     cache = Path(config.cache_dir) if config.cache_dir else default_cache_dir() / "tokenized"
     entry = cache / cache_key(config, tokenizer)
     if (entry / "summary.json").is_file():
