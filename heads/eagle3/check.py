@@ -198,3 +198,10 @@ def check_eagle3(directory: Path, layout: str, target_config, more_tensors: dict
         except ValueError as err:
             bad(st_file, str(err).split(":")[0].split()[0], str(err))
     return problems
+
+
+def eagle3_trained_depth(config: dict) -> int | None:
+    """The drafts per round an export says to run (``speculative_tokens``: headstart's record in the flat layout, the
+    proposal method's in the speculators one); None when it says nothing."""
+    proposals = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
+    return (config.get("headstart") or {}).get("speculative_tokens") or proposals[0].get("speculative_tokens")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from headstart.heads.eagle3.check import check_eagle3
+from headstart.heads.eagle3.check import check_eagle3, eagle3_trained_depth
 from headstart.heads.peagle.config import PEagleConfig
 from headstart.models.problem import Problem
 from headstart.models.target import text_config
@@ -44,3 +44,8 @@ def check_peagle(directory: Path, layout: str, target_config) -> list[Problem]:
         problems.append(Problem(cfg_file, "norm_output", "true: a P-EAGLE head carries no state between drafts, and "
                                 "vLLM's parallel drafting does not read it"))
     return problems
+
+
+def peagle_trained_depth(config: dict) -> int | None:
+    """The depths trained in parallel (``parallel_tokens``), else what the EAGLE-3 export records."""
+    return (config.get("headstart") or {}).get("parallel_tokens") or eagle3_trained_depth(config)
