@@ -19,7 +19,8 @@ from typing import Protocol
 import torch
 
 from headstart.decode.clock import UNTIMED, RoundClock
-from headstart.decode.generate import Drafter, Generation, Sampling, stop_at_end
+from headstart.decode.drafter import Capabilities, Drafter
+from headstart.decode.generate import Generation, Sampling, stop_at_end
 from headstart.decode.target_runner import RaggedRunner
 from headstart.decode.verify import verify_greedy, verify_sampling
 from headstart.models.target import TargetOutput
@@ -115,14 +116,20 @@ def batch_plain_generate(runner: RaggedRunner, prompts: list[torch.Tensor], max_
 
 class BatchDrafter(Protocol):
     """A drafter for a batch (its rows follow the loop's active rows): a head's drafter runs one draft forward for
-    every row; ``PerSequence`` adapts any one-sequence ``Drafter``. A drafter that samples also has
-    ``propose_sampled_batch(budgets, sampling, generator) -> (drafts, q per row [k_b, V] or None)``."""
+    every row; ``PerSequence`` adapts any one-sequence ``Drafter``. With sampling the loop calls
+    ``propose_sampled_batch(budgets, sampling, generator) -> (drafts, q per row [k_b, V] or None: one-hot)``."""
+
+    capabilities: Capabilities
 
     def begin_batch(self, prompts: list[torch.Tensor], states: TargetOutput, next_tokens: list[int]) -> None:
         """Prompts [1, T_b], the target's states over the right-padded prefill [B, T_max, ...], first tokens."""
 
     def propose_batch(self, budgets: list[int]) -> list[torch.Tensor]:
         """Up to budgets[b] draft tokens for row b."""
+
+    def propose_sampled_batch(self, budgets: list[int], sampling: Sampling, generator: torch.Generator | None = None
+                              ) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+        """Row b's drafts and the distribution q they were drawn from (None: deterministic, one-hot q)."""
 
     def update_batch(self, emitted: list[list[int]], states: TargetOutput) -> None:
         """Row b's emitted tokens; the target's states [B, n_max, ...] of the positions that produced them."""
@@ -133,6 +140,8 @@ class BatchDrafter(Protocol):
 
 class PerSequence:
     """A ``BatchDrafter`` of one-sequence drafters, each run on its own row (draft cost grows with the batch)."""
+
+    capabilities = Capabilities(batches=True)  # eager, one row after another
 
     def __init__(self, drafters: list[Drafter]) -> None:
         self.drafters = drafters
@@ -147,7 +156,7 @@ class PerSequence:
     def propose_sampled_batch(self, budgets: list[int], sampling: Sampling, generator: torch.Generator | None = None):
         drafts, qs = [], []
         for d, k in zip(self.drafters, budgets):
-            tokens, q = d.propose_sampled(k, sampling, generator) if hasattr(d, "propose_sampled") else (d.propose(k), None)
+            tokens, q = d.propose_sampled(k, sampling, generator)
             drafts.append(tokens)
             qs.append(q)
         return drafts, qs
@@ -160,7 +169,7 @@ class PerSequence:
         self.drafters = [self.drafters[r] for r in rows]
 
 
-class RowByRow:
+class RowByRow(Drafter):
     """The batch methods of a one-sequence drafter that drafts a batch one row after another: ``begin_batch`` makes a
     fresh drafter per row (``row_drafter``) and the rest delegate to their ``PerSequence``."""
 
@@ -218,7 +227,7 @@ def batch_speculative_generate(
     rounds = 0
     while active:
         budgets = [min(k, max_new_tokens - len(outs[b].tokens) - 1) for b in active]  # as alone: the drafts fit
-        if sampling is not None and hasattr(drafter, "propose_sampled_batch"):
+        if sampling is not None:
             drafts, qs = drafter.propose_sampled_batch(budgets, sampling, generator)
         else:
             drafts, qs = drafter.propose_batch(budgets), [None] * len(active)

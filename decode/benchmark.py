@@ -217,7 +217,7 @@ class Rival:
         every round), then ``after_warm_up``."""
         n = max_new_tokens or (8 if self.own_loop else max(8, self.depth + 2))
         drafter = None if self.own_loop else self.make_drafter()
-        for d in [drafter, *(drafter.warm_ups() if hasattr(drafter, "warm_ups") else [])]:
+        for d in [drafter] if drafter is None else [drafter, *drafter.warm_ups()]:
             self.decode(d, prompt, n, eos_ids, sampling, generator)
         if self.after_warm_up is not None:
             self.after_warm_up()
@@ -396,7 +396,7 @@ def _run_batched(runner: RaggedRunner, make_drafter: Callable[[int], BatchDrafte
     for size in sizes:
         runner.precompile_batch(size, [1, k + 1])
         drafter = make_drafter(size)
-        if hasattr(drafter, "precompile_batch"):  # a compiled batched draft layer: commits of 1..k + 1, steps of 1
+        if drafter.capabilities.compiled_batch:  # a compiled batched draft layer: commits of 1..k + 1, steps of 1
             drafter.precompile_batch(size, k + 1)
         warm = [prompt_ids(tokenizer, [{"role": "user", "content": questions[0]["turns"][0]}]).to(device)] * size
         batch_speculative_generate(runner, make_drafter(size), warm, max(8, k + 2), eos_ids, k, sampling, generator)

@@ -44,8 +44,8 @@ def with_threshold(make, threshold: float):
 
     def made():
         drafter = make()
-        if not hasattr(drafter, "confidence_threshold"):
-            raise ValueError(f"{type(drafter).__name__} has no confidence_threshold: it cannot stop a chain early")
+        if not drafter.capabilities.confidence:
+            raise ValueError(f"{type(drafter).__name__} declares no confidence rule: it cannot stop a chain early")
         drafter.confidence_threshold = threshold
         return drafter
 

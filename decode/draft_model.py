@@ -15,6 +15,7 @@ import torch
 from transformers import PreTrainedModel
 
 from headstart.decode.confidence import confident
+from headstart.decode.drafter import Capabilities, Drafter
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import ExpandedNodes
 from headstart.models.target import Target
@@ -44,7 +45,10 @@ def fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return logits
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(Drafter):
+    # A batch runs DraftModelBatchDrafter (decode/methods.py), eagerly: its compiled graphs are one sequence's.
+    capabilities = Capabilities(trees=("dynamic", "static"), batches=True, sampled=True, compiled=True, confidence=True)
+
     def __init__(self, draft: PreTrainedModel | TargetRunner, max_len: int, target_vocab_size: int) -> None:
         """``draft``: the small model (run eagerly on a runner of its own), or ``draft_model_runner``'s runner over
         it, shared by the drafters of every prompt (each ``begin`` starts it afresh)."""

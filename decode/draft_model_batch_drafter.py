@@ -13,12 +13,15 @@ import torch
 
 from headstart.decode.batch_generate import padded_rows
 from headstart.decode.draft_model import as_draft_target, fit_vocab  # noqa: F401 (as_draft_target: re-exported)
+from headstart.decode.drafter import Capabilities
 from headstart.decode.generate import Sampling
 from headstart.decode.target_runner import RaggedRunner
 from headstart.models.target import Target, TargetOutput
 
 
 class DraftModelBatchDrafter:
+    capabilities = Capabilities(batches=True, sampled=True)  # eager: the draft model's graphs are one sequence's
+
     def __init__(self, draft: Target, max_len: int, target_vocab_size: int, batch: int) -> None:
         """``draft``: the small model wrapped once as a ``Target`` (``as_draft_target``), shared by every batch."""
         self.runner = RaggedRunner(draft, max_len, with_aux=False)

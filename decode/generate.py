@@ -9,51 +9,15 @@ greedy decoding, EOS and length included; sampling output follows the warped tar
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import torch
 
 from headstart.decode.clock import UNTIMED, RoundClock
+from headstart.decode.drafter import Drafter
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import DynamicTree, StaticTree, build_dynamic_tree, build_static_tree, verify_tree
-from headstart.decode.verify import verify_greedy, verify_sampling, warp_probs
+from headstart.decode.verify import Sampling, verify_greedy, verify_sampling
 from headstart.models.target import TargetOutput
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """Sampling parameters; the target's distribution is warped by them, and speculation preserves it."""
-
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-
-    def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        return warp_probs(logits, self.temperature, self.top_k, self.top_p)
-
-
-class Drafter(Protocol):
-    def begin(self, prompt_ids: torch.Tensor, states: TargetOutput, next_token: int) -> None:
-        """A new sequence: the prompt [1, T], the target's states there ([1, T, ...]: aux hidden states,
-        final hidden state) and the first generated token."""
-
-    def propose(self, k: int) -> torch.Tensor:
-        """Up to k draft tokens [k'] continuing the sequence (deterministic: q is one-hot).
-
-        A drafter that samples also has ``propose_sampled(k, sampling, generator) -> (tokens [k'],
-        q [k', V])`` giving the distributions its drafts were drawn from. A model drafter also has a
-        ``confidence_threshold`` (0 by default): above 0 its chain stops after the first draft it gives a lower
-        probability (decode/confidence.py). A self-speculative drafter, which drafts with the target's own first layers
-        on its KV cache, has ``attach(runner)``: the loop hands it the target's runner before ``begin``; it may also
-        have ``verify(block) -> (logits, states)``, the target's forward over a chain's block [1, 1 + k'] that reuses
-        what drafting computed (the loop calls it in place of ``runner.forward``)."""
-
-    def update(self, emitted: list[int], states: TargetOutput) -> None:
-        """Tokens appended after verification, and the target's states of the positions that
-        produced them ([1, len(emitted), ...]: position j's state pairs with emitted token j).
-
-        The round that ends the request gets no update (nothing is drafted after it); a drafter that learns from what
-        it serves may have ``finish(emitted)``, called with that round's tokens instead (n-gram lookup's datastore)."""
 
 
 @dataclass
@@ -155,10 +119,11 @@ def speculative_generate(
     runner.commit(prompt_ids.shape[1])
     tokens, done = stop_at_end([_pick(logits[0, -1], sampling, generator)], eos_ids, max_new_tokens)
     clock.lap("other")
-    attach = getattr(drafter, "attach", None)
-    if attach is not None:  # a self-speculative drafter runs the target's first layers on this runner's cache
-        attach(runner)
-    verify = getattr(drafter, "verify", None)  # a self-speculative drafter's own verification (chains)
+    # A self-speculative drafter runs the target's first layers on this runner's cache and verifies its own chains.
+    self_verify = drafter.capabilities.self_verify
+    if self_verify:
+        drafter.attach(runner)
+    verify = drafter.verify if self_verify else runner.forward
     drafter.begin(prompt_ids, states, tokens[0])
     clock.lap("prefill")  # the drafter reading the prompt is a prompt cost, like the target's forward over it
     out = Generation(tokens)
@@ -169,14 +134,14 @@ def speculative_generate(
             continue
         # Never draft past the length limit: accepted drafts + the bonus token fit in what is left.
         budget = min(k, max_new_tokens - len(tokens) - 1)
-        if sampling is not None and hasattr(drafter, "propose_sampled"):
+        if sampling is not None:
             drafts, q = drafter.propose_sampled(budget, sampling, generator)
         else:
             drafts, q = drafter.propose(budget), None
         clock.lap("draft")
         drafts = drafts.to(device)
         block = torch.cat([torch.tensor([tokens[-1]], device=device), drafts]).unsqueeze(0)  # [1, 1+k']
-        logits, states = verify(block) if verify is not None else runner.forward(block)
+        logits, states = verify(block)
         clock.lap("verify")
         if sampling is None:
             n_acc, nxt = verify_greedy(drafts.unsqueeze(0), logits)
@@ -206,10 +171,8 @@ def speculative_generate(
 
 def _last_round(drafter: Drafter, emitted: list[int]) -> None:
     """The request's last round, as far as the output keeps it (up to its EOS or the length limit): a drafter that
-    learns what it serves (``finish``) reads it; no update, nothing follows."""
-    finish = getattr(drafter, "finish", None)
-    if finish is not None:
-        finish(emitted)
+    learns what it serves reads it (``finish``); no update, nothing follows."""
+    drafter.finish(emitted)
 
 
 def _tree_round(runner, drafter, tree, tokens, max_new_tokens, eos_ids, sampling, generator, out, clock):

@@ -20,7 +20,8 @@ import math
 
 import torch
 
-from headstart.decode.generate import Drafter, Sampling
+from headstart.decode.drafter import Capabilities, Drafter
+from headstart.decode.generate import Sampling
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.tree import DraftTree, DynamicTree, build_dynamic_tree
 from headstart.models.target import TargetOutput
@@ -31,7 +32,7 @@ def ngram_share(rounds: dict[str, int]) -> float:
     return rounds["ngram"] / max(1, rounds["ngram"] + rounds["model"])
 
 
-class HybridDrafter:
+class HybridDrafter(Drafter):
     def __init__(self, model: Drafter, ngram: NgramDrafter, min_score: float, max_flush: int | None = None,
                  model_tree: DynamicTree | None = None) -> None:
         """``model``: any drafter of decode/generate.py with dynamic trees (decode/tree.py); ``min_score``: the
@@ -39,6 +40,9 @@ class HybridDrafter:
         most tokens the model reads in one update (None: any); ``model_tree``: the model's own tree shape in the tree
         rounds it drafts (None: the round's; a head's cheapest good tree is often shallower than n-gram lookup's), of
         at most the round's tokens (the verify block the target's runner holds)."""
+        if model.capabilities.self_verify:
+            raise ValueError(f"{type(model).__name__} verifies its own drafts on the target's runner: n-gram lookup "
+                             "cannot take its rounds")
         if min_score < 0:
             raise ValueError(f"the hybrid's min_score is an expected number of accepted drafts: >= 0, got {min_score}")
         if max_flush is not None and max_flush < 1:
@@ -48,6 +52,14 @@ class HybridDrafter:
         self.rounds = {"ngram": 0, "model": 0}  # which drafter drafted each round (reported by the benchmark)
         self._pending: list[tuple[list[int], TargetOutput]] = []  # n-gram rounds the model has not read yet
         self._model_drafted = False
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """The model's, less what a round of n-gram lookup has no part in: static trees rank one model's candidates,
+        the batch and the chain's early stop are the model's alone."""
+        own = self.model.capabilities
+        return Capabilities(trees=("dynamic",) if "dynamic" in own.trees else (), sampled=own.sampled,
+                            compiled=own.compiled, reads_aux=own.reads_aux)
 
     def begin(self, prompt_ids: torch.Tensor, states, next_token: int) -> None:
         self._pending, self._model_drafted = [], False
@@ -101,9 +113,7 @@ class HybridDrafter:
         drafts = self._ngram_chain(k)
         if drafts is not None:
             return drafts, None
-        if hasattr(self.model, "propose_sampled"):
-            return self.model.propose_sampled(k, sampling, generator)
-        return self.model.propose(k), None
+        return self.model.propose_sampled(k, sampling, generator)
 
     def grow_tree(self, spec: DynamicTree, max_depth: int) -> DraftTree:
         """n-gram lookup's tree of ``spec`` where it expects ``min_score`` accepted drafts, else the model's EAGLE-2 tree

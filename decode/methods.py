@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from headstart.decode.benchmark import DecodeSetup
 from headstart.decode.confidence import with_threshold
 from headstart.decode.draft_model import DraftModelDrafter, draft_model_runner
+from headstart.decode.drafter import Capabilities
 from headstart.decode.draft_model_batch_drafter import DraftModelBatchDrafter, as_draft_target
 from headstart.decode.hf_peers import HFSpeculation
 from headstart.decode.ngram import NgramDrafter
@@ -59,24 +60,41 @@ class Drafting:
 
 @dataclass(frozen=True)
 class DraftingMethod:
-    """One way of drafting and what it can do; the flags a method cannot take are refused by these fields."""
+    """One way of drafting and what it can do; the flags a method cannot take are refused by these fields
+    (``unsupported``), before any weight loads."""
 
     help: str
     """One line for ``--method``'s help."""
     build: Callable[[MethodContext], Drafting]
+    capabilities: Capabilities
+    """What its drafter declares it can do (decode/drafter.py)."""
     draft: str | None = None
     """What ``--draft`` names for it ("the head's exported directory"); None: it takes no ``--draft``."""
-    model: bool = True
-    """It runs a model with draft probabilities: ``--confidence-threshold`` can stop its chains, ``--compile`` compiles
-    it and ``--hybrid-ngram`` can put n-gram lookup in front of it."""
-    ranked_trees: bool = True
-    """It ranks candidates, so a static tree of rank paths (``--tree-paths``) fits it."""
     own_loop: bool = False
     """transformers' loop, one call a turn: chains only, greedy, eager, batch 1, no ``--predict``."""
     ngram_store: bool = False
     """It is n-gram lookup: ``--ngram-store`` and ``--ngram-learn`` are its own flags."""
-    reads_aux: bool = False
-    """It reads the target's aux hidden states (EAGLE-3-like heads): the runner captures them."""
+
+    def unsupported(self, name: str, args: argparse.Namespace) -> str | None:
+        """Why ``--method name`` cannot run with these flags, naming the flag and what the method declares; None: it
+        can. Only what the method's capabilities decide (flags that clash with each other are the command's)."""
+        can = self.capabilities
+        trees = f"its drafter drafts {' and '.join(can.trees)} trees" if can.trees else "its drafter drafts chains only"
+        if args.tree and not args.tree_paths and "dynamic" not in can.trees:
+            return f"--tree: --method {name} cannot draft a dynamic tree ({trees})"
+        if args.tree_paths and "static" not in can.trees:
+            return f"--tree-paths: --method {name} cannot draft a static tree of rank paths ({trees})"
+        if args.batch_size > 1 and not can.batches:
+            why = " (it drafts on the target's own cache)" if can.self_verify else ""
+            return f"--batch-size {args.batch_size}: --method {name} decodes one sequence at a time{why}; use --batch-size 1"
+        if args.confidence_threshold and not can.confidence:
+            return (f"--confidence-threshold: --method {name} has no draft probabilities to stop a chain on (a model "
+                    "drafter's chains stop under it)")
+        if args.hybrid_ngram is not None and (can.self_verify or self.own_loop or self.ngram_store):
+            what = ("verifies its own drafts on the target's runner" if can.self_verify else
+                    "is n-gram lookup already" if self.ngram_store else "runs transformers' own loop")
+            return f"--hybrid-ngram: n-gram lookup cannot take the rounds of --method {name}, which {what}"
+        return None
 
 
 def _ngram(ctx: MethodContext) -> Drafting:
@@ -120,13 +138,13 @@ def _hf(assisted: bool) -> Callable[[MethodContext], Drafting]:
 
 
 METHODS: dict[str, DraftingMethod] = {
-    "ngram": DraftingMethod("n-gram lookup in the request's own tokens (and --ngram-store's)", _ngram, model=False,
-                            ranked_trees=False, ngram_store=True),
+    "ngram": DraftingMethod("n-gram lookup in the request's own tokens (and --ngram-store's)", _ngram,
+                            NgramDrafter.capabilities, ngram_store=True),
     "draft-model": DraftingMethod("a small causal LM of the target's vocabulary", _draft_model,
-                                  draft="an HF causal LM directory"),
+                                  DraftModelDrafter.capabilities, draft="an HF causal LM directory"),
     "hf-assisted": DraftingMethod("transformers' assisted generation with --draft's model (greedy)", _hf(True),
-                                  draft="an HF causal LM directory", ranked_trees=False, own_loop=True),
-    "hf-prompt-lookup": DraftingMethod("transformers' prompt lookup (greedy)", _hf(False), model=False,
-                                       ranked_trees=False, own_loop=True),
+                                  Capabilities(confidence=True), draft="an HF causal LM directory", own_loop=True),
+    "hf-prompt-lookup": DraftingMethod("transformers' prompt lookup (greedy)", _hf(False), Capabilities(),
+                                       own_loop=True),
 }
 """The drafting methods that are not heads, one entry each."""

@@ -15,6 +15,7 @@ from collections import defaultdict
 
 import torch
 
+from headstart.decode.drafter import Capabilities, Drafter
 from headstart.decode.ngram_store import Follows, NgramStore, count_follows
 from headstart.decode.tree import DraftTree, DynamicTree
 
@@ -26,9 +27,12 @@ def likeliest(follow: dict[int, list[int]], topk: int) -> list[tuple[int, float]
     return [(token, seen[0] / total) for token, seen in best]
 
 
-class NgramDrafter:
+class NgramDrafter(Drafter):
     """``store``: a datastore of the target's replies (decode/ngram_store.py), looked up where the request's own
     tokens have no suffix match as long; chains then grow token by token (a tree of one branch)."""
+
+    # Its own dynamic trees (no logits to rank: no static trees); a batch row by row (decode/batch_generate.py PerSequence).
+    capabilities = Capabilities(trees=("dynamic",), batches=True)
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, store: NgramStore | None = None, learn: bool = False
                  ) -> None:

@@ -10,8 +10,9 @@ Drafters that build trees expose three calls, all without host syncs:
   ``tokens`` at ``depth``) whose parents are earlier *expanded* nodes (index in call order, -1 =
   the root) and return the distributions of their children;
   ``to_target(ids) -> ids``: map draft-vocab ids to target ids.
+and ``dynamic_tree(spec)``: the full-depth tree as one compiled graph, or None (decode/drafter.py's default).
 A drafter without a model (n-gram lookup: decode/ngram.py) has no logits to expand; it grows a dynamic tree's
-nodes itself instead: ``grow_tree(spec, max_depth) -> DraftTree``.
+nodes itself instead: its ``grow_tree(spec, max_depth) -> DraftTree``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import torch
 
 
 class TreeDrafter(Protocol):
+    def dynamic_tree(self, spec: DynamicTree) -> tuple[torch.Tensor, ...] | None: ...
+
     def tree_root(self) -> torch.Tensor: ...
 
     def tree_expand(self, parents: torch.Tensor, tokens: torch.Tensor, depth: int) -> torch.Tensor: ...
@@ -191,17 +194,19 @@ def grow_static_tree(expand: Callable[[int, torch.Tensor, torch.Tensor, torch.Te
     return kept, kept_parents, levels, ancestor_mask(kept_parents, depth)
 
 
-def build_dynamic_tree(drafter: TreeDrafter, spec: DynamicTree, max_depth: int) -> DraftTree:
-    """The EAGLE-2 tree, at most ``max_depth`` levels deep (the length budget). A drafter with ``dynamic_tree`` builds
-    the full-depth tree as one compiled graph (the same tree: heads/eagle3/drafter.py); the level-by-level form
-    below otherwise, and for the shallower trees of a generation's last rounds."""
-    grow = getattr(drafter, "grow_tree", None)
-    if grow is not None:
-        return grow(spec, max_depth)
+def build_dynamic_tree(drafter, spec: DynamicTree, max_depth: int) -> DraftTree:
+    """The round's dynamic tree of ``spec``, at most ``max_depth`` levels deep (the length budget): the drafter's
+    ``grow_tree`` (decode/drafter.py), which for a drafter of ranked candidates is ``expand_dynamic_tree``."""
+    return drafter.grow_tree(spec, max_depth)
+
+
+def expand_dynamic_tree(drafter: TreeDrafter, spec: DynamicTree, max_depth: int) -> DraftTree:
+    """The EAGLE-2 tree, at most ``max_depth`` levels deep (the length budget). A drafter whose ``dynamic_tree`` returns
+    one builds the full-depth tree as one compiled graph (the same tree: heads/eagle3/drafter.py); the level-by-level
+    form below otherwise, and for the shallower trees of a generation's last rounds."""
     depth = min(spec.depth, max_depth)
-    whole = getattr(drafter, "dynamic_tree", None)
-    if whole is not None and depth == spec.depth:
-        built = whole(spec)
+    if depth == spec.depth:
+        built = drafter.dynamic_tree(spec)
         if built is not None:
             tokens, parents, levels, mask = built
             tree = DraftTree(tokens, parents, levels, depth)

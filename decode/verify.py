@@ -7,6 +7,8 @@ et al. 2023; Chen et al. 2023) reproduces the target's sampling distribution exa
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -74,3 +76,15 @@ def verify_sampling(
     residual = torch.where(mass > 0, residual / mass.clamp(min=1e-30), target_probs.gather(1, idx).squeeze(1))
     next_token = torch.multinomial(residual, 1, generator=generator).squeeze(1)
     return accepted, next_token
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling parameters; the target's distribution is warped by them, and speculation preserves it."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        return warp_probs(logits, self.temperature, self.top_k, self.top_p)

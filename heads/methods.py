@@ -24,18 +24,16 @@ def head_method(name: str, spec: HeadSpec) -> DraftingMethod:
             if not ctx.batched:  # a threshold drafts step by step through the masked step's graphs, as trees do
                 shared.precompile(ctx.compiled_block, trees=bool(args.tree or args.tree_paths) or args.confidence_threshold > 0)
             make = make_batch = lambda *_: shared  # noqa: E731
-            # A batch compiles where the head's drafter has a compiled batch path (Medusa's few ops run eagerly).
-            compiled = not ctx.batched or hasattr(shared, "precompile_batch")
+            # The drafter compiles where it declares compiled graphs (one sequence's; a batch's where it declares a
+            # compiled batch path: Medusa's few ops run eagerly).
+            compiled = spec.capabilities.compiled_batch if ctx.batched else spec.capabilities.compiled
         else:
             make = make_batch = lambda *_: spec.drafter(head, ctx.max_len)  # noqa: E731
         make = with_threshold(make, args.confidence_threshold)
         return Drafting(make, make_batch, compiled=compiled)
 
-    return DraftingMethod(f"a trained {spec.title} (its exported directory in --draft)", build,
-                          draft="the head's exported directory",
-                          # what the drafter reads when decoding, where it says (early exit trains on a layer's
-                          # state but drafts by running the layers); else what the head trains on
-                          reads_aux=getattr(spec.drafter, "reads_aux", spec.cls.needs.aux_hidden_states))
+    return DraftingMethod(f"a trained {spec.title} (its exported directory in --draft)", build, spec.capabilities,
+                          draft="the head's exported directory")
 
 
 def drafting_methods() -> dict[str, DraftingMethod]:

@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import torch
 
+from headstart.decode.drafter import Capabilities, Drafter
 from headstart.models.head import DraftConfig, DraftHead
 
 
@@ -25,10 +26,11 @@ class HeadSpec:
     """Dataclass of the recipe fields only this head reads (a recipe's ``draft:`` section, besides the shared ones)."""
     build: Callable[[DraftConfig, Any, torch.Tensor], DraftHead]
     """(draft config, target, loss-masked token counts [V]) -> a fresh head for that target."""
-    drafter: Callable[..., Any]
+    drafter: type[Drafter]
     """(finished head, cache length, compile=False, backend=) -> the decoder's drafter for it: a ``Drafter`` for one
-    sequence (decode/generate.py) and a ``BatchDrafter`` for a batch of any size (decode/batch_generate.py), one draft
-    forward per step for every row; ``compile``: its draft step through ``torch.compile`` at static shapes."""
+    sequence (decode/generate.py) and, where its capabilities say ``batches``, a ``BatchDrafter`` for a batch of any
+    size (decode/batch_generate.py); ``compile``: its draft step through ``torch.compile`` where it declares ``compiled``.
+    Its class declares what it can do (``capabilities``)."""
     detect: Callable[[Path, dict], str | None]
     """(export directory, its config.json) -> the layout it holds, or None if it is not this head's."""
     cards: dict[str, str]
@@ -43,3 +45,8 @@ class HeadSpec:
     """The drafting method (decode/methods.py) that decodes this head's exports, when that is not a method of its own:
     a distilled draft model is a plain causal LM, which ``draft-model`` decodes like any other. None: ``--method``
     takes the head's catalog name."""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What its drafter declares it can do (decode/drafter.py): read before any weight loads."""
+        return self.drafter.capabilities

@@ -147,16 +147,16 @@ def build_parser() -> argparse.ArgumentParser:
 def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse, by name, flags that do not go together (a method's by what its catalog entry says it can do)."""
     m = drafting_methods()[args.method]
-    if m.own_loop and (args.tree or args.tree_paths):
-        p.error(f"{args.method} proposes chains only; drop --tree")
+    refused = m.unsupported(args.method, args)  # what the method's drafter does not declare, before any weight loads
+    if refused:
+        p.error(refused)
     if args.ngram_store and not m.ngram_store and args.hybrid_ngram is None:
         p.error("--ngram-store is n-gram lookup's datastore: use it with --method ngram or --hybrid-ngram")
     if args.ngram_learn and not m.ngram_store and args.hybrid_ngram is None:
         p.error("--ngram-learn grows n-gram lookup's datastore: use it with --method ngram or --hybrid-ngram")
     if args.ngram_learn and args.batch_size > 1:
         p.error("--ngram-learn learns from one sequence at a time: use --batch-size 1")
-    if args.hybrid_ngram is not None and (not m.model or m.own_loop or args.tree_paths
-                                          or args.batch_size > 1 or args.predict or args.hybrid_ngram < 0):
+    if args.hybrid_ngram is not None and (args.tree_paths or args.batch_size > 1 or args.predict or args.hybrid_ngram < 0):
         p.error("--hybrid-ngram SCORE (>= 0) puts n-gram lookup in front of a head or --method draft-model, in chains or "
                 "dynamic trees (--tree) at batch size 1, without --predict (which drafter runs depends on k)")
     if args.hybrid_model_tree and (args.hybrid_ngram is None or not args.tree
@@ -164,8 +164,6 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                                    or args.hybrid_model_tree[2] > args.tree_total_tokens):
         p.error("--hybrid-model-tree DEPTH TOPK TOKENS is the model's tree behind n-gram lookup: with --hybrid-ngram and "
                 "--tree, at most --tree-depth deep and --tree-total-tokens tokens (the verify block)")
-    if not m.ranked_trees and not m.own_loop and args.tree_paths:
-        p.error(f"--tree-paths ranks a model's candidates; {args.method} grows a dynamic tree: use --tree")
     if m.own_loop and (args.temperature > 0 or args.predict):
         p.error(f"{args.method} is benchmarked greedy and without --predict (transformers' loop is one call)")
     if args.verify_greedy and args.temperature > 0:
@@ -181,8 +179,8 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.batch_size > 1 and (args.tree or args.tree_paths or m.own_loop or args.predict):
         p.error("--batch-size > 1 decodes headstart's chains: drop --tree/--tree-paths/--predict, or use a headstart "
                 "method (transformers' loops are benchmarked at batch size 1)")
-    if args.confidence_threshold and (not m.model or args.tree or args.tree_paths or args.batch_size > 1):
-        p.error("--confidence-threshold stops the chains of a model drafter at batch size 1: not n-gram lookup, trees "
+    if args.confidence_threshold and (args.tree or args.tree_paths or args.batch_size > 1):
+        p.error("--confidence-threshold stops the chains of a model drafter at batch size 1: not trees "
                 "(a dynamic tree already keeps its likeliest drafts) or --batch-size > 1")
     if args.tune_blocks and (args.compile or args.batch_size > 1 or args.tree or args.tree_paths or m.own_loop):
         p.error("--tune-blocks pads an eager runner's chain blocks: not with --compile (it pads to its graphs), "
@@ -238,7 +236,7 @@ def build_method(p: argparse.ArgumentParser, args: argparse.Namespace, setup: De
     pads = None
     max_len = args.max_len or (min(1024, target.context_length) if args.compile else target.context_length)
     method = drafting_methods()[args.method]
-    reads_aux = method.reads_aux
+    reads_aux = method.capabilities.reads_aux
     batched = args.batch_size > 1  # the batch's own runner (decode/batch_generate.py), compiled with --compile
     runner = (RaggedRunner if batched else TargetRunner)(target, max_len=max_len, with_aux=reads_aux, compile=args.compile)
     if args.tune_blocks:

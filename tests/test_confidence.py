@@ -39,7 +39,7 @@ def test_the_rule_keeps_the_first_unsure_draft_and_stops_after_it():
 
 def test_a_drafter_without_the_rule_is_refused_by_name():
     assert with_threshold(NgramDrafter, 0.0)() is not None  # no threshold: any drafter
-    with pytest.raises(ValueError, match="NgramDrafter has no confidence_threshold"):
+    with pytest.raises(ValueError, match="NgramDrafter declares no confidence rule"):
         with_threshold(NgramDrafter, 0.4)()
 
 

@@ -18,7 +18,7 @@ from headstart.decode.generate import greedy_generate, speculative_generate
 from headstart.decode.target_runner import TargetRunner
 from headstart.heads.draft_model.module import DraftModel, DraftModelOptions, build_draft_model
 from headstart.heads.draft_model.selective import keep_learnable, token_divergences
-from headstart.heads.draft_model.spec import draft_model_drafter
+from headstart.heads.draft_model.spec import DistilledDrafter
 from headstart.heads.exports import check_head
 from headstart.models.export import export_head
 from headstart.models.head import DraftConfig, Features
@@ -195,6 +195,6 @@ def test_the_exported_draft_model_decodes_greedy_exact(target, target_dir, tmp_p
     prompt = torch.randint(3, 128, (1, 7), generator=torch.Generator().manual_seed(3))
     want = greedy_generate(runner, prompt, 24, set()).tokens
     runner.reset()
-    out = speculative_generate(runner, draft_model_drafter(loaded, 96), prompt, 24, set(), k=k)
+    out = speculative_generate(runner, DistilledDrafter(loaded, 96), prompt, 24, set(), k=k)
     assert out.tokens == want
     assert sum(out.proposed) > 0 and out.target_forwards <= 24

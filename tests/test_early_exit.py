@@ -116,7 +116,7 @@ def test_verification_runs_the_first_layers_once_per_token(target):
     assert out.tokens == want
     assert sum(out.proposed) > len(out.proposed)  # chains of more than one draft: the reuse had something to skip
     assert seen[0] == seen[len(target.base.layers) - 1] == prompt.shape[1] + sum(p + 1 for p in out.proposed)
-    assert drafting_methods()["early-exit"].reads_aux is False  # the benchmark's runner: no aux states to build
+    assert drafting_methods()["early-exit"].capabilities.reads_aux is False  # the benchmark's runner: no aux states to build
 
 
 def test_what_it_cannot_do_is_refused_by_name(target, target_dir, tmp_path):

@@ -6,6 +6,7 @@ import pytest
 import torch
 from tiny_models import tiny_causal_lm
 
+from headstart.decode.drafter import Drafter
 from headstart.decode.generate import greedy_generate, speculative_generate
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.target_runner import TargetRunner
@@ -60,7 +61,7 @@ def test_ngram_sizes_are_checked():
         NgramDrafter(max_ngram=0, min_ngram=0)
 
 
-class OracleDrafter:
+class OracleDrafter(Drafter):
     """Proposes the true continuation (a test double): every draft is accepted."""
 
     def __init__(self, continuation: list[int]) -> None:

@@ -12,14 +12,17 @@ from headstart.decode.hybrid import HybridDrafter
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.ngram_store import NgramStore
 from headstart.decode.target_runner import TargetRunner
+from headstart.decode.drafter import Capabilities, Drafter
 from headstart.decode.tree import DraftTree, DynamicTree
 from headstart.models.draft_vocab import build_draft_vocab
 from headstart.heads.eagle3.module import Eagle3Config, Eagle3Draft
 from headstart.models.target import Target, TargetOutput
 
 
-class FixedModel:
+class FixedModel(Drafter):
     """A model drafter stand-in: always the same chain and tree, counting its calls."""
+
+    capabilities = Capabilities(trees=("dynamic", "static"))
 
     def __init__(self) -> None:
         self.calls = 0

@@ -28,11 +28,12 @@ def test_the_catalog_holds_every_head_then_every_other_method():
             assert spec.decoded_by in decode_methods.METHODS and decode_methods.METHODS[spec.decoded_by].draft, name
     for name in own:
         spec, m = HEADS[name], drafting_methods()[name]
-        assert m.draft and m.model and m.ranked_trees and not m.own_loop
-        # what decoding reads: the drafter's word where it gives one (early exit runs the layers it trained on), else
-        # what the head trains on
-        assert m.reads_aux == getattr(spec.drafter, "reads_aux", spec.cls.needs.aux_hidden_states)
-    assert drafting_methods()["eagle3"].reads_aux and not drafting_methods()["early-exit"].reads_aux
+        assert m.draft and not m.own_loop and m.capabilities == spec.drafter.capabilities
+        # what decoding reads: what the head trains on, but for a self-speculative drafter (early exit runs the layers
+        # it trained on, so the runner builds no aux states)
+        can = m.capabilities
+        assert can.reads_aux == (spec.cls.needs.aux_hidden_states and not can.self_verify), name
+    assert drafting_methods()["eagle3"].capabilities.reads_aux and not drafting_methods()["early-exit"].capabilities.reads_aux
 
 
 def parse(*flags: str):
@@ -41,10 +42,17 @@ def parse(*flags: str):
 
 
 @pytest.mark.parametrize("flags, error", [
-    (["--method", "ngram", "--confidence-threshold", "0.5"], "--confidence-threshold stops the chains of a model drafter"),
-    (["--method", "hf-prompt-lookup", "--tree"], "hf-prompt-lookup proposes chains only"),
-    (["--method", "ngram", "--tree-paths", "paths.json"], "--tree-paths ranks a model's candidates; ngram grows"),
-    (["--method", "ngram", "--hybrid-ngram", "1"], "--hybrid-ngram SCORE (>= 0) puts n-gram lookup in front"),
+    (["--method", "ngram", "--confidence-threshold", "0.5"], "--confidence-threshold: --method ngram has no draft probabilities"),
+    (["--method", "hf-prompt-lookup", "--tree"], "--tree: --method hf-prompt-lookup cannot draft a dynamic tree (its drafter "
+                                                 "drafts chains only)"),
+    (["--method", "ngram", "--tree-paths", "paths.json"], "--tree-paths: --method ngram cannot draft a static tree of rank "
+                                                          "paths (its drafter drafts dynamic trees)"),
+    (["--method", "ngram", "--hybrid-ngram", "1"], "--hybrid-ngram: n-gram lookup cannot take the rounds of --method ngram"),
+    (["--method", "early-exit", "--draft", "d", "--tree"], "--tree: --method early-exit cannot draft a dynamic tree"),
+    (["--method", "early-exit", "--draft", "d", "--batch-size", "2"], "--batch-size 2: --method early-exit decodes one "
+                                                                      "sequence at a time (it drafts on the target's own cache)"),
+    (["--method", "early-exit", "--draft", "d", "--hybrid-ngram", "1"], "--hybrid-ngram: n-gram lookup cannot take the "
+                                                                        "rounds of --method early-exit, which verifies"),
     (["--method", "draft-model"], "--method draft-model needs --draft (an HF causal LM directory)"),
     (["--method", "eagle3"], "--method eagle3 needs --draft (the head's exported directory)"),
     (["--method", "hf-assisted", "--draft", "d", "--compile"], "--compile runs headstart's loops"),
@@ -62,11 +70,11 @@ def toy(ctx) -> Drafting:
 
 
 def test_a_method_added_to_the_catalog_alone_is_run_and_refused_by_its_fields(tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(decode_methods.METHODS, "toy", DraftingMethod("single-token lookup", toy, model=False))
+    monkeypatch.setitem(decode_methods.METHODS, "toy", DraftingMethod("single-token lookup", toy, NgramDrafter.capabilities))
     p, args = parse("--method", "toy", "--confidence-threshold", "0.5")
-    with pytest.raises(SystemExit):  # model=False: no probabilities to stop a chain on
+    with pytest.raises(SystemExit):  # n-gram lookup's capabilities: no probabilities to stop a chain on
         benchmark.check_args(p, args)
-    assert "--confidence-threshold stops" in capsys.readouterr().err
+    assert "--confidence-threshold: --method toy has no draft probabilities" in capsys.readouterr().err
     out = tmp_path / "toy"
     assert benchmark.main(["--target", str(DEMO / "target"), "--method", "toy", "--questions",
                            str(DEMO / "eval" / "mt_bench.jsonl"), "--limit", "1", "--max-new-tokens", "24",

@@ -15,13 +15,16 @@ from headstart.decode.generate import greedy_generate, speculative_generate
 from headstart.heads.medusa.drafter import MedusaDrafter
 from headstart.heads.mtp.drafter import MTPDrafter
 from headstart.decode.target_runner import TargetRunner
+from headstart.decode.drafter import Capabilities, Drafter
 from headstart.decode.tree import DraftTree, DynamicTree, StaticTree, build_dynamic_tree, build_static_tree, verify_tree
 from headstart.heads.medusa.module import MedusaConfig, MedusaHeads
 from headstart.heads.mtp.module import build_mtp
 from headstart.models.target import Target
 
 
-class TableDrafter:
+class TableDrafter(Drafter):
+    capabilities = Capabilities(trees=("dynamic", "static"))
+
     """Children logits are a fixed function of the node's token: a test double that logs its calls."""
 
     def __init__(self, vocab: int = 12, seed: int = 0) -> None:

@@ -18,12 +18,18 @@ import torch
 
 from headstart.decode.batch_generate import RowByRow
 from headstart.decode.confidence import confident_prefix
+from headstart.decode.drafter import Capabilities
 from headstart.decode.static_blocks import compile_step
 from headstart.heads.dflash.module import DFlashDraft
 from headstart.models.target import TargetOutput
 
 
 class DFlashDrafter(RowByRow):
+    # Trees of one block's candidates by slot; a batch row by row; --compile compiles the block's forward (one graph
+    # for every context length), not a batch path.
+    capabilities = Capabilities(trees=("dynamic", "static"), batches=True, sampled=True, compiled=True, confidence=True,
+                                reads_aux=True)
+
     def __init__(self, head: DFlashDraft, max_len: int, compile: bool = False, backend: str = "inductor") -> None:
         """``compile``: the block's forward through ``torch.compile`` with dynamic shapes (the context it reads grows
         every round: one graph for every length)."""
@@ -95,9 +101,6 @@ class DFlashDrafter(RowByRow):
     # -- trees (decode/tree.py): Medusa's, from one block's slots -----------------------------------
     def to_target(self, ids: torch.Tensor) -> torch.Tensor:
         return ids  # the target's vocab
-
-    def dynamic_tree(self, spec) -> None:
-        return None
 
     def tree_root(self) -> torch.Tensor:
         self.tree_logits = self._block()

@@ -3,22 +3,29 @@ HF causal LM, decoded by the ``draft-model`` method (decode/methods.py) like any
 
 from __future__ import annotations
 
+from headstart.decode.batch_generate import RowByRow
 from headstart.decode.draft_model import DraftModelDrafter, draft_model_runner
 from headstart.heads.draft_model.check import check_draft_model, detect_draft_model
 from headstart.heads.draft_model.module import DraftModel, DraftModelOptions, build_draft_model
 from headstart.heads.spec import HeadSpec
 
 
-def draft_model_drafter(head: DraftModel, max_len: int, compile: bool = False,
-                        backend: str = "inductor") -> DraftModelDrafter:
-    """The decoder's drafter for a draft model being trained (the evaluation during training)."""
-    runner = draft_model_runner(head.model.eval(), max_len, compile=compile, backend=backend)
-    return DraftModelDrafter(runner, max_len, head.config.vocab_size)
+class DistilledDrafter(RowByRow, DraftModelDrafter):
+    """The decoder's drafter for a draft model being trained (the evaluation during training): the draft-model method's
+    drafter over the head's model, with the catalog's calling convention; a batch row by row, a runner each."""
+
+    def __init__(self, head: DraftModel, max_len: int, compile: bool = False, backend: str = "inductor") -> None:
+        runner = draft_model_runner(head.model.eval(), max_len, compile=compile, backend=backend)
+        DraftModelDrafter.__init__(self, runner, max_len, head.config.vocab_size)
+        self.head, self.compile, self.backend = head, compile, backend
+
+    def row_drafter(self) -> DistilledDrafter:
+        return DistilledDrafter(self.head, self.max_len, self.compile, self.backend)
 
 
 DRAFT_MODEL = HeadSpec(
     title="draft model", cls=DraftModel, options=DraftModelOptions, build=build_draft_model,
-    drafter=draft_model_drafter, detect=detect_draft_model, check=check_draft_model, unit="next token", decoded_by="draft-model",
+    drafter=DistilledDrafter, detect=detect_draft_model, check=check_draft_model, unit="next token", decoded_by="draft-model",
     cards={"hf": "a plain Hugging Face causal LM (config.json, model.safetensors, the target's tokenizer and "
                  "generation config): vLLM and SGLang load it as a draft model (`\"method\": \"draft_model\"`, "
                  "`--speculative-algorithm STANDALONE`), `headstart bench --method draft-model` decodes it."})

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from headstart.decode.batch_generate import padded_rows, shifted_prompts
 from headstart.decode.confidence import confident
+from headstart.decode.drafter import Capabilities, Drafter
 from headstart.decode.kv_cache import static_address
 from headstart.decode.ragged_blocks import RaggedBlocks
 from headstart.decode.static_blocks import ChainGraph, StaticBlocks, TreeGraph, causal_allowed
@@ -31,7 +32,11 @@ from headstart.heads.eagle3.module import Eagle3Draft
 from headstart.models.target import TargetOutput
 
 
-class Eagle3Drafter:
+class Eagle3Drafter(Drafter):
+    # Trees of its own ranked candidates (and the full-depth one as one compiled graph); its own batch rows.
+    capabilities = Capabilities(trees=("dynamic", "static"), batches=True, sampled=True, compiled=True, compiled_batch=True,
+                                confidence=True, reads_aux=True)
+
     def __init__(self, head: Eagle3Draft, max_len: int, compile: bool = False, backend: str = "inductor") -> None:
         """``compile``: the draft step through ``torch.compile`` at static shapes (decode/static_blocks.py and, for a
         batch, decode/ragged_blocks.py), CUDA graphs on a GPU; build one drafter and reuse it for every prompt or batch

@@ -14,12 +14,15 @@ from __future__ import annotations
 import torch
 
 from headstart.decode.confidence import confident_prefix
+from headstart.decode.drafter import Capabilities, Drafter
 from headstart.heads.early_exit.module import EarlyExitAdapter
 from headstart.models.target import TargetOutput
 
 
-class EarlyExitDrafter:
-    reads_aux = False  # it runs the target's first layers itself: the runner builds no aux states (and verify skips them)
+class EarlyExitDrafter(Drafter):
+    # Chains on the target's own runner and cache (no trees, no batch, nothing compiled), verified by itself; it
+    # runs the target's first layers, so the runner builds no aux states.
+    capabilities = Capabilities(sampled=True, confidence=True, self_verify=True)
 
     def __init__(self, head: EarlyExitAdapter, max_len: int = 0, compile: bool = False,
                  backend: str = "inductor") -> None:

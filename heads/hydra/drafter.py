@@ -14,11 +14,15 @@ import torch
 
 from headstart.decode.batch_generate import RowByRow
 from headstart.decode.confidence import confident_prefix
+from headstart.decode.drafter import Capabilities
 from headstart.heads.hydra.module import HydraHeads
 from headstart.models.target import TargetOutput
 
 
 class HydraDrafter(RowByRow):
+    # Trees of its ranked candidates; a batch row by row; nothing compiled (its heads run eagerly).
+    capabilities = Capabilities(trees=("dynamic", "static"), batches=True, sampled=True, confidence=True)
+
     def __init__(self, heads: HydraHeads, max_len: int = 0, compile: bool = False, backend: str = "inductor") -> None:
         """``max_len``: no cache to size. ``compile`` is accepted and not used: a round is a few eager ops."""
         self.heads = heads.eval()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from headstart.decode.confidence import confident_prefix
+from headstart.decode.drafter import Capabilities, Drafter
 from headstart.decode.generate import plain_generate
 from headstart.decode.static_blocks import compile_step
 from headstart.decode.target_runner import TargetRunner
@@ -26,7 +27,10 @@ from headstart.heads.medusa.module import MedusaHeads
 from headstart.models.target import TargetOutput
 
 
-class MedusaDrafter:
+class MedusaDrafter(Drafter):
+    # Greedy drafts only (q one-hot); a batch's few ops run eagerly.
+    capabilities = Capabilities(trees=("dynamic", "static"), batches=True, compiled=True, confidence=True)
+
     def __init__(self, heads: MedusaHeads, max_len: int = 0, compile: bool = False, backend: str = "inductor") -> None:
         """``max_len``: no cache to size. ``compile``: the heads through ``torch.compile`` (one static shape: a
         hidden state in, K rows of logits out), CUDA graphs on a GPU; reuse one drafter so it compiles once."""

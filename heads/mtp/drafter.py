@@ -19,6 +19,7 @@ import torch
 
 from headstart.decode.batch_generate import padded_rows, shifted_prompts
 from headstart.decode.confidence import confident
+from headstart.decode.drafter import Capabilities, Drafter
 from headstart.decode.kv_cache import PositionalKVCache, StaticKVCache, static_address
 from headstart.decode.ragged_blocks import RaggedBlocks
 from headstart.decode.static_blocks import ChainGraph, StaticBlocks, TreeGraph, causal_allowed, self_mask
@@ -27,7 +28,10 @@ from headstart.heads.mtp.module import MTPHead
 from headstart.models.target import TargetOutput, additive_mask
 
 
-class MTPDrafter:
+class MTPDrafter(Drafter):
+    # Greedy drafts only (q one-hot); reads the final hidden state, no aux states.
+    capabilities = Capabilities(trees=("dynamic", "static"), batches=True, compiled=True, compiled_batch=True, confidence=True)
+
     def __init__(self, head: MTPHead, max_len: int, compile: bool = False, backend: str = "inductor") -> None:
         """``compile``: the layer's step through ``torch.compile`` over a static cache (decode/static_blocks.py),
         CUDA graphs on a GPU; reuse one drafter for every prompt (``begin`` starts afresh), so it compiles once."""
