@@ -92,8 +92,8 @@ def check_draft(directory: str | Path, method: str, flag: str = "--draft") -> tu
 
 
 def trained_depth(directory: str | Path) -> int | None:
-    """The drafts per round the head in ``directory`` was trained for, as its export records it; None when it records
-    none (or is not a head's export)."""
+    """The drafts per round the head in ``directory`` was made for, as its export records it (its heads, unrolled steps,
+    block, or the k it tells a server); None when it records none (or is not a head's export)."""
     found = detect_layout(Path(directory))
     depth = HEADS[found[0]].trained_depth if found else None
     return depth(read_config(directory, "--draft")) if depth else None

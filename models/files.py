@@ -39,18 +39,21 @@ def umask() -> int:
 
 def share_like_umask(path: str | Path) -> None:
     """Give ``path`` (a file, or a directory and everything under it) the mode an ordinary ``open``/``mkdir`` would
-    have: 0666 & ~umask for files, 0777 & ~umask for directories."""
+    have: 0666 & ~umask for files, 0777 & ~umask for directories. Symbolic links are left alone: the file they point
+    to is someone else's (a target's shard linked into a checkpoint)."""
     path = Path(path)
     file_mode, dir_mode = 0o666 & ~umask(), 0o777 & ~umask()
+    if path.is_symlink():
+        return
     if not path.is_dir():
         os.chmod(path, file_mode)
         return
     os.chmod(path, dir_mode)
     for root, dirs, files in os.walk(path):
-        for name in dirs:
-            os.chmod(os.path.join(root, name), dir_mode)
-        for name in files:
-            os.chmod(os.path.join(root, name), file_mode)
+        for name in dirs + files:
+            entry = os.path.join(root, name)
+            if not os.path.islink(entry):
+                os.chmod(entry, dir_mode if name in dirs else file_mode)
 
 
 def _within(inner: Path, outer: Path) -> bool:

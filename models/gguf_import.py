@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from headstart.models.files import share_like_umask
 from headstart.models.target import dtype_of
 
 SOURCE_FILE = "SOURCE.md"
@@ -351,6 +352,7 @@ def write_checkpoint(model, tokenizer, source: GGUFSource, out: Path, dtype: str
     for name, data in source.licence_files:
         (tmp / name).write_bytes(data)
     (tmp / SOURCE_FILE).write_text(_source_md(model, source, dtype, answer, seconds))
+    share_like_umask(tmp)  # safetensors writes 0600: a server running as another user reads the imported target
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)

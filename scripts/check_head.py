@@ -20,7 +20,7 @@ from headstart.heads.exports import check_head
 from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
 from headstart.decode.benchmark import decode_setup, run_benchmark
 from headstart.scripts.benchmark import build_method, build_parser, check_args
-from headstart.scripts.command import entry_point, refusals
+from headstart.scripts.command import check_at_least, entry_point, refusals
 
 
 def measure_tau(head_dir: str, head: str, target_path: str, questions: str, limit: int, k: int, max_new_tokens: int,
@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--allow-other-target", action="store_true",
                    help="do not count a head trained for another target as a problem")
     args = p.parse_args(argv)
+    check_at_least(limit=(args.limit, 1), k=(args.k, 1), max_new_tokens=(args.max_new_tokens, 1))
     try:
         what, problems, notes = check_head(args.head, args.target, args.allow_other_target)
     except (OSError, ValueError) as err:  # the target itself cannot be read

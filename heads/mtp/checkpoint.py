@@ -28,6 +28,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from headstart.models.files import share_like_umask
 from headstart.models.target_matrices import weight_files
 
 NATIVE = {
@@ -167,3 +168,4 @@ def write_target_with_mtp(source: str | Path, out: str | Path, tensors: dict[str
     for path in source.iterdir():
         if path.is_file() and not path.name.endswith(".safetensors") and path.name != "model.safetensors.index.json":
             shutil.copy2(path, out / path.name)
+    share_like_umask(out)  # the shards written here (0600 from safetensors); the linked ones stay the target's
