@@ -27,16 +27,30 @@ from headstart.models.target import Target, TargetConfig, load_tokenizer
 
 
 def read_questions(path: str | Path) -> list[dict]:
-    rows = []
-    for i, line in enumerate(Path(path).read_text().splitlines()):
+    """Spec-Bench-format questions (JSONL, one ``{"turns": [str, ...]}`` object a line), refused by file and line."""
+    path, rows = Path(path), []
+    if not path.is_file():
+        raise FileNotFoundError(f"--questions {path}: " + ("a directory, not a file" if path.is_dir() else "no such file"))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        line = path.read_bytes()[:err.start].count(b"\n") + 1
+        raise ValueError(f"{path} line {line}: not UTF-8 text ({err.reason}); save the file as UTF-8") from None
+    shape = "expected 'turns': [str, ...] in one JSON object a line (Spec-Bench format)"
+    for i, line in enumerate(text.splitlines()):
         if not line.strip():
             continue
-        row = json.loads(line)
-        if not isinstance(row.get("turns"), list) or not all(isinstance(t, str) for t in row["turns"]):
-            raise ValueError(f"{path} line {i + 1}: expected 'turns': [str, ...] (Spec-Bench format)")
+        try:
+            row = json.loads(line)
+        except ValueError as err:
+            raise ValueError(f"{path} line {i + 1}: not JSON ({err}); {shape}") from None
+        if not isinstance(row, dict) or not isinstance(row.get("turns"), list) or not row["turns"] \
+                or not all(isinstance(t, str) for t in row["turns"]):
+            raise ValueError(f"{path} line {i + 1}: {shape}")
         rows.append({"question_id": row.get("question_id", i), "category": row.get("category", "all"), "turns": row["turns"]})
     if not rows:
-        raise ValueError(f"{path}: no questions")
+        raise ValueError(f"{path}: no questions (the file is empty); expected 'turns': [str, ...] in one JSON object "
+                         "a line (Spec-Bench format)")
     return rows
 
 

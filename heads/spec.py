@@ -45,6 +45,8 @@ class HeadSpec:
     """The drafting method (decode/methods.py) that decodes this head's exports, when that is not a method of its own:
     a distilled draft model is a plain causal LM, which ``draft-model`` decodes like any other. None: ``--method``
     takes the head's catalog name."""
+    trained_depth: Callable[[dict], int | None] | None = None
+    """(export's config.json) -> the drafts per round the export was made for (more is warned about); None: no limit."""
 
     @property
     def capabilities(self) -> Capabilities:

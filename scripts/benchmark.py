@@ -35,6 +35,7 @@ from headstart.decode.benchmark import (
     DecodeSetup,
     Rival,
     decode_setup,
+    read_questions,
     markdown_table,
     paired_line,
     plot_acceptance,
@@ -54,6 +55,11 @@ from headstart.decode.target_runner import RaggedRunner, TargetRunner
 from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
 from headstart.decode.tree import DynamicTree, StaticTree
 from headstart.heads.methods import drafting_methods
+from headstart.heads.exports import check_draft, check_readable, trained_depth
+from headstart.models.errors import UserError
+from headstart.models.files import check_out_dir, claim_dir
+from headstart.models.provenance import check_target
+from headstart.scripts.command import check_at_least, entry_point, refusals
 
 
 SHARED = ("target", "questions", "limit", "per_category", "dtype", "max_new_tokens", "temperature", "top_p", "top_k",
@@ -140,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "questions and decoding settings are the first's). The two take turns at decoding first and "
                         "compare turn by turn (results.json 'paired'); its own results go to OUT/versus (batch size 1)")
     p.add_argument("--out", required=True)
+    p.add_argument("--overwrite", action="store_true",
+                   help="move what --out holds aside (to <out>.old-<time>) and write there")
     p.add_argument("--benchmarks", default=None, help="append the table to this markdown file")
     return p
 
@@ -189,6 +197,46 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error("--predict times full chains of k = 1..8 drafts; run it without --confidence-threshold")
     if m.draft and not args.draft:
         p.error(f"--method {args.method} needs --draft ({m.draft})")
+    check_numbers(args)
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+    """Refuse, by flag, a number no run can use (``--num-speculative-tokens 0``, ``--temperature -1``) before anything
+    loads; bench's and generate's flags alike."""
+    given = vars(args)
+    check_at_least(num_speculative_tokens=(args.num_speculative_tokens, 1), temperature=(args.temperature, 0),
+                   top_k=(args.top_k, 0), tree_depth=(args.tree_depth, 1), tree_topk=(args.tree_topk, 1),
+                   tree_total_tokens=(args.tree_total_tokens, 1), max_len=(args.max_len, 1),
+                   confidence_threshold=(args.confidence_threshold, 0), limit=(given.get("limit"), 1),
+                   per_category=(given.get("per_category"), 1))
+    if not 0 < args.top_p <= 1:
+        raise UserError(f"--top-p {args.top_p}: must be in (0, 1] (1 keeps every token)")
+
+
+def check_inputs(args: argparse.Namespace) -> None:
+    """Before the target loads: the target's and ``--draft``'s files readable and whole, a head of the kind
+    ``--method`` decodes and trained for this target, the questions well formed, ``--out`` free. Warns when the chain
+    is longer than the head was trained to draft."""
+    check_readable(args.target, "--target", weights=False)
+    if args.draft and drafting_methods()[args.method].draft:
+        found = check_draft(args.draft, args.method)
+        if not args.allow_other_target:  # with it, loading the head warns
+            check_target(args.draft, args.target)
+        depth = trained_depth(args.draft) if found else None
+        k = args.tree_depth if args.tree else args.num_speculative_tokens
+        if depth and k > depth and not args.tree_paths:
+            print(f"warning: {'--tree-depth' if args.tree else '--num-speculative-tokens'} {k} is more than the {depth} "
+                  f"drafts per round the head in {args.draft} was made for (its config.json): drafts past them are "
+                  "rarely accepted, and each costs a draft step", file=sys.stderr)
+    if args.questions is not None:
+        read_questions(args.questions)
+    if vars(args).get("out") is not None:
+        check_out_dir(args.out, "--out", args.overwrite, inputs_of(args))
+
+
+def inputs_of(args: argparse.Namespace) -> list[str]:
+    """What a run reads, which its ``--out`` may not be, hold or lie inside."""
+    return [path for path in (args.target, args.draft, args.questions, args.tree_paths) if path]
 
 
 def versus_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
@@ -344,17 +392,22 @@ def run_table(report: dict) -> str:
     return table
 
 
+@refusals
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
     check_args(p, args)
     second = versus_args(p, args) if args.versus else None
+    check_inputs(args)
+    if second is not None:  # its --out is OUT/versus, inside the first's
+        check_inputs(argparse.Namespace(**{**vars(second), "out": None}))
     setup = decode_setup(args.target, args.dtype, args.questions, args.limit, args.per_category)
     device, dtype, tokenizer, questions, eos = setup.device, setup.dtype, setup.tokenizer, setup.questions, setup.eos
     method = build_method(p, args, setup)
     rival = build_method(p, second, setup) if second is not None else None
     runner, make, tree = method.runner, method.make, method.tree
     sampling = sampling_of(args)
+    claim_dir(args.out, "--out", args.overwrite, inputs_of(args))  # with --overwrite, the last run's files move aside
     report = run_benchmark(runner, make, tokenizer, questions, args.num_speculative_tokens, args.max_new_tokens, eos,
                            verify_greedy=args.verify_greedy, hf_reference=not args.no_hf_reference, tree=tree,
                            sampling=sampling, seed=args.seed, own_loop=method.own_loop, batch_size=args.batch_size,
@@ -425,4 +478,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry_point(main))

@@ -25,9 +25,12 @@ from headstart.decode.benchmark import decode_setup, prompt_ids, sync
 from headstart.decode.clock import RoundClock
 from headstart.decode.exactness import GreedyCheck
 from headstart.decode.generate import plain_generate
-from headstart.scripts.benchmark import add_decoding_args, add_method_args, build_method, check_args, sampling_of
+from headstart.scripts.benchmark import (add_decoding_args, add_method_args, build_method, check_args, check_inputs,
+                                         sampling_of)
+from headstart.scripts.command import entry_point, refusals
 
 
+@refusals
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True)
@@ -43,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(batch_size=1, predict=False, verify_greedy=False, questions=None)
     args = p.parse_args(argv)
     check_args(p, args)
+    check_inputs(args)  # the target's and the head's files, before either loads
     if args.prompt_file is not None and not Path(args.prompt_file).is_file():
         p.error(f"--prompt-file {args.prompt_file}: no such file")
     text = args.prompt if args.prompt is not None else Path(args.prompt_file).read_text()
@@ -93,4 +97,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry_point(main))

@@ -11,6 +11,7 @@ from headstart.heads.spec import HeadSpec
 DFLASH = HeadSpec(
     title="DFlash head", cls=DFlashDraft, options=DFlashOptions, build=build_dflash, drafter=DFlashDrafter,
     detect=detect_dflash, unit="block slot k+1",
+    trained_depth=lambda config: config["block_size"] - 1 if config.get("block_size") else None,
     cards={"dflash": "z-lab's DFlash layout (config.json with `dflash_config` + model.safetensors, no embedding or "
                      "lm_head: the target's are used): vLLM (`\"method\": \"dflash\"`) and SGLang "
                      "(`--speculative-algorithm DFLASH`) load it."})
