@@ -74,6 +74,8 @@ class DraftingMethod:
     """transformers' loop, one call a turn: chains only, greedy, eager, batch 1, no ``--predict``."""
     ngram_store: bool = False
     """It is n-gram lookup: ``--ngram-store`` and ``--ngram-learn`` are its own flags."""
+    head: str | None = None
+    """The catalog head whose exports ``--draft`` holds (heads/methods.py); None: not a head's method."""
 
     def unsupported(self, name: str, args: argparse.Namespace) -> str | None:
         """Why ``--method name`` cannot run with these flags, naming the flag and what the method declares; None: it

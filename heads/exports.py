@@ -71,21 +71,21 @@ def check_readable(directory: str | Path, flag: str, weights: bool = True) -> di
     return config
 
 
-def check_draft(directory: str | Path, method: str, flag: str = "--draft") -> tuple[str, str] | None:
+def check_draft(directory: str | Path, method: str, decodes: str | None, flag: str = "--draft") -> tuple[str, str] | None:
     """Before any model loads: ``directory`` readable (``check_readable``) and holding what ``--method method``
-    decodes: (head, layout) of a head's export, or None for a plain causal LM given to a method that decodes one.
-    A head of another kind is refused with the ``--method`` that decodes it."""
+    decodes (``decodes``: the catalog head whose exports it reads, None for a method that is not a head's): (head,
+    layout) of a head's export, or None for a plain causal LM given to a method that decodes one. A head of another
+    kind is refused with the ``--method`` that decodes it."""
     check_readable(directory, flag)
     found = detect_layout(Path(directory))
-    head_method = method in HEADS and HEADS[method].decoded_by is None  # --method names a head of the catalog
     if found is None:
-        if head_method:
-            raise UserError(f"{flag} {directory}: not an export of a {HEADS[method].title} (its config.json is none of "
-                            f"{', '.join(HEADS[method].cards)}); give the directory a {method} run exported")
+        if decodes is not None:
+            raise UserError(f"{flag} {directory}: not an export of a {HEADS[decodes].title} (its config.json is none of "
+                            f"{', '.join(HEADS[decodes].cards)}); give the directory a {decodes} run exported")
         return None
     head, layout = found
     runs_as = HEADS[head].decoded_by or head
-    if runs_as != method and (head_method or HEADS[head].decoded_by is None):
+    if runs_as != (decodes or method) and (decodes is not None or HEADS[head].decoded_by is None):
         raise UserError(f"{flag} {directory} holds {head} ({HEADS[head].title}, {layout} layout), which --method "
                         f"{method} does not decode; run it with --method {runs_as}")
     return found

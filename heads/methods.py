@@ -33,7 +33,7 @@ def head_method(name: str, spec: HeadSpec) -> DraftingMethod:
         return Drafting(make, make_batch, compiled=compiled)
 
     return DraftingMethod(f"a trained {spec.title} (its exported directory in --draft)", build, spec.capabilities,
-                          draft="the head's exported directory")
+                          draft="the head's exported directory", head=name)
 
 
 def drafting_methods() -> dict[str, DraftingMethod]:

@@ -218,8 +218,9 @@ def check_inputs(args: argparse.Namespace) -> None:
     ``--method`` decodes and trained for this target, the questions well formed, ``--out`` free. Warns when the chain
     is longer than the head was trained to draft."""
     check_readable(args.target, "--target", weights=False)
-    if args.draft and drafting_methods()[args.method].draft:
-        found = check_draft(args.draft, args.method)
+    method = drafting_methods()[args.method]
+    if args.draft and method.draft:
+        found = check_draft(args.draft, args.method, method.head)
         if not args.allow_other_target:  # with it, loading the head warns
             check_target(args.draft, args.target)
         depth = trained_depth(args.draft) if found else None
