@@ -12,7 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
-from headstart.decode.benchmark import paired_line
+from headstart.decode.report import paired_line
 from headstart.decode.hybrid import ngram_share
 from headstart.decode.report import append_section
 

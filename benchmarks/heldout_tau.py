@@ -4,12 +4,12 @@
 
 In-domain and deterministic (greedy chain k=4, 64 new tokens): the way to compare heads trained on
 the same data, e.g. online vs offline (benchmarks/bench_offline.sh). The heads are of the recipe's
-``draft.head`` type; tau is counted by the benchmark's own evaluator (decode/benchmark.py: decode_tau).
+``draft.head`` type; tau is counted by the benchmark's own evaluator (decode/measure.py: decode_tau).
 """
 
 import argparse
 
-from headstart.decode.benchmark import decode_tau
+from headstart.decode.measure import decode_tau
 from headstart.decode.target_runner import TargetRunner
 from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
 from headstart.heads.registry import drafter_for, load_head

@@ -18,7 +18,7 @@ import argparse
 from typing import Callable
 
 
-from headstart.decode.benchmark import first_per_category, prompt_ids, read_questions
+from headstart.decode.questions import first_per_category, prompt_ids, read_questions
 from headstart.decode.generate import plain_generate
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.predict import measure_step_times

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from headstart.decode.benchmark import decode_setup, prompt_ids
+from headstart.decode.questions import decode_setup, prompt_ids
 from headstart.decode.clock import RoundClock
 from headstart.decode.generate import speculative_generate
 from headstart.decode.hybrid import HybridDrafter, ngram_share

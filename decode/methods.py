@@ -11,7 +11,7 @@ import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from headstart.decode.benchmark import DecodeSetup
+from headstart.decode.questions import DecodeSetup
 from headstart.decode.confidence import with_threshold
 from headstart.decode.draft_model import DraftModelDrafter, draft_model_runner
 from headstart.decode.drafter import Capabilities

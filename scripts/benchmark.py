@@ -23,37 +23,27 @@ appends the table there.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from headstart.decode.report import append_section, provenance
-from headstart.decode.benchmark import (
-    DecodeSetup,
-    Rival,
-    decode_setup,
-    read_questions,
-    markdown_table,
-    paired_line,
-    plot_acceptance,
-    prompt_ids,
-    run_benchmark,
-    split_table,
-)
 from headstart.decode.generate import Sampling
 from headstart.decode.hf_peers import HFSpeculation
+from headstart.decode.hybrid import HybridDrafter
+from headstart.decode.measure import Rival, predict_chains, run_benchmark
 from headstart.decode.methods import MethodContext, MethodError
-from headstart.decode.hybrid import HybridDrafter, ngram_share
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.ngram_store import NgramStore
-from headstart.trainer.ngram_corpus import ngram_store_from_conversations
-from headstart.decode.predict import measure_step_times, predict_speedups, recommend_k, round_overhead
+from headstart.decode.questions import DecodeSetup, decode_setup, default_dtype, prompt_ids, read_questions
+from headstart.decode.report import (append_section, paired_line, prediction_table, run_mode, run_shape, run_table,
+                                     write_results)
+from headstart.decode.shapes import compiled_block, draft_tree, precompile_runner
 from headstart.decode.target_runner import RaggedRunner, TargetRunner
-from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
 from headstart.decode.tree import DynamicTree, StaticTree
+from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
+from headstart.trainer.ngram_corpus import ngram_store_from_conversations
 from headstart.heads.methods import drafting_methods
 from headstart.heads.exports import check_draft, check_readable, trained_depth
 from headstart.models.errors import UserError
@@ -281,50 +271,30 @@ class Method:
 
 
 def build_method(p: argparse.ArgumentParser, args: argparse.Namespace, setup: DecodeSetup) -> Method:
-    target, tokenizer = setup.target, setup.tokenizer
+    target, tokenizer, k = setup.target, setup.tokenizer, args.num_speculative_tokens
     pads = None
     max_len = args.max_len or (min(1024, target.context_length) if args.compile else target.context_length)
     method = drafting_methods()[args.method]
-    reads_aux = method.capabilities.reads_aux
     batched = args.batch_size > 1  # the batch's own runner (decode/batch_generate.py), compiled with --compile
-    runner = (RaggedRunner if batched else TargetRunner)(target, max_len=max_len, with_aux=reads_aux, compile=args.compile)
+    runner = (RaggedRunner if batched else TargetRunner)(target, max_len=max_len, with_aux=method.capabilities.reads_aux,
+                                                         compile=args.compile)
     if args.tune_blocks:
         try:
-            pads = runner.tune_blocks(args.num_speculative_tokens + 1)
+            pads = runner.tune_blocks(k + 1)
         except ValueError as e:
             p.error(f"--tune-blocks: {e} (raise --max-len)")
         print("blocks of n tokens run at: " + ", ".join(f"{n} -> {m}" for n, m in pads.items()), file=sys.stderr,
               flush=True)
-    tree = None
-    if args.tree_paths:
-        tree = StaticTree(tuple(tuple(path) for path in json.loads(Path(args.tree_paths).read_text())))
-    elif args.tree:
-        tree = DynamicTree(args.tree_depth, args.tree_topk, args.tree_total_tokens)
-    # The largest block a compiled drafter runs after a prompt: a commit of k + 1 tokens (a tree's: depth + 1), a
-    # tree's widest level (a dynamic tree's top-k nodes, a static tree's paths of one length).
-    compiled_block = args.num_speculative_tokens + 1
+    tree = draft_tree(args.tree_paths, args.tree, args.tree_depth, args.tree_topk, args.tree_total_tokens)
     model_tree = DynamicTree(*args.hybrid_model_tree) if args.hybrid_model_tree else None
-    for spec in (tree, model_tree):
-        if isinstance(spec, DynamicTree):
-            compiled_block = max(compiled_block, spec.depth + 1, spec.topk)
-    if tree is not None and not isinstance(tree, DynamicTree):
-        lengths = [len(path) for path in tree.paths]
-        compiled_block = max(compiled_block, max(lengths) + 1, max(lengths.count(n) for n in set(lengths)))
-    # The target's blocks: plain decoding's one token and a round's verify block (a chain's k + 1 tokens, a tree's
-    # root and nodes, a masked block); shorter blocks (a short n-gram match, the last rounds) run padded to the verify
-    # block's graph.
-    if batched:
-        pass  # the batched benchmark compiles each batch size it runs (decode/benchmark.py _run_batched)
-    elif tree is None:
-        runner.precompile([1, args.num_speculative_tokens + 1])
-    else:
-        runner.precompile([1], masked=[1 + (tree.total_tokens if isinstance(tree, DynamicTree) else len(tree.paths))],
-                          keeps=True)
+    block = compiled_block(k, tree, model_tree)
+    if not batched:  # the batched loop compiles each batch size it runs (decode/measure.py)
+        precompile_runner(runner, k, tree)
     store = ngram_store_from_conversations(args.ngram_store, tokenizer) if args.ngram_store else None
     if args.ngram_learn and store is None:
         store = NgramStore()  # learning only: SuffixDecoding's global tree from nothing
     try:
-        built = method.build(MethodContext(args, setup, max_len, compiled_block, store))
+        built = method.build(MethodContext(args, setup, max_len, block, store))
     except MethodError as err:
         p.error(str(err))
     make = built.make
@@ -335,62 +305,28 @@ def build_method(p: argparse.ArgumentParser, args: argparse.Namespace, setup: De
         def make() -> HybridDrafter:
             # a compiled drafter reads late rounds in commits of the sizes it precompiled
             hybrids.append(HybridDrafter(model_drafter(), NgramDrafter(args.ngram_max, store=store, learn=args.ngram_learn),
-                                         args.hybrid_ngram,
-                                         max_flush=compiled_block if args.compile else None, model_tree=model_tree))
+                                         args.hybrid_ngram, max_flush=block if args.compile else None,
+                                         model_tree=model_tree))
             return hybrids[-1]
     return Method(args, runner, make, built.make_batch, built.own_loop, tree, store, hybrids, built.compiled, pads)
 
 
 def describe(method: Method, report: dict, setup: DecodeSetup) -> tuple[str, str]:
     """The run's shape and mode, as its table and plot name them; a hybrid's round counts go into ``report``."""
-    args, tree, store, hybrids, pads = method.args, method.tree, method.store, method.hybrids, method.pads
-    device, dtype = setup.device, setup.dtype
-    sampling = args.temperature > 0
-    shape = (f"chain k={args.num_speculative_tokens}" if tree is None else
-             f"static tree of {len(tree.paths)} paths" if isinstance(tree, StaticTree) else
-             f"dynamic tree depth {tree.depth} top-k {tree.topk} {tree.total_tokens} tokens")
-    mode = f"sampling T={args.temperature} top-p {args.top_p} top-k {args.top_k}" if sampling else "greedy"
-    if args.confidence_threshold:
-        mode += f", stop under p {args.confidence_threshold:g}"
-    if args.ngram_learn:
-        mode += f", the store learning each reply ({store.learned_tokens} tokens learned)"
-    if hybrids:  # every round of the run's hybrids: the timed turns' and the untimed warm-up's few (max(8, depth + 2) tokens)
-        rounds = {who: sum(h.rounds[who] for h in hybrids) for who in ("ngram", "model")}
-        report["hybrid_rounds"] = rounds
-        mode += (f", n-gram lookup first from {args.hybrid_ngram:g} expected "
-                 f"({100 * ngram_share(rounds):.0f}% of rounds)")
-        if args.hybrid_model_tree:
-            mode += ", the model's trees depth {} top-{} {} tokens".format(*args.hybrid_model_tree)
-    if args.tune_blocks:
-        mode += ", blocks padded (" + (" ".join(f"{n}->{m}" for n, m in pads.items() if m != n) or "none") + ")"
-    if args.batch_size > 1:
-        mode += f", batch {args.batch_size}"
-    if dtype != ("bfloat16" if device == "cuda" else "float32"):  # the device's default dtype goes unsaid
-        mode += f", {dtype}"
-    if args.compile:
-        mode += ", compiled target and drafter" if method.compiled_drafter else ", compiled target"
-    return shape, mode
+    args = method.args
+    rounds = None
+    if method.hybrids:  # every round of the run's hybrids: the timed turns' and the untimed warm-up's few
+        rounds = report["hybrid_rounds"] = {who: sum(h.rounds[who] for h in method.hybrids) for who in ("ngram", "model")}
+    mode = run_mode(args, setup.dtype, default_dtype(setup.device), method.compiled_drafter,
+                    method.store.learned_tokens if args.ngram_learn else None, rounds,
+                    method.pads if args.tune_blocks else None)
+    return run_shape(args.num_speculative_tokens, method.tree), mode
 
 
 def write_run(method: Method, report: dict, shape: str, mode: str, table: str) -> None:
-    """OUT/results.json (the flags, the command, commit, machine and date, the report), results.md (the table) and
-    acceptance.png."""
-    out = Path(method.args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps({"args": {**vars(method.args), "compiled_drafter": method.compiled_drafter},
-                                                  **provenance(), "shape": shape, "mode": mode, **report}, indent=2))
-    (out / "results.md").write_text(table + "\n")
-    plot_acceptance(report["results"], out / "acceptance.png", f"{method.args.method}, {shape}, {mode}")
-
-
-def run_table(report: dict) -> str:
-    """The run's results table and, where measured, where its rounds' time goes."""
-    table = markdown_table(report["results"], report["by_prompt_length"])
-    split = split_table(report["results"])
-    if split:
-        # what the columns mean (the round clock, the predicted speed-up): docs/DECODING.md, "What the benchmark reports"
-        table += "\n\nWhere a round's time goes (ms), and the speed-up the measured forwards predict:\n\n" + split
-    return table
+    args = method.args
+    write_results(args.out, {**vars(args), "compiled_drafter": method.compiled_drafter}, report, shape, mode, table,
+                  args.method)
 
 
 @refusals
@@ -428,29 +364,12 @@ def main(argv: list[str] | None = None) -> int:
         table += f"\n\n{line} The second method ({second.method}, {versus_shape}, {versus_mode}): `{second.out}`."
         print(f"--versus {second.method}:\n{versus_table}")
     if args.predict:
-        prompt = prompt_ids(tokenizer, [{"role": "user", "content": questions[0]["turns"][0]}])
         if tree is not None:
             p.error("--predict models chains; run it without --tree")
-        times = measure_step_times(runner, make(), prompt.to(device))
+        prompt = prompt_ids(tokenizer, [{"role": "user", "content": questions[0]["turns"][0]}]).to(device)
         overall = report["results"]["overall"]
-        acceptance, k_run = overall["acceptance_by_position"], args.num_speculative_tokens
-        bare = predict_speedups(acceptance, times["verify_seconds"], times["draft_seconds"])
-        overhead = round_overhead(overall["seconds_per_round"], min(k_run, 8), times["verify_seconds"], times["draft_seconds"])
-        plain_per_token = 1.0 / overall["plain_tokens_per_s"]
-        rows = predict_speedups(acceptance, times["verify_seconds"], times["draft_seconds"], overhead, plain_per_token)
-        report["prediction"] = {**times, "overhead_seconds": overhead, "rows_steps_only": bare, "rows": rows,
-                                "recommended_k": recommend_k(rows)}
-        table += ("\n\nPredicted from the acceptance above and step times measured at the first prompt (target forward "
-                  f"of 1 token: {times['verify_seconds'][0] * 1e3:.2f} ms). 'steps only' counts the k draft steps and the "
-                  f"verify forward; 'with overhead' adds the rest of a round ({overhead * 1e3:.2f} ms: drafter update, "
-                  f"verification, bookkeeping), calibrated from this run's measured time per round at k={k_run}, and "
-                  f"costs plain decoding at its measured {plain_per_token * 1e3:.2f} ms per token:\n\n"
-                  "| k | predicted tau | draft k steps (ms) | verify k+1 tokens (ms) | speed-up, steps only | "
-                  "speed-up, with overhead |\n|---|---|---|---|---|---|\n")
-        table += "\n".join(f"| {r['k']} | {r['tau']:.2f} | {times['draft_seconds'][r['k'] - 1] * 1e3:.2f} | "
-                           f"{times['verify_seconds'][r['k']] * 1e3:.2f} | {b['speedup']:.2f}x | {r['speedup']:.2f}x |"
-                           for r, b in zip(rows, bare))
-        table += f"\n\nRecommended k: **{report['prediction']['recommended_k']}**."
+        report["prediction"] = predict_chains(runner, make(), prompt, overall, args.num_speculative_tokens)
+        table += "\n\n" + prediction_table(report["prediction"], overall, args.num_speculative_tokens)
     if args.tune_blocks:  # what the run measured and padded: the mode column only says that it did
         report["blocks"] = {"padded_to": method.pads, "seconds": runner.block_costs}
     write_run(method, report, shape, mode, table)

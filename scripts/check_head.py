@@ -18,7 +18,8 @@ import sys
 
 from headstart.heads.exports import check_head
 from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
-from headstart.decode.benchmark import decode_setup, run_benchmark
+from headstart.decode.measure import run_benchmark
+from headstart.decode.questions import decode_setup
 from headstart.scripts.benchmark import build_method, build_parser, check_args
 from headstart.scripts.command import check_at_least, entry_point, refusals
 

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from headstart.decode.benchmark import decode_setup, prompt_ids, sync
+from headstart.decode.measure import sync
+from headstart.decode.questions import decode_setup, prompt_ids
 from headstart.decode.clock import RoundClock
 from headstart.decode.exactness import GreedyCheck
 from headstart.decode.generate import plain_generate

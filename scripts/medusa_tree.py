@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from headstart.decode.benchmark import prompt_ids, read_questions
+from headstart.decode.questions import prompt_ids, read_questions
 from headstart.heads.medusa.drafter import rank_accuracy
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import best_static_tree, expected_accept_length

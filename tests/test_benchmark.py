@@ -1,4 +1,5 @@
-"""The benchmark's bookkeeping: Spec-Bench parsing, multi-turn prompts, tau and per-position rates."""
+"""The measuring loop and its report (decode/measure.py, decode/report.py, decode/questions.py): Spec-Bench parsing,
+multi-turn prompts, tau and per-position rates, the paired comparison."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from conftest import CHATML_TEMPLATE, make_tokenizer
 from tiny_models import random_eagle3_head, tiny_causal_lm
 
 from headstart.heads.eagle3.drafter import Eagle3Drafter
-from headstart.decode.benchmark import Tally, markdown_table, read_questions, run_benchmark, split_table
+from headstart.decode.measure import Tally, run_benchmark
+from headstart.decode.questions import read_questions
+from headstart.decode.report import markdown_table, split_table
 from headstart.decode.generate import Generation
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.target_runner import TargetRunner
@@ -112,7 +115,6 @@ def test_a_batch_is_predicted_from_its_forward_seconds_not_from_tau():
     two rows of 10 tokens, one accepting everything (3 rounds), one nothing (9 rounds), are 9 batch rounds either way.
     The prediction is tokens per second of forwards against plain decoding's, (20 / (0.1 + 0.9 s)) / (20 / (0.1 +
     1.8 s)) = 1.9, where tau x plain forward / forwards per round (tau 1.5) would say 1.5."""
-    from headstart.decode.benchmark import Tally
     from headstart.decode.clock import RoundClock
     from headstart.decode.generate import Generation
 
@@ -131,7 +133,7 @@ def test_a_batch_is_predicted_from_its_forward_seconds_not_from_tau():
 
 
 def test_prompts_fall_into_length_buckets():
-    from headstart.decode.benchmark import prompt_bucket
+    from headstart.decode.measure import prompt_bucket
 
     assert [prompt_bucket(n) for n in (1, 511, 512, 2047, 2048, 30000)] == [
         "prompt < 512 tokens", "prompt < 512 tokens", "prompt 512-2k tokens", "prompt 512-2k tokens",
@@ -139,7 +141,7 @@ def test_prompts_fall_into_length_buckets():
 
 
 def test_run_benchmark_tree_draft_model_and_plot(tmp_path):
-    from headstart.decode.benchmark import plot_acceptance
+    from headstart.decode.report import plot_acceptance
     from headstart.decode.draft_model import DraftModelDrafter
     from headstart.decode.tree import DynamicTree
 
@@ -183,7 +185,7 @@ def test_a_base_model_without_chat_template_is_prompted_with_plain_text():
 
     from tokenizers import processors
 
-    from headstart.decode.benchmark import prompt_ids
+    from headstart.decode.questions import prompt_ids
 
     chat = make_tokenizer(CHATML_TEMPLATE, "<|im_end|>")
     base = copy.deepcopy(chat)
@@ -229,17 +231,17 @@ def test_the_warm_up_reaches_the_full_tree_depth(monkeypatch):
     """The untimed warm-up decodes far enough for a first round at the tree's full depth: a compiled tree's graph is
     compiled per depth (decode/static_blocks.py TreeGraph), and a deeper tree than the warm-up's would compile in a
     timed round."""
-    import headstart.decode.benchmark as benchmark
+    import headstart.decode.measure as measure
     from headstart.decode.tree import DynamicTree
 
     calls = []
-    real = benchmark.speculative_generate
+    real = measure.speculative_generate
 
     def spy(runner, drafter, prompt, max_new_tokens, *args, **kwargs):
         calls.append(max_new_tokens)
         return real(runner, drafter, prompt, max_new_tokens, *args, **kwargs)
 
-    monkeypatch.setattr(benchmark, "speculative_generate", spy)
+    monkeypatch.setattr(measure, "speculative_generate", spy)
     tokenizer = make_tokenizer(CHATML_TEMPLATE, "<|im_end|>")
     target = Target(tiny_causal_lm("llama", num_hidden_layers=8, vocab_size=len(tokenizer)))
     runner = TargetRunner(target, max_len=256, with_aux=True)
@@ -254,8 +256,8 @@ def test_a_second_method_decodes_every_turn_in_the_same_run_taking_turns_at_goin
     """run_benchmark(versus=Rival(...)): a second method decodes every turn beside the first, the two alternating which
     goes first; each gets the report a run of its own would give (same tau and tokens, greedy), and the paired
     comparison has one tokens/s ratio per turn."""
-    import headstart.decode.benchmark as benchmark
-    from headstart.decode.benchmark import Rival
+    import headstart.decode.measure as measure
+    from headstart.decode.measure import Rival
     from headstart.decode.hf_peers import HFSpeculation
 
     tokenizer = make_tokenizer(CHATML_TEMPLATE, "<|im_end|>")
@@ -264,7 +266,7 @@ def test_a_second_method_decodes_every_turn_in_the_same_run_taking_turns_at_goin
     questions = [{"question_id": 1, "category": "writing", "turns": ["Say hello.", "Again, please."]},
                  {"question_id": 2, "category": "math", "turns": ["What is 2+3?"]}]
     timed: list[str] = []  # who decoded each timed turn (12 new tokens; the warm-up asks 8, the prompt pass 1)
-    real = benchmark.speculative_generate
+    real = measure.speculative_generate
 
     def spy(runner, drafter, prompt, max_new_tokens, *args, **kwargs):
         timed.extend(["ngram"] if max_new_tokens == 12 else [])
@@ -278,7 +280,7 @@ def test_a_second_method_decodes_every_turn_in_the_same_run_taking_turns_at_goin
 
     kwargs = dict(k=3, max_new_tokens=12, eos_ids=set(), verify_greedy=True, hf_reference=False, progress=lambda _: None)
     with monkeypatch.context() as m:
-        m.setattr(benchmark, "speculative_generate", spy)
+        m.setattr(measure, "speculative_generate", spy)
         report = run_benchmark(runner, NgramDrafter, tokenizer, questions, **kwargs,
                                versus=Rival(TargetRunner(Target(model), max_len=512), None, 3, own_loop=timed_lookup))
     # question 1: ngram first on its first turn, hf on its second; question 2 (index 1, turn 0): hf first
@@ -300,7 +302,7 @@ def test_a_second_method_decodes_every_turn_in_the_same_run_taking_turns_at_goin
 
 
 def test_paired_summary_by_hand():
-    from headstart.decode.benchmark import paired_line, paired_summary
+    from headstart.decode.report import paired_line, paired_summary
 
     s = paired_summary([2.0, 1.0, 3.0, 4.0], [1.0, 2.0, 3.0, 1.0], 1.25)
     assert s["ratios"] == [2.0, 0.5, 1.0, 4.0] and s["turns"] == 4 and s["first_faster"] == 2  # in turn order
@@ -316,7 +318,7 @@ def test_per_category_applies_before_the_limit():
     are both 'writing': the limit first would leave one question)."""
     from pathlib import Path
 
-    from headstart.decode.benchmark import decode_setup
+    from headstart.decode.questions import decode_setup
 
     repo = Path(__file__).resolve().parents[1]
     questions = str(repo / "configs/demo/eval/mt_bench.jsonl")

@@ -10,7 +10,7 @@ import torch
 from conftest import CHATML_TEMPLATE, make_tokenizer
 from tiny_models import tiny_causal_lm
 
-from headstart.decode.benchmark import run_benchmark
+from headstart.decode.measure import run_benchmark
 from headstart.decode.exactness import divergence, first_difference
 from headstart.decode.generate import Generation
 from headstart.decode.target_runner import TargetRunner

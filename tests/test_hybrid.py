@@ -209,7 +209,7 @@ def test_the_warm_up_runs_the_model_behind_ngram_lookup_once_alone(world):
     """The benchmark's untimed warm-up (Rival.warm_up) decodes the hybrid as it is and, through ``warm_ups``, with the
     model drafting every round: a compiled model's chain or tree graph compiles there even where n-gram lookup would
     draft every warm-up round, not in the first timed round the model drafts."""
-    from headstart.decode.benchmark import Rival
+    from headstart.decode.measure import Rival
 
     target, head = world
     runner = TargetRunner(target, max_len=160)

@@ -222,7 +222,7 @@ def test_generate_answers_a_prompt_with_a_head_and_compares_with_plain_decoding(
     """`headstart generate`: the demo EAGLE-3 head answers a prompt from a file through the chat template; the reply
     is the target's own greedy reply (the same tokens as plain decoding, which --compare checks), its numbers go to
     stderr (the demo head accepts several drafts a round). An empty prompt and a missing one are refused by name."""
-    from headstart.decode.benchmark import prompt_ids
+    from headstart.decode.questions import prompt_ids
     from headstart.decode.generate import greedy_generate
     from headstart.decode.target_runner import TargetRunner
     from headstart.models.target import Target, TargetConfig, load_tokenizer

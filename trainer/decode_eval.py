@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from headstart.heads.registry import drafter_for
-from headstart.decode.benchmark import decode_tau
+from headstart.decode.measure import decode_tau
 from headstart.decode.target_runner import TargetRunner
 from headstart.models.target import Target
 from headstart.trainer.distributed import DistInfo

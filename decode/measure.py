@@ -1,18 +1,17 @@
-"""Acceptance-length benchmark on Spec-Bench-format questions (chains or trees, greedy or sampling).
+"""The measuring loop: decode Spec-Bench-format questions speculatively and plainly, and time both.
 
-Each question's turns are asked in order; a later turn sees the target's own earlier answers.
-Speculative and plain decoding run on the same runner and prompts, so their tokens/s compare;
-HF ``generate`` is timed as an outside reference.
+Each question's turns are asked in order; a later turn sees the target's own earlier answers. Speculative and plain
+decoding run on the same runner and prompts, so their tokens/s compare; HF ``generate`` is timed as an outside
+reference. ``Tally`` counts tau, acceptance by position and the round clock's parts; ``run_benchmark`` returns them as
+a report (a dict), which decode/report.py turns into tables.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
-from pathlib import Path
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -21,86 +20,11 @@ from headstart.decode.batch_generate import BatchDrafter, PerSequence, batch_pla
 from headstart.decode.clock import PARTS, RoundClock
 from headstart.decode.exactness import GreedyCheck
 from headstart.decode.generate import Drafter, Generation, Sampling, plain_generate, speculative_generate
+from headstart.decode.predict import measure_step_times, predict_speedups, recommend_k, round_overhead
+from headstart.decode.questions import prompt_ids
+from headstart.decode.report import paired_summary
 from headstart.decode.target_runner import RaggedRunner, TargetRunner
 from headstart.decode.tree import DynamicTree, StaticTree
-from headstart.models.target import Target, TargetConfig, load_tokenizer
-
-
-def read_questions(path: str | Path) -> list[dict]:
-    """Spec-Bench-format questions (JSONL, one ``{"turns": [str, ...]}`` object a line), refused by file and line."""
-    path, rows = Path(path), []
-    if not path.is_file():
-        raise FileNotFoundError(f"--questions {path}: " + ("a directory, not a file" if path.is_dir() else "no such file"))
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        line = path.read_bytes()[:err.start].count(b"\n") + 1
-        raise ValueError(f"{path} line {line}: not UTF-8 text ({err.reason}); save the file as UTF-8") from None
-    shape = "expected 'turns': [str, ...] in one JSON object a line (Spec-Bench format)"
-    for i, line in enumerate(text.splitlines()):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as err:
-            raise ValueError(f"{path} line {i + 1}: not JSON ({err}); {shape}") from None
-        if not isinstance(row, dict) or not isinstance(row.get("turns"), list) or not row["turns"] \
-                or not all(isinstance(t, str) for t in row["turns"]):
-            raise ValueError(f"{path} line {i + 1}: {shape}")
-        rows.append({"question_id": row.get("question_id", i), "category": row.get("category", "all"), "turns": row["turns"]})
-    if not rows:
-        raise ValueError(f"{path}: no questions (the file is empty); expected 'turns': [str, ...] in one JSON object "
-                         "a line (Spec-Bench format)")
-    return rows
-
-
-def prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> torch.Tensor:
-    """The prompt [1, T] for a conversation so far: through the tokenizer's chat template, or -- a base model has
-    none -- the turns' texts joined by blank lines, tokenized as a plain prompt (with the BOS the tokenizer adds)."""
-    if tokenizer.chat_template:
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
-                                             return_dict=True)["input_ids"]
-    text = "\n\n".join(m["content"] for m in messages) + "\n\n"
-    return tokenizer(text, return_tensors="pt")["input_ids"]
-
-
-@dataclass
-class DecodeSetup:
-    device: str
-    dtype: str
-    target: Target
-    tokenizer: PreTrainedTokenizerBase
-    questions: list[dict]
-    eos: set[int]
-
-
-def decode_setup(target_path: str, dtype: str | None, questions_path: str | None, limit: int | None = None,
-                 per_category: int | None = None) -> DecodeSetup:
-    """What a decode benchmark starts from: the device (a GPU when there is one), the dtype (default bfloat16 on a GPU,
-    float32 on a CPU), the target and its tokenizer, the questions (the first ``per_category`` of each
-    category, then the first ``limit`` of those; none without ``questions_path``) and the end-of-sequence ids of tokenizer and
-    generation config."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = dtype or ("bfloat16" if device == "cuda" else "float32")
-    target = Target.from_pretrained(TargetConfig(path=target_path, dtype=dtype, device=device))
-    tokenizer = load_tokenizer(target_path)
-    questions = read_questions(questions_path) if questions_path else []
-    if per_category:  # before the limit: --per-category 1 --limit 3 is the first question of three categories
-        questions = first_per_category(questions, per_category)
-    questions = questions[:limit]
-    eos = {t for t in [tokenizer.eos_token_id, target.model.generation_config.eos_token_id] if isinstance(t, int)}
-    return DecodeSetup(device, dtype, target, tokenizer, questions, eos)
-
-
-def first_per_category(questions: list[dict], n: int) -> list[dict]:
-    """The first n questions of each category, in file order."""
-    counts: dict[str, int] = defaultdict(int)
-    chosen = []
-    for q in questions:
-        if counts[q["category"]] < n:
-            chosen.append(q)
-            counts[q["category"]] += 1
-    return chosen
 
 
 @dataclass
@@ -362,28 +286,6 @@ def run_benchmark(
     return report
 
 
-def paired_summary(first: list[float], second: list[float], overall_ratio: float | None) -> dict:
-    """Two methods timed on the same turns: the ratio of their tokens/s over all turns (``overall_ratio``, first /
-    second) and turn by turn (``ratios``, in the turns' order), that ratio's median and quartiles, and how many turns
-    the first was faster -- the comparison that this machine's drift between separate runs blurs."""
-    ratios = [a / b for a, b in zip(first, second)]  # in turn order
-    if not ratios:
-        return {"turns": 0, "overall_ratio": None, "median_ratio": None, "quartiles": None, "first_faster": 0, "ratios": []}
-    q = torch.tensor(ratios, dtype=torch.float64).quantile(torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64)).tolist()
-    return {"turns": len(ratios), "overall_ratio": overall_ratio, "median_ratio": q[1], "quartiles": [q[0], q[2]],
-            "first_faster": sum(r > 1 for r in ratios), "ratios": ratios}
-
-
-def paired_line(paired: dict, first: str, second: str) -> str:
-    """``paired_summary`` in one sentence."""
-    if not paired["turns"]:
-        return ""
-    lo, hi = paired["quartiles"]
-    return (f"Paired in one process ({paired['turns']} turns, the two taking turns at decoding first): {first} / {second} "
-            f"tokens/s {paired['overall_ratio']:.3f}x over all turns, turn by turn median {paired['median_ratio']:.3f}x "
-            f"(quartiles {lo:.3f}-{hi:.3f}x); {first} faster in {paired['first_faster']} of {paired['turns']} turns.")
-
-
 def _report(tallies: dict[str, Tally], by_length: dict[str, Tally], check: GreedyCheck | None) -> dict:
     result = {k_: t.summary() for k_, t in tallies.items()}
     lengths = {name: by_length[name].summary() for _, name in PROMPT_BUCKETS if name in by_length}
@@ -453,60 +355,15 @@ def _run_batched(runner: RaggedRunner, make_drafter: Callable[[int], BatchDrafte
         progress(f"questions {start + 1}-{start + len(chunk)}: tau so far {overall.summary()['tau']:.2f}")
 
 
-def split_table(results: dict) -> str:
-    """Where a speculative round's time goes (overall), and the speed-up its forward costs predict."""
-    r = results["overall"]
-    if r.get("round_ms") is None:
-        return ""
-    ms = r["round_ms"]
-    total = sum(ms.values())
-    measured = "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"
-    prompt = r["prompt_ms"]
-    return ("| per round (ms) | draft | drafter update | target verify | other | plain forward / token | "
-            "prompt per turn, speculative / plain | predicted speed-up | measured | measured / predicted |\n"
-            "|---|---|---|---|---|---|---|---|---|---|\n"
-            f"| overall | {ms['draft']:.2f} ({ms['draft'] / total:.0%}) | {ms['update']:.2f} ({ms['update'] / total:.0%}) | "
-            f"{ms['verify']:.2f} ({ms['verify'] / total:.0%}) | {ms['other']:.2f} ({ms['other'] / total:.0%}) | "
-            f"{r['plain_forward_ms']:.2f} | {prompt['speculative']:.1f} / {prompt['plain']:.1f} | "
-            f"{r['predicted_speedup']:.2f}x | {measured} | "
-            + ("-" if r["speedup"] is None else f"{r['speedup'] / r['predicted_speedup']:.2f}") + " |")
-
-
-def markdown_table(results: dict, by_prompt_length: dict | None = None) -> str:
-    """One row per category, then (when given) per prompt-length bucket, then overall."""
-    lines = ["| category | tau | acceptance by position | spec tok/s | plain tok/s | speed-up | HF generate tok/s |",
-             "|---|---|---|---|---|---|---|"]
-    rows = [(k, results[k]) for k in sorted(results) if k != "overall"]
-    rows += [(f"*{k}*", v) for k, v in (by_prompt_length or {}).items()] + [("overall", results["overall"])]
-    for name, r in rows:
-        acc = " ".join("-" if a is None else f"{a:.2f}" for a in r["acceptance_by_position"])
-        fmt = lambda x, spec="{:.1f}": "-" if x is None else spec.format(x)  # noqa: E731
-        lines.append(f"| {name} | {r['tau']:.2f} | {acc} | {fmt(r['spec_tokens_per_s'])} | {fmt(r['plain_tokens_per_s'])} | "
-                     f"{fmt(r['speedup'], '{:.2f}x')} | {fmt(r['hf_generate_tokens_per_s'])} |")
-    return "\n".join(lines)
-
-
-def plot_acceptance(results: dict, path: str | Path, title: str) -> None:
-    """PNG of acceptance by draft position, one line per category (overall in bold)."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on servers
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name in sorted(k for k in results if k != "overall") + ["overall"]:
-        acc = results[name]["acceptance_by_position"]
-        xs = [i + 1 for i, a in enumerate(acc) if a is not None]
-        ys = [a for a in acc if a is not None]
-        bold = name == "overall"
-        ax.plot(xs, ys, marker="o", linewidth=2.5 if bold else 1.0, alpha=1.0 if bold else 0.6, color="black" if bold else None,
-                label=f"{name} (tau {results[name]['tau']:.2f})")
-    ax.set_xlabel("draft position i")
-    ax.set_ylabel("share of rounds accepting >= i drafts")
-    ax.set_ylim(0, 1)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+def predict_chains(runner: TargetRunner, drafter: Drafter, prompt: torch.Tensor, overall: dict, k_run: int) -> dict:
+    """``--predict``: step times measured at ``prompt`` (target forwards of 1..9 tokens, the drafter's proposals of
+    k = 1..8) and the chain speed-ups of k = 1..8 they predict from the run's acceptance (decode/predict.py): by the
+    steps alone, and with the rest of a round calibrated from the run's own seconds per round at ``k_run`` and plain
+    decoding costed at its measured seconds per token."""
+    times = measure_step_times(runner, drafter, prompt)
+    acceptance = overall["acceptance_by_position"]
+    bare = predict_speedups(acceptance, times["verify_seconds"], times["draft_seconds"])
+    overhead = round_overhead(overall["seconds_per_round"], min(k_run, 8), times["verify_seconds"], times["draft_seconds"])
+    rows = predict_speedups(acceptance, times["verify_seconds"], times["draft_seconds"], overhead,
+                            1.0 / overall["plain_tokens_per_s"])
+    return {**times, "overhead_seconds": overhead, "rows_steps_only": bare, "rows": rows, "recommended_k": recommend_k(rows)}
