@@ -27,16 +27,18 @@ from headstart.models.weights_file import check_safetensors
 
 
 def detect_layout(directory: Path) -> tuple[str, str] | None:
-    """(head name, layout) of an exported head, asking each registered head's ``detect`` in turn."""
+    """(head name, layout) of an exported head: the one registered head whose ``detect`` claims it (the catalog's order
+    does not matter: two claims are a detector's bug, refused by name; tests/test_catalog.py holds every detector to
+    its own exports)."""
     config_path = Path(directory) / "config.json"
     if not config_path.is_file():
         return None
     d = json.loads(config_path.read_text())
-    for name, spec in HEADS.items():
-        layout = spec.detect(Path(directory), d)
-        if layout is not None:
-            return name, layout
-    return None
+    claims = [(name, layout) for name, spec in HEADS.items() if (layout := spec.detect(Path(directory), d)) is not None]
+    if len(claims) > 1:
+        raise ValueError(f"{directory}: the detectors of {[name for name, _ in claims]} all claim this export; a "
+                         "detector must claim only its own head's exports")
+    return claims[0] if claims else None
 
 
 def read_config(directory: str | Path, flag: str) -> dict:

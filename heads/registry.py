@@ -40,6 +40,18 @@ SHARED_FIELDS = tuple(f.name for f in dataclasses.fields(DraftConfig) if f.name 
 """The ``draft:`` fields every head reads; the others belong to one head's ``options``."""
 
 
+def register_head(name: str, spec: HeadSpec) -> None:
+    """Add a head defined outside this package (its own folder anywhere on the path) to the catalog, as one line: every
+    tool and the conformance suite then read it like a shipped head (tests/conftest.py registers the test tree's toy
+    head so). Refused by name if ``name`` is taken or the head redefines a shared ``draft:`` field."""
+    if name in HEADS:
+        raise ValueError(f"a head named {name!r} is already registered ({HEADS[name].title})")
+    clash = sorted({f.name for f in dataclasses.fields(spec.options)} & set(SHARED_FIELDS))
+    if clash:
+        raise ValueError(f"head {name!r}: its options redefine the shared draft fields {clash}")
+    HEADS[name] = spec
+
+
 def head_spec(name: str) -> HeadSpec:
     if name not in HEADS:
         raise ValueError(f"unknown draft head {name!r}; registered heads: {sorted(HEADS)}")

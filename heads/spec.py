@@ -4,7 +4,7 @@ and the catalog (heads/registry.py) lists them; the trainer, the feature pipelin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -47,6 +47,9 @@ class HeadSpec:
     takes the head's catalog name."""
     trained_depth: Callable[[dict], int | None] | None = None
     """(export's config.json) -> the drafts per round the export was made for (more is warned about); None: no limit."""
+    tiny: dict[str, Any] = field(default_factory=dict)
+    """The ``draft:`` fields of a small instance for a tiny target (a few hundred tokens, 8 layers: a draft vocab and
+    a depth it fits), which the conformance suite builds, trains, exports and decodes (tests/test_catalog.py)."""
 
     @property
     def capabilities(self) -> Capabilities:

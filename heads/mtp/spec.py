@@ -9,7 +9,7 @@ from headstart.heads.spec import HeadSpec
 
 MTP = HeadSpec(
     title="MTP layer", cls=MTPHead, options=MTPOptions, build=build_mtp_head, drafter=MTPDrafter, detect=detect_mtp, unit="unrolled step k (predicts token t+k+2)",
-    trained_depth=lambda config: config.get("unroll"),
+    trained_depth=lambda config: config.get("unroll"), tiny={"ttt_steps": 3},
     cards={"headstart": "headstart's own MTP layout for a dense target (config.json + model.safetensors: enorm, "
                         "hnorm, eh_proj, block.*, norm; the target's embedding and lm_head are shared).",
            "deepseek": "DeepSeek-V3's own checkpoint layout: a copy of the target with the trained layer as "

@@ -14,7 +14,7 @@ from headstart.heads.spec import HeadSpec
 PEAGLE = HeadSpec(
     title="P-EAGLE head", cls=PEagleDraft, options=PEagleOptions, build=build_peagle, drafter=PEagleDrafter,
     detect=detect_peagle, check=check_peagle, convert=partial(convert_eagle3, config_class=PEagleConfig),
-    unit="depth k", trained_depth=peagle_trained_depth,
+    unit="depth k", trained_depth=peagle_trained_depth, tiny={"draft_vocab_size": 64, "parallel_tokens": 3},
     cards={"flat": "EAGLE-3's flat layout plus `mask_hidden` and the placeholder token (`mask_token_id`, `pard_token`): "
                    "vLLM serves it as EAGLE-3 with `\"parallel_drafting\": true` in `--speculative-config`; SGLang has "
                    "no parallel drafting.",
