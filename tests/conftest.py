@@ -15,6 +15,12 @@ import pytest  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 from transformers import PreTrainedTokenizerFast  # noqa: E402
 
+from headstart.heads.registry import register_head  # noqa: E402
+from toy_head.spec import TOY  # noqa: E402
+
+# The toy head (tests/toy_head/): its catalog line. Every test parametrized over the catalog runs it (test_catalog.py).
+register_head("toy", TOY)  # noqa: E402
+
 # Real chat templates of different structure (trimmed to the parts that matter for masking).
 LLAMA3_TEMPLATE = (
     "{% set loop_messages = messages %}{% for message in loop_messages %}"

@@ -1,15 +1,30 @@
-"""Drafter capabilities are declared data: every catalog entry's are read before any weight loads, every declared one
-runs greedy-exact, every undeclared one is refused by the flag's name, and no code asks a drafter ``hasattr``."""
+"""The conformance suite: every head of the catalog (heads/registry.py) and every drafting method (heads/methods.py),
+parametrized over the catalogs themselves -- no test file lists heads by hand. The test tree's toy head
+(tests/toy_head/, registered by one line in tests/conftest.py) runs through all of it like a shipped head: a head is
+its folder plus its catalog line.
+
+Per head, on tiny random targets: its entry is complete; the loss falls over a few steps through the shared trainer;
+each layout it declares exports, is detected as its own by its detector only, and loads back to the same weights and
+drafts; ``check_head`` passes it for its target and refuses it for another by name; a published head starts a new
+one; it decodes greedy-exact in every shape its drafter declares and is refused by flag name in every other (slow);
+its sampled drafts keep the target's distribution (nightly). Per method: the flags it cannot take are refused before
+any weight loads."""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
+import inspect
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
-from test_registry import target_dir, target_for  # noqa: F401 (target_dir: the tiny target's fixture)
+from test_sampling_loop import V, chi2_vs, exact_joint, sample_pairs, world  # noqa: F401 (world: the 8-token target)
+from tiny_models import tiny_causal_lm
+from trainer_fixtures import make_setup
 
 from headstart.decode.batch_generate import PerSequence, batch_plain_generate, batch_speculative_generate
 from headstart.decode.drafter import Capabilities, Drafter
@@ -17,12 +32,84 @@ from headstart.decode.generate import plain_generate, speculative_generate
 from headstart.decode.target_runner import RaggedRunner, TargetRunner
 from headstart.decode.tree import DynamicTree, StaticTree
 from headstart.decode.verify import Sampling
+from headstart.heads.exports import check_head, convert_head, detect_layout
 from headstart.heads.methods import drafting_methods
-from headstart.heads.registry import HEADS, build_head, drafter_for
-from headstart.models.head import DraftConfig
+from headstart.heads.registry import HEADS, SHARED_FIELDS, build_head, drafter_for, load_head, spec_of
+from headstart.models.export import export_head
+from headstart.models.head import DraftConfig, DraftHead
+from headstart.models.provenance import OtherTargetError, fingerprint
+from headstart.models.target import Target, TargetConfig
 from headstart.scripts import benchmark
+from headstart.trainer.batches import collate
+from headstart.trainer.config import load_config
+from headstart.trainer.run import build_trainer
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("llama")
+    tiny_causal_lm("llama", num_hidden_layers=8, head_dim=8).save_pretrained(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def other_target_dir(tmp_path_factory):
+    """Another target whose hidden and vocab sizes are ``target_dir``'s (every head's tensors fit it), of another MLP
+    width: a head trained for ``target_dir`` would load here and draft for the wrong model."""
+    root = tmp_path_factory.mktemp("other-llama")
+    tiny_causal_lm("llama", num_hidden_layers=8, head_dim=8, intermediate_size=48).save_pretrained(root)
+    return root
+
+
+def target_for(target_dir) -> Target:
+    return Target.from_pretrained(TargetConfig(path=str(target_dir), dtype="float32"))
+
+
+def tiny_head(name: str, target: Target, seed: int = 0) -> DraftHead:
+    """A fresh head of the entry's small shape (``HeadSpec.tiny``) for ``target``."""
+    torch.manual_seed(seed)
+    spec = HEADS[name]
+    return build_head(DraftConfig(head=name, options=spec.options(**spec.tiny)), target,
+                      torch.arange(target.config.vocab_size, dtype=torch.float32))
+
+
+def perturb(head: torch.nn.Module, scale: float = 0.05) -> None:
+    """Away from any deterministic start (an identity block, the target's own layers): as a trained head is."""
+    with torch.no_grad():
+        for p in head.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * scale)
+
+
+# -- the entries --------------------------------------------------------------------------------------------------
+
+def test_every_entry_is_complete_and_declares_its_capabilities():
+    for name, spec in HEADS.items():
+        own = {f.name for f in dataclasses.fields(spec.options)}
+        assert own and not own & set(SHARED_FIELDS), name  # no head redefines a shared field
+        assert set(spec.tiny) <= own, name  # its small instance sets its own fields only
+        assert spec.cards and spec.title and spec.unit, name
+        assert isinstance(spec.cls.needs.aux_hidden_states, bool), name
+        assert issubclass(spec.drafter, Drafter) and spec.capabilities is spec.drafter.capabilities, name
+        # A self-speculative drafter runs the target's layers itself; any other reads what its head trains on.
+        assert spec.capabilities.reads_aux == (spec.cls.needs.aux_hidden_states and not spec.capabilities.self_verify), name
+    for name, m in drafting_methods().items():
+        assert isinstance(m.capabilities, Capabilities), name
+
+
+def test_the_toy_head_is_in_the_catalog_by_one_line():
+    """The proof that a head is its folder and one line: the toy head's is tests/conftest.py's, and every test
+    parametrized over the catalog runs it."""
+    assert "toy" in HEADS and HEADS["toy"].cls.__module__ == "toy_head.module"
+    lines = [line for line in (REPO / "tests" / "conftest.py").read_text().splitlines() if "TOY" in line]
+    assert lines == ["from toy_head.spec import TOY  # noqa: E402", 'register_head("toy", TOY)  # noqa: E402'], lines
+    mentions = subprocess.run(["grep", "-rlw", "--include=*.py", "-e", "toy_head", "-e", "ToyHead", "-e", "TOY", str(REPO)],
+                              capture_output=True, text=True).stdout.split()
+    assert sorted(Path(m).relative_to(REPO).as_posix() for m in mentions if "/toy_head/" not in m) == [
+        "tests/conftest.py", "tests/test_catalog.py"]
+
 
 DRAFTER_NAMES = {n for n in dir(Drafter) if not n.startswith("__")} | {f.name for f in dataclasses.fields(Capabilities)} | {
     "precompile", "precompile_batch", "tree_root", "tree_expand", "to_target", "begin_batch", "update_batch", "select"}
@@ -48,14 +135,149 @@ def test_capabilities_are_checked_when_declared():
         Capabilities(compiled_batch=True)
 
 
-def test_every_entry_declares_its_capabilities_on_its_drafter():
-    for name, m in drafting_methods().items():
-        assert isinstance(m.capabilities, Capabilities), name
-    for name, spec in HEADS.items():
-        assert issubclass(spec.drafter, Drafter) and spec.capabilities is spec.drafter.capabilities, name
-        # A self-speculative drafter runs the target's layers itself; any other reads what its head trains on.
-        assert spec.capabilities.reads_aux == (spec.cls.needs.aux_hidden_states and not spec.capabilities.self_verify), name
+def test_shared_code_names_no_head():
+    """The trainer, the feature pipeline, the decoder, export and the user commands hold no head name nor head class
+    (tests/test_layers.py holds models/, decode/ and trainer/ to the same by their imports and strings): a new head
+    is its folder plus its catalog line."""
+    shared = [*sorted((REPO / "trainer").rglob("*.py")), *sorted((REPO / "decode").rglob("*.py")),
+              REPO / "models" / "export.py", REPO / "models" / "head.py",
+              *[p for p in sorted((REPO / "scripts").glob("*.py")) if p.name != "medusa_tree.py"]]  # Medusa's own tool
+    names = "|".join(HEADS)
+    found = subprocess.run(["grep", "-nE", rf"[\"']({names})[\"']", *map(str, shared)], capture_output=True, text=True).stdout
+    # A default head in a help text or a recipe default is a value, not a branch: none is allowed here either.
+    assert found == "", found
+    classes = "|".join(spec.cls.__name__ for spec in HEADS.values())
+    assert not re.search(rf"\b({classes})\b", subprocess.run(["cat", *map(str, shared)], capture_output=True, text=True).stdout)
 
+
+# -- training, exports, detection, checks ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_a_head_trains_through_the_shared_trainer_and_every_layout_round_trips(name, tmp_path):
+    """Six steps of the shared trainer lower the head's loss on a fixed batch; then each layout it declares exports,
+    is detected as its own, and loads back to the same weights and the same drafts."""
+    trainer = build_trainer(load_config(None, make_setup(tmp_path, head=name) + [
+        "--train.lr=3e-3", "--train.eval_fraction=0", "--train.save_every=100"]))
+    head = trainer.backend.module
+    batch = collate(trainer.train_data, list(range(6)))
+    features = trainer.features(batch)
+    with torch.no_grad():
+        before = head.loss(features)[0].item()
+    trainer.train()
+    with torch.no_grad():
+        after = head.loss(features)[0].item()
+    assert after < before, (name, before, after)
+    assert spec_of(head) is HEADS[name]
+    for path in type(head).compiled:  # train.compile's parts: each a module, a list of modules or a method of the head
+        part = functools.reduce(getattr, path.split("."), head)
+        assert isinstance(part, torch.nn.Module) or inspect.ismethod(part), (name, path)
+
+    with torch.no_grad():  # exports are bf16: what trained is rounded first, so the round trip is exact (the frozen
+        for p in head.parameters():  # parts are the target's, which a load takes from the target again)
+            if p.requires_grad:
+                p.copy_(p.to(torch.bfloat16).to(p.dtype))
+    target_path = Path(trainer.config.target.path)
+    target = Target.from_pretrained(TargetConfig(path=str(target_path), dtype="float32",
+                                                 aux_layer_ids=trainer.config.target.aux_layer_ids))
+    want = drafts_of(head, target, batch["input_ids"][:1, :12])
+    for layout in head.layouts:
+        out = tmp_path / f"export-{layout}"
+        export_head(head, out, name, fingerprint(target_path), format=layout)
+        assert layout in HEADS[name].cards  # every layout a head writes has a card
+        assert detect_layout(out) == (name, layout)
+        loaded = load_head(name, str(out), target)
+        assert type(loaded) is HEADS[name].cls
+        got, mine = loaded.state_dict(), head.state_dict()
+        assert set(got) <= set(mine), (name, layout, sorted(set(got) - set(mine)))
+        assert all(torch.equal(got[k], mine[k].to(got[k].device)) for k in got), (name, layout)
+        assert drafts_of(loaded, target, batch["input_ids"][:1, :12]) == want, (name, layout)
+
+
+def drafts_of(head, target: Target, prompt: torch.Tensor) -> list:
+    """Greedy chains of 3 over 8 new tokens, and (for a sampled drafter) the first round's q: what the head drafts."""
+    can = spec_of(head).capabilities
+    runner = TargetRunner(target, max_len=64, with_aux=can.reads_aux)
+    out = speculative_generate(runner, drafter_for(head.eval(), 64), prompt, 8, set(), k=3)
+    drafter = drafter_for(head, 64)
+    if can.self_verify:
+        drafter.attach(runner)
+    drafter.begin(prompt, runner_states(runner, prompt), out.tokens[0])
+    _, q = drafter.propose_sampled(3, Sampling(0.8), torch.Generator().manual_seed(0))
+    return [out.tokens, out.accepted, None if q is None else q.tolist()]
+
+
+@pytest.fixture(scope="module")
+def exports(target_dir, tmp_path_factory):
+    """Every head of the catalog exported in every layout it declares: {(head, layout): directory}."""
+    target, root, found = target_for(target_dir), tmp_path_factory.mktemp("exports"), {}
+    for name in HEADS:
+        head = tiny_head(name, target)
+        for layout in head.layouts:
+            found[name, layout] = export_head(head, root / f"{name}-{layout}", name, fingerprint(target_dir), format=layout)
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_each_detector_claims_its_own_exports_and_refuses_every_other(name, exports):
+    import json
+
+    spec = HEADS[name]
+    for (head, layout), directory in exports.items():
+        config = json.loads((directory / "config.json").read_text())
+        assert spec.detect(directory, config) == (layout if head == name else None), (name, head, layout)
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_check_head_passes_a_head_for_its_target_and_refuses_it_for_another_by_name(name, exports, target_dir,
+                                                                                  other_target_dir):
+    for (head, layout), directory in exports.items():
+        if head != name:
+            continue
+        what, problems, _ = check_head(directory, target_dir)
+        assert what == f"{name} ({layout} layout)" and problems == [], (name, layout, problems)
+        _, problems, _ = check_head(directory, other_target_dir)
+        assert problems and problems[0].key == "target" and str(target_dir) in problems[0].message, (name, problems)
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_a_head_started_from_a_published_one_has_its_weights_and_vocab(name, target_dir, tmp_path):
+    target = target_for(target_dir)
+    spec = HEADS[name]
+    published = tiny_head(name, target, seed=1)
+    perturb(published)
+    export_head(published, tmp_path / "pub", name, fingerprint(target_dir))
+    want = load_head(name, str(tmp_path / "pub"), target).state_dict()
+    # Other token counts and seed: a fresh head would differ in every weight and (with a draft vocab) in its map.
+    torch.manual_seed(2)
+    options = spec.options(**spec.tiny)
+    counts = torch.arange(target.config.vocab_size, dtype=torch.float32).flip(0)
+    fresh = build_head(DraftConfig(head=name, options=options), target, counts).state_dict()
+    started = build_head(DraftConfig(head=name, options=options, init_from=str(tmp_path / "pub")), target, counts)
+    got = started.state_dict()
+    assert set(got) == set(want)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    assert any(not torch.equal(fresh[k], want[k]) for k in want)
+    trained = [n for n, p in build_head(DraftConfig(head=name, options=options), target, counts).named_parameters()
+               if p.requires_grad]  # loading keeps what trains and what stays frozen (the target's embeddings)
+    assert [n for n, p in started.named_parameters() if p.requires_grad] == trained
+    other = dict(fingerprint(target_dir), config_sha256="0" * 16, name_or_path="/models/another")
+    export_head(published, tmp_path / "other", name, other)
+    with pytest.raises(OtherTargetError, match="another"):  # a head trained for another target is refused
+        build_head(DraftConfig(head=name, options=options, init_from=str(tmp_path / "other")), target, counts)
+    if "draft_vocab_size" in spec.tiny:  # another shape is refused, naming the tensors
+        size = spec.tiny["draft_vocab_size"]
+        with pytest.raises(ValueError, match=rf"does not fit this recipe's .* head[\s\S]*\({size}, .*there"):
+            build_head(DraftConfig(head=name, options=spec.options(**{**spec.tiny, "draft_vocab_size": size // 2}),
+                                   init_from=str(tmp_path / "pub")), target, counts)
+
+
+def test_converting_a_head_with_one_layout_is_refused_by_name(exports, tmp_path):
+    name, layout = next((n, l) for (n, l) in exports if len(HEADS[n].cls.layouts) == 1)
+    with pytest.raises(ValueError, match=rf"holds {name} \({layout} layout\); .* are exported in \['{layout}'\], not 'other'"):
+        convert_head(exports[name, layout], tmp_path / "out", "other")
+
+
+# -- decoding ---------------------------------------------------------------------------------------------------
 
 FLAGS = {  # a capability -> the flags that ask for it
     "dynamic trees": ["--tree"],
@@ -87,11 +309,12 @@ def test_a_flag_is_refused_by_name_exactly_where_its_capability_is_not_declared(
 
 def test_a_method_refused_by_its_capabilities_fails_before_loading_anything(capsys):
     """``headstart bench`` stops at its flags: the target and --draft paths here do not exist."""
+    name = next(n for n, m in drafting_methods().items() if not m.capabilities.trees and m.draft)
     with pytest.raises(SystemExit) as stop:
         benchmark.main(["--target", "/nonexistent", "--questions", "/nonexistent.jsonl", "--out", "/nonexistent-out",
-                        "--method", "early-exit", "--draft", "/nonexistent-head", "--tree"])
+                        "--method", name, "--draft", "/nonexistent-head", "--tree"])
     assert stop.value.code == 2
-    assert "--tree: --method early-exit cannot draft a dynamic tree" in capsys.readouterr().err
+    assert f"--tree: --method {name} cannot draft a dynamic tree" in capsys.readouterr().err
 
 
 PROMPTS = [torch.tensor([[1, 5, 9, 14, 3, 7]]), torch.tensor([[2, 8, 4]])]
@@ -99,16 +322,12 @@ PROMPTS = [torch.tensor([[1, 5, 9, 14, 3, 7]]), torch.tensor([[2, 8, 4]])]
 
 @pytest.mark.slow  # about 45 s for the catalog: with CI's slow tests, out of the default suite's ten minutes
 @pytest.mark.parametrize("name", sorted(HEADS))
-def test_every_head_decodes_greedy_exact_in_every_shape_it_declares(name, target_dir):  # noqa: F811
+def test_every_head_decodes_greedy_exact_in_every_shape_it_declares(name, target_dir):
     """A random head on a tiny target: chains always; dynamic and static trees, batches and sampled q exactly where
     its drafter declares them. Random drafts are mostly rejected, so exactness is what this checks."""
-    torch.manual_seed(0)
-    target = target_for(name, target_dir)
-    spec = HEADS[name]
-    can = spec.capabilities
-    small = {"draft_vocab_size": 48} if "draft_vocab_size" in {f.name for f in dataclasses.fields(spec.options)} else {}
-    head = build_head(DraftConfig(head=name, options=spec.options(**small)), target,
-                      torch.arange(target.config.vocab_size, dtype=torch.float32)).eval()
+    target = target_for(target_dir)
+    head = tiny_head(name, target).eval()
+    can = HEADS[name].capabilities
     runner = TargetRunner(target, max_len=64, with_aux=can.reads_aux)
     n = 10
     for prompt in PROMPTS:
@@ -130,12 +349,28 @@ def test_every_head_decodes_greedy_exact_in_every_shape_it_declares(name, target
     if can.batches:
         ragged = RaggedRunner(target, max_len=64, with_aux=can.reads_aux)
         plain, _ = batch_plain_generate(ragged, PROMPTS, n, set())
-        batch_drafter = drafter_for(head, 64)
-        outs, _ = batch_speculative_generate(ragged, batch_drafter, PROMPTS, n, set(), k=3)
+        outs, _ = batch_speculative_generate(ragged, drafter_for(head, 64), PROMPTS, n, set(), k=3)
         assert [o.tokens for o in outs] == [o.tokens for o in plain], name
         outs, _ = batch_speculative_generate(ragged, PerSequence([drafter_for(head, 64) for _ in PROMPTS]), PROMPTS, n,
                                              set(), k=3)
         assert [o.tokens for o in outs] == [o.tokens for o in plain], name
+
+
+@pytest.mark.nightly  # 2,500 sampled requests a head
+@pytest.mark.parametrize("name", sorted(n for n, spec in HEADS.items() if spec.capabilities.sampled))
+def test_sampled_chains_keep_the_target_distribution(name, world):
+    """Lossless sampling, by the shipped chi-square test (tests/test_sampling_loop.py): a random head of every entry
+    that draws its drafts from q, verified by rejection sampling, emits the target's own joint distribution."""
+    model, runner, _ = world
+    spec = HEADS[name]
+    # The 8-token target of the test: a draft vocab no larger than its vocab.
+    options = spec.options(**{k: min(v, V) if k == "draft_vocab_size" else v for k, v in spec.tiny.items()})
+    torch.manual_seed(3)
+    head = build_head(DraftConfig(head=name, options=options), runner.target, torch.ones(V))
+    perturb(head, 0.3)
+    stat, critical = chi2_vs(sample_pairs(runner, lambda: drafter_for(head.eval(), 32), 2500, seed=0),
+                             exact_joint(model))
+    assert stat < critical
 
 
 def runner_states(runner: TargetRunner, prompt: torch.Tensor):

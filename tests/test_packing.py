@@ -7,6 +7,7 @@ import pytest
 import torch
 from trainer_fixtures import make_setup
 
+from headstart.heads.registry import HEADS
 from headstart.models.head import Features, same_document, trained_positions
 from headstart.models.ttt_attention import ttt_attention, ttt_attention_dense, ttt_attention_flex
 from headstart.scripts import generate_features
@@ -79,7 +80,7 @@ def _head_loss(head, f: Features) -> tuple[torch.Tensor, dict, dict[str, torch.T
 
 
 @pytest.mark.parametrize("source", ["online", "offline"])
-@pytest.mark.parametrize("head_name", ["eagle3", "medusa", "mtp", "peagle", "dflash", "draft_model", "early-exit"])
+@pytest.mark.parametrize("head_name", sorted(HEADS))
 def test_packed_loss_and_gradients_equal_the_padded_ones(tmp_path, head_name, source, monkeypatch):
     overrides = make_setup(tmp_path, head=head_name) + ["--target.dtype=float32", "--features.samples_per_shard=8"]
     if source == "offline":

@@ -8,16 +8,11 @@ from pathlib import Path
 from conftest import CHATML_TEMPLATE, make_tokenizer
 from tiny_models import tiny_causal_lm
 
+from headstart.heads.registry import HEADS
+
 QUESTIONS = ["What is 2+3?", "Name a colour.", "Say hello.", "Count to three.", "What is 12 times 7?", "Write add(a, b)."]
 ANSWERS = ["2+3 = 5. The answer is 5.", "Blue is a colour.", "Hello there!", "One, two, three.", "12 times 7 is 84.",
            "def add(a, b):\n    return a + b"]
-
-
-HEAD_FIELDS = {"eagle3": ["--draft.draft_vocab_size=64", "--draft.ttt_steps=3"], "mtp": ["--draft.ttt_steps=3"], "medusa": [],
-               "peagle": ["--draft.draft_vocab_size=64", "--draft.parallel_tokens=3"],
-               "dflash": ["--draft.block_size=4", "--draft.anchors=1000"],
-               "early-exit": ["--target.aux_layer_ids=[4]"]}  # its exit layer: the one layer it reads
-"""Each head's small settings (a recipe may set only its head's fields)."""
 
 
 def make_setup(root: Path, rows: int = 24, layers: int = 8, head: str = "eagle3") -> list[str]:
@@ -41,7 +36,7 @@ def make_setup(root: Path, rows: int = 24, layers: int = 8, head: str = "eagle3"
         "--data.max_length=48",
         f"--data.cache_dir={root / 'cache'}",
         f"--draft.head={head}",
-        *HEAD_FIELDS.get(head, []),
+        *[f"--draft.{k}={v}" for k, v in HEADS[head].tiny.items()],  # its small instance
         "--train.lr=1e-3",
         "--train.max_steps=6",
         "--train.batch_size=2",
