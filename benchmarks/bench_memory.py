@@ -1,6 +1,6 @@
 """Peak memory and time of one EAGLE-3 training step (forward + backward, 7 TTT steps) by sequence length.
 
-    python benchmarks/bench_memory.py --lengths 256 1024 2048 4096 --benchmarks runs/lab-notes.md
+    python benchmarks/bench_memory.py --lengths 256 1024 2048 4096 --table runs/memory.md
     python benchmarks/bench_memory.py --lengths 256 1024 2048 4096 8192 16384 32768 --impls before blocks after  # GPU
 
 "before": the TTT attention and the loss as they were written before they became memory-linear (a
@@ -30,9 +30,9 @@ from pathlib import Path
 
 import torch
 
-from headstart.decode.report import append_section
 from headstart.heads.eagle3.module import Eagle3Config, Eagle3Draft
 from headstart.models.head import Features, loss_denominator, shift_left
+from headstart.benchmarks.record import write_table
 
 REPO = Path(__file__).resolve().parents[1]
 VOCAB = 32768
@@ -126,7 +126,7 @@ def main() -> int:
     p.add_argument("--impls", nargs="+", default=["before", "after"])
     p.add_argument("--worker", nargs=2, metavar=("IMPL", "T"), help=argparse.SUPPRESS)
     p.add_argument("--cuda-worker", nargs=2, metavar=("IMPL", "LENGTHS"), help=argparse.SUPPRESS)
-    p.add_argument("--benchmarks", default=None)
+    p.add_argument("--table", default=None, help="write the table to this markdown file")
     p.add_argument("--plot", default=str(REPO / "docs" / "bench_memory.png"))
     args = p.parse_args()
     if args.worker:
@@ -177,10 +177,10 @@ def main() -> int:
     fig.tight_layout()
     Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.plot, dpi=100)
-    if args.benchmarks:
+    if args.table:
         # the plot's path as the markdown file's reader resolves it: relative to that file (the plot may be anywhere)
-        plot = os.path.relpath(Path(args.plot).resolve(), Path(args.benchmarks).resolve().parent)
-        append_section(args.benchmarks, "Training memory by sequence length: TTT attention and loss"
+        plot = os.path.relpath(Path(args.plot).resolve(), Path(args.table).resolve().parent)
+        write_table(args.table, "Training memory by sequence length: TTT attention and loss"
                        + (" (CUDA)" if cuda else ""),
                        "One EAGLE-3 training step (forward + backward, 7 TTT steps, batch 1, hidden 1024, 16 heads, "
                        "draft vocab 32,768, every position trained), each in a fresh process; memory is the peak above "

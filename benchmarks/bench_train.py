@@ -2,7 +2,7 @@
 target's forward alone on the same batch; with ``--layouts padded packed``, both batch layouts of the same
 recipe one after the other in this process, on the same steps' sequences (a ratio from one run).
 
-    python benchmarks/bench_train.py --config configs/demo/eagle3.yaml --steps 10 --layouts padded packed --out runs/lab-notes.md
+    python benchmarks/bench_train.py --config configs/demo/eagle3.yaml --steps 10 --layouts padded packed --out runs/bench-train.md
 
 Tokens are the sequences' real tokens (padding not counted), so padded and packed rows compare directly.
 """
@@ -17,9 +17,9 @@ import time
 
 import torch
 
-from headstart.decode.report import append_section
 from headstart.trainer.config import load_config
 from headstart.trainer.run import build_trainer
+from headstart.benchmarks.record import write_table
 
 
 def _sync() -> None:
@@ -90,7 +90,7 @@ def main() -> None:
                         "trainer's way) or B consecutive rows each (before); padded batches always take consecutive rows")
     p.add_argument("--compile", nargs="+", choices=["recipe", "off", "on"], default=["recipe"],
                    help="train.compile settings to measure in turn (the head's parts through torch.compile)")
-    p.add_argument("--out", default=None, help="append the result to this markdown file")
+    p.add_argument("--out", default=None, help="write the result to this markdown file")
     args, overrides = p.parse_known_args()
     config = load_config(args.config, overrides + ["--output_dir=runs/bench-train", "--logging.progress=false"])
     rows = {}
@@ -135,7 +135,7 @@ def main() -> None:
                      f"**{r['tok_s'] / rows[layout, deal, False]['tok_s']:.2f}x**\n")
     print(body)
     if args.out and info.is_main:
-        append_section(args.out, "Online training throughput", body)
+        write_table(args.out, "Online training throughput", body)
 
 
 if __name__ == "__main__":

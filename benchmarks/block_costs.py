@@ -1,7 +1,7 @@
 """What a target forward over a block of n tokens costs, n = 1..max: the verify cost a draft of n - 1 tokens pays.
 
     python benchmarks/block_costs.py --target targets/SmolLM2-135M-Instruct --dtypes float32 bfloat16 --max-block 9 \
-        --benchmarks runs/lab-notes.md
+        --table runs/blocks.md
 
 Each dtype's eager runner (decode/target_runner.py ``time_blocks``: median of --repeats forwards after a --context
 token prompt, nothing committed) and the sizes ``tune_blocks`` (``--tune-blocks`` in scripts/benchmark.py) would pad
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import argparse
 
-from headstart.decode.report import append_section
 from headstart.decode.target_runner import TargetRunner, pad_sizes
 from headstart.models.target import Target, TargetConfig
+from headstart.benchmarks.record import write_table
 
 
 def main() -> None:
@@ -26,7 +26,7 @@ def main() -> None:
     p.add_argument("--context", type=int, default=256)
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--benchmarks", default=None, help="append the table to this markdown file")
+    p.add_argument("--table", default=None, help="write the table to this markdown file")
     p.add_argument("--note", default="")
     args = p.parse_args()
 
@@ -49,8 +49,8 @@ def main() -> None:
     if args.note:
         body += "\n" + args.note + "\n"
     print(body)
-    if args.benchmarks:
-        append_section(args.benchmarks, f"Target forward by block size ({args.target.rstrip('/').split('/')[-1]})", body)
+    if args.table:
+        write_table(args.table, f"Target forward by block size ({args.target.rstrip('/').split('/')[-1]})", body)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
-"""One table from several ``scripts/benchmark.py`` runs (their ``results.json``): tau, acceptance by
-position, tokens/s and speed-up per method and batch size, side by side; optionally appended to a notes file.
-Batched runs' tokens/s are over the whole batch.
+"""One table from several ``headstart bench`` runs (their ``results.json``): tau, acceptance by position, tokens/s
+and speed-up per method and batch size, side by side, each run's shape and mode as it named them; printed, and with
+``--table FILE`` written there with the runs' setting and provenance. Batched runs' tokens/s are over the whole batch.
 
-    python benchmarks/compare_methods.py runs/bench-medusa-chain runs/bench-eagle3-chain ... --benchmarks runs/lab-notes.md \
+    python benchmarks/compare_methods.py runs/bench-medusa-chain runs/bench-eagle3-chain ... --table runs/heads.md \
         --title "Heads side by side" --note "why the ranking comes out as it does"
 """
 
@@ -13,17 +13,7 @@ import json
 from pathlib import Path
 
 from headstart.decode.report import paired_line
-from headstart.decode.hybrid import ngram_share
-from headstart.decode.report import append_section
-
-
-def shape(args: dict) -> str:
-    if args.get("tree_paths"):
-        return f"static tree `{Path(args['tree_paths']).name}` ({len(json.loads(Path(args['tree_paths']).read_text()))} nodes)"
-    if args.get("tree"):
-        return f"dynamic tree (depth {args['tree_depth']}, top-{args['tree_topk']}, {args['tree_total_tokens']} tokens)"
-    ngram = f" (n-grams up to {args['ngram_max']})" if args.get("method") == "ngram" and args.get("ngram_max", 3) != 3 else ""
-    return f"chain k={args['num_speculative_tokens']}{ngram}"
+from headstart.benchmarks.record import write_table
 
 
 def draft(args: dict) -> str:
@@ -32,30 +22,6 @@ def draft(args: dict) -> str:
     if args.get("draft"):
         return f"`{args['draft']}`" + (f" + {store}" if store else "")
     return store or "`-`"
-
-
-def mode(args: dict, report: dict | None = None) -> str:
-    """``report``: the run's results.json, for what only the run knows (a hybrid's share of n-gram rounds)."""
-    # Runs from before the drafters compiled (results.json without "compiled_drafter") compiled the target only.
-    compiled = "" if not args.get("compile") else \
-        ", compiled target and drafter" if args.get("compiled_drafter") else ", compiled target"
-    if args.get("dtype"):  # an explicit --dtype (runs without one used their device's default)
-        compiled += f", {args['dtype']}"
-    if args.get("confidence_threshold"):
-        compiled += f", stop under p {args['confidence_threshold']:g}"
-    if args.get("tune_blocks"):
-        compiled += ", blocks padded to the cheapest size"
-    if args.get("ngram_learn"):
-        compiled += ", the store learning each reply"
-    if args.get("hybrid_ngram") is not None:
-        rounds = (report or {}).get("hybrid_rounds")
-        share = f" ({100 * ngram_share(rounds):.0f}% of rounds)" if rounds else ""
-        compiled += f", n-gram lookup first from {args['hybrid_ngram']:g} expected{share}"
-        if args.get("hybrid_model_tree"):
-            compiled += ", the model's trees depth {} top-{} {} tokens".format(*args["hybrid_model_tree"])
-    if not args.get("temperature"):
-        return "greedy" + compiled
-    return f"T={args['temperature']}" + (f" top-p {args['top_p']}" if args.get("top_p", 1.0) < 1.0 else "") + compiled
 
 
 def split(r: dict) -> str:
@@ -78,7 +44,7 @@ def table(runs: list[Path]) -> str:
         report = json.loads((run / "results.json").read_text())
         a, r = report["args"], report["results"]["overall"]
         acc = " ".join("-" if x is None else f"{x:.2f}" for x in r["acceptance_by_position"][:6]) or "-"
-        lines.append(f"| {a['method']} | {draft(a)} | {shape(a)} | {mode(a, report)} | {a.get('batch_size', 1)} | "
+        lines.append(f"| {a['method']} | {draft(a)} | {report['shape']} | {report['mode']} | {a.get('batch_size', 1)} | "
                      f"{r['tau']:.2f} | {acc} | "
                      f"{r['spec_tokens_per_s']:.1f} | {r['plain_tokens_per_s']:.1f} | {r['speedup']:.2f}x | {split(r)} |")
     return "\n".join(lines)
@@ -89,7 +55,7 @@ def paired_notes(runs: list[Path]) -> str:
     notes = []
     for run in runs:
         report = json.loads((run / "results.json").read_text())
-        if report.get("paired"):  # the second method's run directory is OUT/versus (scripts/benchmark.py)
+        if report.get("paired"):  # the second method's run directory is OUT/versus (headstart bench --versus)
             second = json.loads((run / "versus" / "results.json").read_text())["args"]["method"]
             notes.append(f"`{run}` and `{run / 'versus'}`: "
                          + paired_line(report["paired"], report["args"]["method"], second))
@@ -109,28 +75,29 @@ def measured_on(runs: list[Path], given: str | None) -> str | None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("runs", nargs="+", type=Path, help="--out directories of scripts/benchmark.py runs")
-    p.add_argument("--benchmarks", default=None)
+    p.add_argument("runs", nargs="+", type=Path, help="--out directories of headstart bench runs")
+    p.add_argument("--table", default=None, help="write the table to this markdown file")
     p.add_argument("--title", default="Drafters side by side")
     p.add_argument("--note", default="", help="a sentence placed under the table")
-    p.add_argument("--script", default="`benchmarks/bench_heads.sh`", help="the command that made the runs, for the record")
+    p.add_argument("--script", default=None, help="the command that made the runs (e.g. `python benchmarks/run.py batch`)")
     p.add_argument("--machine", default=None,
                    help="the machine the runs were made on, for runs whose results.json does not record it")
     args = p.parse_args()
     paired = paired_notes(args.runs)
     text = table(args.runs) + paired
     print(text)
-    if args.benchmarks:
+    if args.table:
         first = json.loads((args.runs[0] / "results.json").read_text())["args"]
         setting = (f"`{first['questions']}`, {'first ' + str(first['per_category']) + ' per category' if first.get('per_category') else 'all'}"
                    f" (all turns), max {first['max_new_tokens']} new tokens, "
-                   f"target `{first['target']}`, each run a separate `scripts/benchmark.py` run in one sequence with "
-                   f"nothing else running ({args.script}); speed-up = plain / speculative time on the same runner.")
+                   f"target `{first['target']}`, each run a separate `headstart bench` run in one sequence with nothing else "
+                   f"running{f' ({args.script})' if args.script else ''}; speed-up = plain / speculative time on the same "
+                   "runner.")
         if paired:
             setting += (" A run's `versus` directory is the second method of the same process (`--versus`), its plain "
                         "decoding the first method's, on the first method's runner.")
-        append_section(args.benchmarks, args.title, setting + "\n\n" + text + ("\n\n" + args.note if args.note else ""),
-                       measured_on=measured_on(args.runs, args.machine))
+        write_table(args.table, args.title, setting + "\n\n" + text + ("\n\n" + args.note if args.note else ""),
+                    measured_on=measured_on(args.runs, args.machine))
 
 
 if __name__ == "__main__":

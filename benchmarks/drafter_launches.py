@@ -1,8 +1,8 @@
 """Count the eager ops a compiled drafter dispatches per round outside its compiled graphs: on a GPU each is a kernel
-launch (tens of microseconds on the H200 lease), which at a small model's size is
+launch (tens of microseconds on an H200), which at a small model's size is
 what a round costs. Counted with torch.profiler, so it runs anywhere; the counts do not depend on the machine.
 
-    python benchmarks/drafter_launches.py --target configs/demo/target --k 4 --out runs/lab-notes.md
+    python benchmarks/drafter_launches.py --target configs/demo/target --k 4 --out runs/launches.md
 
 Heads: the demo's EAGLE-3, MTP and Medusa heads (``--heads kind=DIR ...`` for others).
 """
@@ -15,11 +15,11 @@ from typing import Callable
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from headstart.decode.report import append_section
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import DynamicTree, build_dynamic_tree
 from headstart.heads.registry import drafter_for, load_head
 from headstart.models.target import Target, TargetConfig
+from headstart.benchmarks.record import write_table
 
 COMPILED_SCOPE = "Torch-Compiled Region"
 """The profiler scope of a compiled graph's call (any backend): the ops under it are the graph's, not eager launches."""
@@ -119,7 +119,7 @@ def main() -> None:
     p.add_argument("--heads", nargs="+", default=["eagle3=configs/demo/eagle3-head", "mtp=configs/demo/mtp-head",
                                                     "medusa=configs/demo/medusa-head"])
     p.add_argument("--k", type=int, default=4)
-    p.add_argument("--out", default=None, help="append the table to this markdown file")
+    p.add_argument("--out", default=None, help="write the table to this markdown file")
     p.add_argument("--note", default="", help="a paragraph placed under the table")
     args = p.parse_args()
     target = Target.from_pretrained(TargetConfig(path=args.target, dtype="float32", device="cpu"))
@@ -143,7 +143,7 @@ def main() -> None:
             f"{args.k + 1}-token verify.")
     print(body)
     if args.out:
-        append_section(args.out, "Eager ops per round of a compiled drafter", body + ("\n\n" + args.note if args.note else ""))
+        write_table(args.out, "Eager ops per round of a compiled drafter", body + ("\n\n" + args.note if args.note else ""))
 
 
 if __name__ == "__main__":

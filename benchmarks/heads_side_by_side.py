@@ -6,7 +6,7 @@
 
 A training run gives its command (run_config.json), the last evaluation's simulated acceptance length and top-1
 accuracy by step, and, from a GNU ``/usr/bin/time -v`` log of the run, its wall time and peak resident memory (the
-largest process: one rank). A bench directory (``scripts/benchmark.py --versus``) gives, for both methods, tau,
+largest process: one rank). A bench directory (``headstart bench``, with ``--versus`` a pair) gives, for both methods, tau,
 acceptance by position, the round clock (draft, drafter update, verify ms per round), tokens/s, predicted and
 measured speed-up, and the paired ratio by turn. Nothing is re-measured here: the file records the runs' numbers.
 """
@@ -18,7 +18,7 @@ import json
 import re
 from pathlib import Path
 
-from headstart.decode.report import provenance
+from headstart.benchmarks.record import write_result
 
 
 def time_log(path: Path) -> dict[str, float]:
@@ -131,6 +131,8 @@ def main() -> None:
     p.add_argument("--times-from", action="append", default=[], type=Path, metavar="RESULT_FILE",
                    help="earlier result files whose timed training runs the --train heads were published from")
     p.add_argument("--out", required=True)
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="write into benchmarks/results/ from a checkout with uncommitted changes (the file says so)")
     args = p.parse_args()
     train = {}
     for name, value in pairs(args.train, "train").items():
@@ -140,7 +142,7 @@ def main() -> None:
         train[name]["command"] = command
     times_from(train, args.times_from)
     bench = {name: bench_run(Path(d)) for name, d in pairs(args.bench, "bench").items()}
-    Path(args.out).write_text(json.dumps({"title": args.title, "what": args.what, **provenance(), "train": train, "bench": bench}, indent=1) + "\n")
+    write_result(args.out, {"title": args.title, "what": args.what, "train": train, "bench": bench}, args.allow_dirty)
     print(f"wrote {args.out}")
 
 

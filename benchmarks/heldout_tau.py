@@ -3,8 +3,8 @@
     python benchmarks/heldout_tau.py --config configs/demo/eagle3.yaml [overrides] --heads DIR [DIR ...]
 
 In-domain and deterministic (greedy chain k=4, 64 new tokens): the way to compare heads trained on
-the same data, e.g. online vs offline (benchmarks/bench_offline.sh). The heads are of the recipe's
-``draft.head`` type; tau is counted by the benchmark's own evaluator (decode/measure.py: decode_tau).
+the same data, e.g. online vs offline. The heads are of the recipe's ``draft.head`` type; tau is counted as
+``headstart bench`` counts it (decode/measure.py: decode_tau).
 """
 
 import argparse

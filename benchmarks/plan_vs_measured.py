@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 
 from headstart.benchmarks.heads_side_by_side import time_log
-from headstart.decode.report import machine, provenance
+from headstart.benchmarks.record import write_result
+from headstart.decode.report import machine
 from headstart.trainer.config import load_config
 from headstart.trainer.plan import GIB, plan
 
@@ -56,11 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--title", required=True)
     p.add_argument("--run", action="append", required=True, metavar="RECIPE:RANKS:TIME_LOG:RUN_DIR[:OVERRIDES]")
     p.add_argument("--out", required=True)
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="write into benchmarks/results/ from a checkout with uncommitted changes (the file says so)")
     args = p.parse_args(argv)
     rows = [row(spec) for spec in args.run]
     what = ("headstart plan's per-process peak for each recipe, against the peak resident memory of the largest "
             "training process (GNU time) of a run of it")
-    Path(args.out).write_text(json.dumps({"title": args.title, "what": what, **provenance(), "plan": rows}, indent=1) + "\n")
+    write_result(args.out, {"title": args.title, "what": what, "plan": rows}, args.allow_dirty)
     for r in rows:
         print(f"{r['recipe']} x{r['ranks']}: measured {r['measured_gib']} GiB; planned {r['planned_gib']} GiB at "
               f"{r['bound_tokens']} tokens ({r['ratio']:.2f}x), {r['planned_at_run_tokens_gib']} GiB at {r['run_tokens']} "

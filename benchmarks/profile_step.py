@@ -2,7 +2,7 @@
 and the heads name (data, features = the target's forward or the store's read, the head's forward -- its draft
 steps and its vocab loss --, its backward, the optimizer) and, below, the ops that cost most.
 
-    python benchmarks/profile_step.py --config configs/demo/eagle3.yaml --steps 3 --out runs/lab-notes.md
+    python benchmarks/profile_step.py --config configs/demo/eagle3.yaml --steps 3 --out runs/profile.md
 
 One process (the profile of one rank). The scopes nest: "head: draft step" and "head: vocab loss" are parts of
 "step: head forward" (the loss's chunks recomputed in backward are counted in "step: head backward").
@@ -29,9 +29,9 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode
 
 from headstart.benchmarks.bench_train import next_batches, target_forward
-from headstart.decode.report import append_section
 from headstart.trainer.config import load_config
 from headstart.trainer.run import build_trainer
+from headstart.benchmarks.record import write_table
 
 SCOPES = ("step: data", "step: features", "target: aux states", "step: head forward", "head: draft step",
           "head: vocab loss", "step: head backward", "step: optimizer")
@@ -43,7 +43,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3, help="profiled steps (after one warm-up step)")
     p.add_argument("--top", type=int, default=12, help="ops listed by their own time")
     p.add_argument("--flop-steps", type=int, default=10, help="steps whose FLOPs are counted (after the profiled ones)")
-    p.add_argument("--out", default=None, help="append the tables to this markdown file")
+    p.add_argument("--out", default=None, help="write the tables to this markdown file")
     args, overrides = p.parse_known_args()
     # Features prefetched on a worker thread would hide from the scopes and from FlopCounterMode (thread-local).
     config = load_config(args.config, overrides + ["--output_dir=runs/profile-step", "--logging.progress=false",
@@ -106,7 +106,7 @@ def main() -> None:
                f"(a step's own: median {statistics.median(ratios):.2f}x, {min(ratios):.2f}x-{max(ratios):.2f}x)\n"))
     print(body)
     if args.out:
-        append_section(args.out, f"Where a training step goes: {config.draft.head}", body)
+        write_table(args.out, f"Where a training step goes: {config.draft.head}", body)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ the best head, the final head, a feature shard, the manifest, a regenerated shar
 ``--resume`` after every kill, and compare what it ends with against an uninterrupted run.
 
     python benchmarks/soak_kill.py --config configs/demo/eagle3.yaml --rows 256 --kills 8 --seed 0 \
-        --benchmarks runs/lab-notes.md
+        --table runs/soak.md
 
 Three jobs, each on ``--rows`` conversations of the recipe's first data file: 2-rank training (FSDP2,
 checkpoints and evaluations every few steps so that ``best/`` is written too), the 2-rank feature job,
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from headstart.models.export import HOLD_ENV
 from headstart.trainer.run_dir import MACHINE_METRICS
-from headstart.decode.report import append_section
+from headstart.benchmarks.record import write_table
 
 REPO = Path(__file__).resolve().parents[1]
 TIMING = MACHINE_METRICS  # the metrics that depend on the clock and the machine
@@ -222,7 +222,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=24, help="training steps (checkpoint and evaluation every 4)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", default="runs/soak", help="scratch directory (emptied first)")
-    p.add_argument("--benchmarks", default=None, help="append the result to this markdown file")
+    p.add_argument("--table", default=None, help="write the result to this markdown file")
     args = p.parse_args()
     import shutil
 
@@ -253,8 +253,8 @@ def main() -> int:
         lines.append(f"| {r['job']} | {len(r['kills'])} | {'; '.join(r['kills'])} | {verdict} |")
     table = "| job | kills | where each kill landed | final result |\n|---|---|---|---|\n" + "\n".join(lines)
     print(table)
-    if args.benchmarks:
-        append_section(args.benchmarks, "Kill anywhere: SIGKILL soak of training, the feature job and regeneration",
+    if args.table:
+        write_table(args.table, "Kill anywhere: SIGKILL soak of training, the feature job and regeneration",
                        f"{args.rows} conversations of `{source}`, recipe `{args.config}`, seed {args.seed}. Every kill is a "
                        "SIGKILL of the whole process group, followed by the same command with `--resume`; compared: the "
                        "final and best heads tensor by tensor, `best.json`, `metrics.jsonl` without `tokens_per_s` and `peak_mem_gib`; "

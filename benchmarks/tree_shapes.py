@@ -9,13 +9,13 @@ behind n-gram lookup (and the datastore) at each minimum score (decode/hybrid.py
 
     python benchmarks/tree_shapes.py --target targets/SmolLM2-135M-Instruct --method eagle3 \
         --draft runs/smollm2-eagle3-finetune-2k-head --questions configs/smollm2/data/heldout_questions.jsonl \
-        --max-new-tokens 128 --dtype bfloat16 --benchmarks runs/lab-notes.md
+        --max-new-tokens 128 --dtype bfloat16 --table runs/shapes.md
 
 Modelled speed-up = plain decoding's seconds per token (a one-token forward, timed with the blocks, plus its loop's
 own time) / the speculative seconds per token: the drafter's draft and update time and the loop's own time as measured
 in the replay, plus what the target would have cost -- each round's verify forward (block costs timed at the outputs'
 mean context) and, for trees, the KV cache move of the accepted path (timed by slots moved). Prompts are left out on
-both sides; target and drafter run eagerly. Check the winner with scripts/benchmark.py.
+both sides; target and drafter run eagerly. Check the winner with `headstart bench`.
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ from headstart.decode.ngram import NgramDrafter
 from headstart.decode.ngram_store import NgramStore
 from headstart.trainer.ngram_corpus import ngram_store_from_conversations
 from headstart.decode.replay import ReplayRunner, Turn, record_turn
-from headstart.decode.report import append_section
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import DynamicTree
 from headstart.heads.registry import HEADS, drafter_for, load_head
+from headstart.benchmarks.record import write_table
 
 
 def ints(text: str) -> list[int]:
@@ -182,9 +182,9 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=9, help="timed rounds of the target's parts (median)")
     p.add_argument("--show", type=int, default=12, help="tree rows in the table (the best ones)")
     p.add_argument("--out", default=None, help="write every row to this JSON file")
-    p.add_argument("--benchmarks", default=None, help="append the table to this markdown file")
+    p.add_argument("--table", default=None, help="write the table to this markdown file")
     p.add_argument("--note", default="", help="a paragraph under the table")
-    p.add_argument("--title", default=None, help="the notes section's title")
+    p.add_argument("--title", default=None, help="the table's title")
     args = p.parse_args()
 
     setup = decode_setup(args.target, args.dtype, args.questions, args.limit, args.per_category)
@@ -281,8 +281,8 @@ def main() -> None:
                                               "one_token_s": one, "move_s": move_cost, "rows": modelled,
                                               "block_costs": {f"{n}{'m' if m else ''}": s for (n, m), s in cost.items()}},
                                              indent=2))
-    if args.benchmarks:
-        append_section(args.benchmarks, args.title or f"Draft shapes replayed: {args.method} chains and trees against "
+    if args.table:
+        write_table(args.table, args.title or f"Draft shapes replayed: {args.method} chains and trees against "
                        "n-gram lookup", body)
 
 

@@ -30,8 +30,8 @@ def machine() -> str:
 def command() -> str:
     """The command line that is running, as a user would type it again."""
     args = " ".join(shlex.quote(a) for a in sys.argv[1:])
-    if Path(sys.argv[0]).name == "headstart":  # the console script
-        return f"headstart {args}"
+    if Path(sys.argv[0]).name.split(" ")[0] == "headstart":  # the console script ("headstart NAME": scripts/cli.py)
+        return f"{Path(sys.argv[0]).name} {args}".strip()
     launcher = "torchrun --nproc_per_node " + os.environ["WORLD_SIZE"] + " " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "python "
     return launcher + " ".join([shlex.quote(sys.argv[0]), args]).strip()
 

@@ -10,7 +10,8 @@ from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import DynamicTree, StaticTree
 
 
-def draft_tree(paths_file: str | None, dynamic: bool, depth: int, topk: int, total_tokens: int) -> DynamicTree | StaticTree | None:
+def draft_tree(paths_file: str | None, dynamic: bool, depth: int, topk: int,
+               total_tokens: int) -> DynamicTree | StaticTree | None:
     """A static tree from a JSON file of rank paths (``[[0], [1], [0, 0]]``), else an EAGLE-2 dynamic tree when asked
     for, else None (chains)."""
     if paths_file:

@@ -1,9 +1,9 @@
-"""The lab scripts in benchmarks/, each run for real, end to end, on the smallest setup that exercises it.
+"""The drivers in benchmarks/ (and run.py's suites), each run for real, end to end, on the smallest setup that
+exercises it.
 
-These scripts are run by hand and rarely; without a test a refactor breaks them silently (bench_train.py
-crashed for weeks). Each test runs the script as a user does (a subprocess, in a temporary directory) and
-checks the table or section it writes. Nothing here downloads anything: the targets are the committed demo
-target or a tiny random one written by ``trainer_fixtures.make_setup``.
+These scripts are run by hand and rarely; without a test a refactor breaks them silently. Each test runs the script
+as a user does (a subprocess, in a temporary directory) and checks the table it writes. Nothing here downloads
+anything: the targets are the committed demo target or a tiny random one written by ``trainer_fixtures.make_setup``.
 """
 
 from __future__ import annotations
@@ -46,113 +46,11 @@ def table_rows(text: str, header: str) -> list[list[str]]:
 
 
 def section(path: Path, title: str) -> str:
-    """The body of the section ``## title`` that append_section wrote to ``path``."""
+    """What follows the title of the table file a driver wrote to ``path`` (benchmarks/record.py ``write_table``):
+    its provenance lines, then the table."""
     text = path.read_text()
-    assert text.startswith("# Benchmarks") and f"\n## {title}\n" in text, text[:2000]
-    return text.split(f"\n## {title}\n", 1)[1]
-
-
-@pytest.mark.nightly  # a lab script run by hand, so with the nightly tests
-def test_ablate_recipe_trains_each_variant_and_measures_its_head(tmp_path):
-    """Two variants (the recipe as it is, and one override) of a 2-step EAGLE-3 recipe on a tiny target, each
-    measured by scripts/benchmark.py. The script swallows a failed training or benchmark (its row gets nan),
-    so a run that exits 0 proves nothing by itself: every number must be there."""
-    from trainer_fixtures import make_setup
-
-    # make_setup's --output_dir would override ablate_recipe's own OUT/NAME: left out
-    common = [o for o in make_setup(tmp_path) if not o.startswith("--output_dir=")] + ["--train.max_steps=2"]
-    # A few short questions: the tiny target has 256 positions and the tiny tokenizer makes mt_bench's prompts
-    # longer than that. Two categories, the first of each is measured (--per-category 1).
-    questions = tmp_path / "questions.jsonl"
-    questions.write_text("".join(json.dumps(q) + "\n" for q in [
-        {"question_id": 1, "category": "math", "turns": ["What is 2+3?", "And 12 times 7?"]},
-        {"question_id": 2, "category": "chat", "turns": ["Say hello."]},
-        {"question_id": 3, "category": "chat", "turns": ["Name a colour."]}]))
-    out = tmp_path / "ablation"
-    proc = run("ablate_recipe.py", "--config", DEMO_CONFIG, "--out", out, "--variant", "baseline=",
-               "--variant", "clip_1=--train.grad_clip=1.0", "--common", " ".join(common), "--target", tmp_path / "target",
-               "--questions", questions, "--k", "2", "--max-new-tokens", "4", "--benchmarks", tmp_path / "B.md",
-               "--title", "Tiny ablation", cwd=tmp_path)
-
-    header = "| variant | tau (chain k=2) | held-out sim. accept len | train time | command |"
-    body = section(tmp_path / "B.md", "Tiny ablation")
-    rows = {r[0]: r for r in table_rows(body, header)}
-    assert list(rows) == ["baseline", "clip_1"]
-    assert "greedy chain k=2, 4 new tokens" in body
-    for name, (_, tau, sim, train_time, command) in rows.items():
-        assert 1.0 <= float(tau) <= 3.0, (name, tau, (out / f"{name}.bench.log").read_text()[-2000:])  # k=2: 1..k+1
-        assert 1.0 <= float(sim) <= 4.0, (name, sim, (out / f"{name}.train.log").read_text()[-2000:])  # 3 TTT steps
-        assert re.fullmatch(r"\d+ s", train_time), train_time
-        assert command.startswith("`python scripts/train_eagle3.py --config ") and "--train.max_steps=2" in command
-    assert "--train.grad_clip=1.0" in rows["clip_1"][4] and "--train.grad_clip" not in rows["baseline"][4]
-    assert header in proc.stdout
-
-    results = {r["name"]: r for r in json.loads((out / "ablation.json").read_text())}
-    for name in ("baseline", "clip_1"):
-        r = results[name]
-        assert r["rc"] == 0 and r["train_s"] > 0 and f"{float(rows[name][1]):.2f}" == f"{r['tau']:.2f}"
-        assert (out / name / "final").is_dir()
-        # benchmark.py measured this variant's own head, on the first question of each category
-        report = json.loads((out / f"{name}.bench" / "results.json").read_text())
-        assert report["args"]["draft"] == str(out / name / "final") and report["args"]["method"] == "eagle3"
-        assert {"math", "chat"} <= set(report["results"]) and report["results"]["overall"]["tau"] == r["tau"]
-
-
-@pytest.mark.nightly  # a lab script run by hand, so with the nightly tests
-def test_ablate_recipe_keeps_a_failed_variant_out_of_the_benchmarks_file(tmp_path):
-    """A variant whose training fails (an unknown override) exits 1 naming it, and writes no row of NaNs to
-    BENCHMARKS.md: with no variant measured, no section at all; next to a measured head (an existing one,
-    --reference, which has no held-out figure or train time: dashes), only that head's row."""
-    questions = tmp_path / "questions.jsonl"
-    questions.write_text(json.dumps({"question_id": 1, "category": "chat", "turns": ["Say hello."]}) + "\n")
-
-    def ablate(*extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(REPO / "benchmarks" / "ablate_recipe.py"), "--config", str(DEMO_CONFIG),
-                               "--out", str(tmp_path / "ablation"), "--variant", "bad=--train.no_such_key=1",
-                               "--questions", str(questions), "--max-new-tokens", "4", "--benchmarks",
-                               str(tmp_path / "B.md"), *extra], cwd=tmp_path, env=OFFLINE, capture_output=True, text=True,
-                              timeout=600)
-
-    proc = ablate()
-    assert proc.returncode == 1 and "failed: bad" in proc.stderr
-    assert "| bad | nan |" in proc.stdout and not (tmp_path / "B.md").exists()
-    proc = ablate("--reference", f"committed={REPO / 'configs/demo/eagle3-head'}")
-    assert proc.returncode == 1 and "failed: bad" in proc.stderr
-    rows = table_rows(section(tmp_path / "B.md", "Recipe ablation"),
-                      "| variant | tau (chain k=4) | held-out sim. accept len | train time | command |")
-    assert [r[0] for r in rows] == ["committed"] and rows[0][2:4] == ["-", "-"] and float(rows[0][1]) >= 1.0
-    assert "Not measured (training or benchmark failed): bad." in section(tmp_path / "B.md", "Recipe ablation")
-
-
-def test_bench_features_times_the_first_step_from_each_store(tmp_path):
-    """Two feature stores of the same tiny data (5 shards and 1), written by generate_features; the script builds
-    an offline trainer from each and times its first step."""
-    from trainer_fixtures import make_setup
-
-    from headstart.scripts import generate_features
-    from headstart.trainer.config import load_config
-
-    overrides = make_setup(tmp_path) + ["--features.batch_size=4"]
-    manifests = {}
-    for name, per_shard in (("five", 5), ("one", 24)):
-        manifests[name] = generate_features.generate(load_config(str(DEMO_CONFIG), [
-            *overrides, f"--features.samples_per_shard={per_shard}", f"--features.path={tmp_path / name}"]))
-    assert [len(m["shards"]) for m in manifests.values()] == [5, 1]
-
-    proc = run("bench_features.py", "--config", DEMO_CONFIG, "--stores", "five", "one", "--out", tmp_path / "B.md",
-               *overrides, cwd=tmp_path)
-
-    header = ("| store | shards | samples | bytes/token | build trainer (s) | first step (s) | "
-              "time to first step (s) |")
-    body = section(tmp_path / "B.md", "Offline training: time to the first step vs number of shards")
-    rows = table_rows(body, header)
-    assert [r[0] for r in rows] == ["`five`", "`one`"]
-    for (_, shards, samples, per_token, build, first, total), manifest in zip(rows, manifests.values()):
-        assert int(shards) == len(manifest["shards"]) and int(samples.replace(",", "")) == manifest["num_samples"] == 24
-        assert int(per_token.replace(",", "")) == round(manifest["bytes"] / manifest["num_tokens"]) > 0
-        assert float(build) >= 0 and float(first) > 0
-        assert float(total) == pytest.approx(float(build) + float(first), abs=0.016)  # each of the three rounded to 0.01
-    assert "| `five` | 5 | 24 |" in proc.stdout and "| `one` | 1 | 24 |" in proc.stdout
+    assert text.startswith(f"# {title}\n") and "\n- commit: " in text and "\n- date: " in text, text[:2000]
+    return text.split("\n", 1)[1]
 
 
 @pytest.mark.nightly  # a lab script run by hand, so with the nightly tests
@@ -165,7 +63,7 @@ def test_bench_memory_measures_before_and_after_at_one_length(tmp_path):
 
     plot = tmp_path / "memory.png"
     proc = run("bench_memory.py", "--lengths", "16", "--impls", "before", "after", "--plot", plot,
-               "--benchmarks", tmp_path / "B.md", cwd=tmp_path)
+               "--table", tmp_path / "B.md", cwd=tmp_path)
 
     title = "Training memory by sequence length: TTT attention and loss" + (" (CUDA)" if torch.cuda.is_available() else "")
     body = section(tmp_path / "B.md", title)
@@ -188,33 +86,11 @@ def test_bench_memory_measures_before_and_after_at_one_length(tmp_path):
     assert math.isfinite(measured["after"]["loss"]) and measured["after"]["loss"] > 0
 
 
-@pytest.mark.nightly  # a lab script run by hand, so with the nightly tests
-def test_bench_regenerate_runs_every_backend_on_the_demo_target(tmp_path):
-    """hf at batch 1 and 16 in process, and openai against `transformers serve` (which the script starts, offline,
-    on the demo target): one row from each of two demo data files, 4 new tokens, greedy."""
-    data = [REPO / "configs/demo/data/gsm8k_train.jsonl", REPO / "configs/demo/data/gpteacher_codegen.json"]
-    proc = run("bench_regenerate.py", "--target", DEMO_TARGET, "--data", *data, "--rows-per-file", "1",
-               "--max-new-tokens", "4", "--temperature", "0", "--concurrency", "2", "--benchmarks", tmp_path / "B.md",
-               cwd=tmp_path)
-
-    text = (tmp_path / "B.md").read_text()
-    assert "## Regenerating data: backend throughput" in text
-    assert "2 conversations (the first 1 of each of 2 files), T = 0.0, max 4 new tokens" in text
-    header = "| backend | rows | generated tokens | seconds | rows/s | tokens/s | vs hf batch 1 |"
-    rows = {r[0]: r for r in table_rows(text, header)}
-    assert list(rows) == ["hf, batch 1", "hf, batch 16", "openai, `transformers serve`, 2 in flight"]
-    for _, n, tokens, seconds, rows_s, tokens_s, ratio in rows.values():
-        assert int(n) == 2 and 2 <= int(tokens) <= 2 * 4
-        assert float(seconds) >= 0 and float(rows_s) > 0 and float(tokens_s) > 0 and float(ratio.rstrip("x")) > 0
-    assert rows["hf, batch 1"][6] == "1.00x"
-    assert len({r[2] for r in rows.values()}) == 1  # greedy: every backend generates the same replies
-    assert header in proc.stdout
-
-
 @pytest.mark.slow  # 49 s here: with CI's slow tests, out of the default suite's ten minutes
 def test_compare_methods_tabulates_two_benchmark_runs(tmp_path):
     """Two tiny scripts/benchmark.py runs on the demo target (n-gram with a datastore, chain of 2; the demo draft model, chain of 3,
-    its two questions decoded as one batch by its batch drafter), then one table of both."""
+    its two questions decoded as one batch by its batch drafter), then one table of both, each run's shape and mode as
+    it named them."""
     runs = []
     store = f"{REPO / 'configs/demo/data/gsm8k_train.jsonl'}[0:50]"  # n-gram lookup with a datastore of replies
     for k, batch, method in ((2, 1, ["ngram", "--ngram-store", store]),
@@ -228,7 +104,7 @@ def test_compare_methods_tabulates_two_benchmark_runs(tmp_path):
         assert bench.returncode == 0, bench.stderr[-3000:]
         runs.append(out)
 
-    proc = run("compare_methods.py", *runs, "--benchmarks", tmp_path / "B.md", "--title", "Tiny comparison",
+    proc = run("compare_methods.py", *runs, "--table", tmp_path / "B.md", "--title", "Tiny comparison",
                "--note", "A note under the table.", cwd=tmp_path)
 
     body = section(tmp_path / "B.md", "Tiny comparison")
@@ -239,7 +115,8 @@ def test_compare_methods_tabulates_two_benchmark_runs(tmp_path):
               "predicted speed-up | measured / predicted |")
     rows = table_rows(body, header)
     assert [r[:5] for r in rows] == [["ngram", f"store: `{store}`", "chain k=2", "greedy", "1"],
-                                     ["draft-model", f"`{REPO / 'configs/demo/draft-model'}`", "chain k=3", "greedy", "2"]]
+                                     ["draft-model", f"`{REPO / 'configs/demo/draft-model'}`", "chain k=3", "greedy, batch 2",
+                                      "2"]]
     for row, k, out in zip(rows, (2, 3), runs):
         overall = json.loads((out / "results.json").read_text())["results"]["overall"]
         assert overall["generated_tokens"] == 4 * 8  # two questions of two turns, 8 tokens each, batched or not
@@ -261,11 +138,11 @@ def test_compare_methods_tabulates_two_benchmark_runs(tmp_path):
     for out, name in zip(runs, ("NVIDIA H200, torch 2.11.0+cu130", "NVIDIA H100, torch 2.11.0+cu130")):
         report = json.loads((out / "results.json").read_text())
         (out / "results.json").write_text(json.dumps({**report, "machine": name}))
-    mixed = run("compare_methods.py", *runs, "--benchmarks", tmp_path / "C.md", cwd=tmp_path, check=False)
+    mixed = run("compare_methods.py", *runs, "--table", tmp_path / "C.md", cwd=tmp_path, check=False)
     assert mixed.returncode != 0 and "different machines" in mixed.stderr and not (tmp_path / "C.md").exists()
     report = json.loads((runs[1] / "results.json").read_text())
     (runs[1] / "results.json").write_text(json.dumps({**report, "machine": "NVIDIA H200, torch 2.11.0+cu130"}))
-    run("compare_methods.py", *runs, "--benchmarks", tmp_path / "C.md", "--title", "On the GPU", cwd=tmp_path)
+    run("compare_methods.py", *runs, "--table", tmp_path / "C.md", "--title", "On the GPU", cwd=tmp_path)
     assert "- machine: NVIDIA H200, torch 2.11.0+cu130\n" in section(tmp_path / "C.md", "On the GPU")
 
 
@@ -289,67 +166,22 @@ def test_a_hybrid_run_names_its_head_store_and_share_of_ngram_rounds(tmp_path):
     assert rounds["ngram"] > 0 and rounds["model"] > 0  # both drafted on the demo's questions
     assert sum(rounds.values()) >= report["results"]["overall"]["generated_tokens"] / 4  # at most 3 drafts + 1 a round
     share = round(100 * rounds["ngram"] / sum(rounds.values()))
-    run("compare_methods.py", out, "--benchmarks", tmp_path / "B.md", "--title", "Hybrid", cwd=tmp_path)
+    run("compare_methods.py", out, "--table", tmp_path / "B.md", "--title", "Hybrid", cwd=tmp_path)
     header = ("| method | draft | shape | mode | batch | tau | acceptance by position | spec tok/s | plain tok/s | "
               "speed-up | round ms: draft / update / verify / other | prompt ms per turn: speculative / plain | "
               "predicted speed-up | measured / predicted |")
     (row,) = table_rows(section(tmp_path / "B.md", "Hybrid"), header)
     assert row[:4] == ["eagle3", f"`{REPO / 'configs/demo/eagle3-head'}` + store: `{store}`",
-                       "dynamic tree (depth 3, top-2, 4 tokens)",
-                       f"greedy, the store learning each reply, n-gram lookup first from 0.5 expected ({share}% of rounds)"]
-    for bad in (["--method", "ngram", "--hybrid-ngram", "1"], ["--method", "eagle3", "--draft", "x", "--hybrid-ngram", "-1"]):
+                       "dynamic tree depth 3 top-k 2 4 tokens", report["mode"]]
+    assert re.fullmatch(r"greedy, the store learning each reply \(\d+ tokens learned\), n-gram lookup first from 0.5 "
+                        rf"expected \({share}% of rounds\)", row[3]), row[3]
+    for bad, said in ((["--method", "ngram", "--hybrid-ngram", "1"], "n-gram lookup cannot take the rounds of --method ngram"),
+                      (["--method", "eagle3", "--draft", "x", "--hybrid-ngram", "-1"],
+                       "--hybrid-ngram SCORE (>= 0) puts n-gram lookup in front of")):
         refused = subprocess.run([sys.executable, str(REPO / "scripts" / "benchmark.py"), "--target", str(DEMO_TARGET),
                                   *bad, "--questions", "q.jsonl", "--out", str(tmp_path / "no")], cwd=tmp_path, env=OFFLINE,
                                  capture_output=True, text=True, timeout=600)
-        assert refused.returncode == 2 and "--hybrid-ngram SCORE (>= 0) puts n-gram lookup in front of" in refused.stderr
-
-
-def test_ngram_policy_replay_gives_the_tau_decoding_gives_and_the_script_runs(tmp_path):
-    """benchmarks/ngram_policies.py: replaying headstart's n-gram rule over the greedy output gives exactly the tau
-    (and rounds) of decoding with that drafter; the oracle accepts as much with no more drafted tokens; the
-    match-length rule drafts at most n tokens after an n-token match; the script runs on the demo target and writes
-    its table."""
-    import torch
-    from tiny_models import tiny_causal_lm
-
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    from ngram_policies import headstart_rule, match_length_rule, replay
-
-    from headstart.decode.generate import plain_generate, speculative_generate
-    from headstart.decode.ngram import NgramDrafter
-    from headstart.decode.target_runner import TargetRunner
-    from headstart.models.target import Target
-
-    runner = TargetRunner(Target(tiny_causal_lm("llama", num_hidden_layers=8)), max_len=200)
-    phrase = torch.randint(3, 128, (9,), generator=torch.Generator().manual_seed(3))
-    prompt = torch.cat([phrase, phrase, phrase[:4]]).unsqueeze(0)
-    out = plain_generate(runner, prompt, 60, set()).tokens
-    cost = [1.0 + n for n in range(13)]
-    for max_ngram, k in ((3, 4), (8, 8)):
-        decoded = speculative_generate(runner, NgramDrafter(max_ngram), prompt, 60, set(), k=k)
-        assert decoded.tokens == out
-        replayed = replay([(prompt[0].tolist(), out)], headstart_rule(max_ngram), k, cost, max_new_tokens=60)
-        assert replayed["tau"] == pytest.approx(decoded.tau) and decoded.tau > 1.2
-        # the last rounds' drafts cut to the budget left, as the decoder cuts them
-        assert replayed["drafted"] == pytest.approx(sum(decoded.proposed) / len(decoded.proposed))
-        oracle = replay([(prompt[0].tolist(), out)], headstart_rule(max_ngram), k, cost, oracle=True, max_new_tokens=60)
-        assert oracle["tau"] == replayed["tau"] and oracle["drafted"] < replayed["drafted"]
-    ctx = [0, 6, 7, 8, 9, 1, 2, 7, 8, 3, 4, 5, 6, 7, 8]  # longest earlier match: [6, 7, 8]; [7, 8] also at 7
-    assert match_length_rule(4)(ctx, 8) == [9, 1, 2] and headstart_rule(4)(ctx, 8) == [9, 1, 2, 7, 8, 3, 4, 5]
-    assert match_length_rule(4)([1, 2, 3, 9, 4, 3], 8) == [9]  # a 1-token match: one token
-
-    questions = tmp_path / "q.jsonl"
-    questions.write_text(json.dumps({"question_id": 1, "category": "writing", "turns": ["Say hi.", "Again."]}) + "\n")
-    bench = tmp_path / "BENCHMARKS.md"
-    run("ngram_policies.py", "--target", DEMO_TARGET, "--questions", questions, "--max-new-tokens", 24, "--out", bench,
-        cwd=tmp_path)
-    rows = table_rows(section(bench, "n-gram draft lengths: rules replayed on the target's greedy outputs"),
-                      "| rule | k | tau | drafted per round | modelled tokens/s | vs transformers' k=4 |")
-    assert len(rows) == 15 and rows[0][:2] == ["transformers' prompt lookup", "4"] and rows[0][-1] == "1.000x"
-    assert [r[0] for r in rows[::3]] == ["transformers' prompt lookup", "headstart, n-grams up to 3, draft k",
-                                         "headstart, n-grams up to 8, draft k", "headstart, n-grams up to 8, draft min(k, n)",
-                                         "oracle length of headstart's n-grams up to 8"]
-    assert all(float(r[2]) >= 1.0 and float(r[4]) > 0 for r in rows)
+        assert refused.returncode == 2 and said in refused.stderr
 
 
 def test_tree_shapes_replays_every_shape_that_fits_and_ranks_them(tmp_path):
@@ -375,7 +207,7 @@ def test_tree_shapes_replays_every_shape_that_fits_and_ranks_them(tmp_path):
     run("tree_shapes.py", "--target", DEMO_TARGET, "--method", "eagle3", "--draft", REPO / "configs/demo/eagle3-head",
         "--questions", questions, "--max-new-tokens", 32, "--chains", "2,4", "--depths", "2,3", "--topks", "2,3",
         "--totals", "4,8,20", "--repeats", 1, "--show", 3, "--ngram-trees", "--ngram-store", store, "--out", out,
-        "--hybrid-scores", "0,100", "--benchmarks", bench, cwd=tmp_path)
+        "--hybrid-scores", "0,100", "--table", bench, cwd=tmp_path)
     rows = json.loads(out.read_text())["rows"]
     for method in ("eagle3", "ngram", "ngram+store", "hybrid >= 0", "hybrid >= 100"):
         trees = sorted((r["tree"]["depth"], r["tree"]["topk"], r["tree"]["total_tokens"]) for r in rows
@@ -449,7 +281,7 @@ def test_versus_decodes_a_second_method_in_the_same_run_and_compare_methods_pair
     assert second["args"]["method"] == "hf-prompt-lookup" and second["args"]["num_speculative_tokens"] == 3
     assert second["args"]["max_new_tokens"] == 16 and second["args"]["limit"] == 2  # the first's settings
     assert report["paired"]["turns"] == 4 and second["results"]["overall"]["generated_tokens"] == 4 * 16
-    run("compare_methods.py", out, out / "versus", "--benchmarks", tmp_path / "B.md", "--title", "Pair", cwd=tmp_path)
+    run("compare_methods.py", out, out / "versus", "--table", tmp_path / "B.md", "--title", "Pair", cwd=tmp_path)
     text = section(tmp_path / "B.md", "Pair")
     header = ("| method | draft | shape | mode | batch | tau | acceptance by position | spec tok/s | plain tok/s | "
               "speed-up | round ms: draft / update / verify / other | prompt ms per turn: speculative / plain | "
@@ -467,13 +299,16 @@ def test_versus_decodes_a_second_method_in_the_same_run_and_compare_methods_pair
 
 @pytest.mark.slow  # 37 s here: with CI's slow tests, out of the default suite's ten minutes
 def test_the_models_own_tree_behind_ngram_lookup_is_named_and_refused_where_it_cannot_be(tmp_path):
-    """--hybrid-model-tree: compare_methods names the model's tree in the mode column; the flag is refused without
-    --hybrid-ngram and --tree, or with more tokens than the verify block holds (before the target loads)."""
-    from headstart.benchmarks.compare_methods import mode
+    """--hybrid-model-tree: the run's mode (results.json, compare_methods' mode column) names the model's tree; the flag
+    is refused without --hybrid-ngram and --tree, or with more tokens than the verify block holds (before the target
+    loads)."""
+    from headstart.decode.report import run_mode
+    from headstart.scripts.benchmark import build_parser
 
-    args = {"hybrid_ngram": 1.25, "hybrid_model_tree": [3, 4, 8], "dtype": "bfloat16"}
-    assert mode(args, {"hybrid_rounds": {"ngram": 3, "model": 1}}) == (
-        "greedy, bfloat16, n-gram lookup first from 1.25 expected (75% of rounds), the model's trees depth 3 top-4 8 tokens")
+    args = build_parser().parse_args(["--target", "t", "--questions", "q", "--out", "o", "--method", "eagle3",
+                                      "--hybrid-ngram", "1.25", "--hybrid-model-tree", "3", "4", "8"])
+    assert run_mode(args, "bfloat16", "float32", hybrid_rounds={"ngram": 3, "model": 1}) == (
+        "greedy, n-gram lookup first from 1.25 expected (75% of rounds), the model's trees depth 3 top-4 8 tokens, bfloat16")
     base = [sys.executable, str(REPO / "scripts" / "benchmark.py"), "--target", str(DEMO_TARGET), "--questions", "q.jsonl",
             "--out", str(tmp_path / "no"), "--method", "eagle3", "--draft", "x"]
     for bad in (["--hybrid-model-tree", "3", "4", "8", "--tree"],
@@ -502,3 +337,67 @@ def test_versus_revision_pairs_a_heads_drafter_with_the_same_heads_at_a_git_revi
     assert report["results"]["overall"]["tau"] == second["results"]["overall"]["tau"] > 1.0
     refused = run("versus_revision.py", "--rev", "0000000", "--", *common, "--out", tmp_path / "x", cwd=tmp_path, check=False)
     assert refused.returncode != 0 and "git show 0000000:heads/eagle3/drafter.py failed" in refused.stderr
+
+
+def test_suites_list_their_steps_pick_the_named_ones_and_keep_a_dirty_checkout_out_of_the_results(tmp_path, monkeypatch,
+                                                                                                    capsys):
+    """benchmarks/run.py: every suite lists its steps; --only's shell patterns pick steps (the optional ones only when
+    named, an unknown pattern refused); a suite that writes into benchmarks/results/ refuses a dirty checkout before
+    its first step, and a result file written there from one is refused too (elsewhere, or with --allow-dirty, it is
+    marked)."""
+    from headstart.benchmarks import record, run as suites
+
+    monkeypatch.chdir(tmp_path)  # run.main moves to the repository: put the test's directory back afterwards
+    assert suites.main(["--list"]) == 0
+    for name in suites.SUITES:
+        assert suites.main([name, "--list"]) == 0
+    listed = capsys.readouterr().out
+    assert "- collect: (its command is built when it starts" in listed and "[timed]" in listed
+    steps = suites.SUITES["smollm2-gpu"].steps(suites.Settings(Path("runs/x"), dict(suites.SUITES["smollm2-gpu"].settings)))
+    default = [s.name for s in suites.chosen(steps, [])]
+    assert default[0] == "import" and "shapes" not in default and not any(n.startswith("batch-") for n in default)
+    assert [s.name for s in suites.chosen(steps, ["shapes", "bench-eagle3-k?"])] == [
+        "bench-eagle3-k3", "bench-eagle3-k4", "bench-eagle3-k5", "shapes"]
+    with pytest.raises(SystemExit, match="--only nope: no step"):
+        suites.chosen(steps, ["nope"])
+    with pytest.raises(SystemExit):
+        suites.main(["heads-demo", "--set", "colour=red"])
+    assert "--set colour=red: heads-demo's settings are none" in capsys.readouterr().err
+
+    monkeypatch.setattr(suites, "commit", lambda: "0123456789ab-dirty")
+    with pytest.raises(SystemExit, match="uncommitted changes"):
+        suites.main(["hydra-demo", "--only", "collect"])
+    made = {"command": "x", "commit": "0123456789ab-dirty", "machine": "CPU", "date": "2026-12-01T00:00:00+00:00"}
+    monkeypatch.setattr(record, "provenance", lambda: made)
+    with pytest.raises(SystemExit, match="uncommitted changes"):
+        record.write_result(record.RESULTS / "never_written.json", {"title": "t"})
+    assert not (record.RESULTS / "never_written.json").exists()
+    written = record.write_result(tmp_path / "r.json", {"title": "t"})
+    assert written["dirty"] is True and json.loads((tmp_path / "r.json").read_text())["commit"] == made["commit"]
+    record.write_table(tmp_path / "t.md", "A table", "| a |\n|---|\n| 1 |")
+    assert "- commit: 0123456789ab-dirty -- UNCOMMITTED CHANGES" in (tmp_path / "t.md").read_text()
+
+
+@pytest.mark.slow  # two tiny decodes on the demo target, ~30 s
+def test_the_batch_suite_decodes_at_each_batch_size_and_tables_the_runs(tmp_path):
+    """``python benchmarks/run.py batch`` with its settings cut down: n-gram lookup at batch 1 and 2 on two questions,
+    each step's log and run directory, then compare_methods' table of both; --deadline 0 skips every step."""
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("".join(json.dumps({"question_id": i, "category": c, "turns": [t]}) + "\n"
+                                 for i, (c, t) in enumerate((("math", "What is 2+3?"), ("chat", "Say hello.")))))
+    out = tmp_path / "batch"
+    settings = ["--set", "methods=ngram", "--set", "batches=1 2", "--set", f"questions={questions}", "--set",
+                "max_new_tokens=4"]
+    proc = run("run.py", "batch", "--out", out, *settings, cwd=tmp_path)
+    assert "done: 0 failed" in proc.stdout and (out / "ngram-b1.log").is_file()
+    for b in (1, 2):
+        report = json.loads((out / f"ngram-b{b}" / "results.json").read_text())
+        assert report["args"]["batch_size"] == b and report["mismatches"] == []
+        assert report["command"].startswith("headstart bench --target configs/demo/target")
+    rows = table_rows(section(out / "table.md", "Decoding by batch size"),
+                      "| method | draft | shape | mode | batch | tau | acceptance by position | spec tok/s | plain tok/s | "
+                      "speed-up | round ms: draft / update / verify / other | prompt ms per turn: speculative / plain | "
+                      "predicted speed-up | measured / predicted |")
+    assert [r[4] for r in rows] == ["1", "2"]
+    skipped = run("run.py", "batch", "--out", tmp_path / "none", *settings, "--deadline", "0", cwd=tmp_path)
+    assert "skipped, past --deadline" in skipped.stdout and not (tmp_path / "none" / "ngram-b1").exists()

