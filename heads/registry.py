@@ -29,8 +29,7 @@ from headstart.models.provenance import check_record, check_target
 
 
 HEADS: dict[str, HeadSpec] = {"eagle3": EAGLE3, "medusa": MEDUSA, "mtp": MTP, "peagle": PEAGLE, "dflash": DFLASH,
-                             "hydra": HYDRA, "draft_model": DRAFT_MODEL,
-                             "early-exit": EARLY_EXIT}
+                             "hydra": HYDRA, "draft_model": DRAFT_MODEL, "early-exit": EARLY_EXIT}
 """The head catalog: one line a head; each head's spec is in its folder (heads/<name>/spec.py)."""
 
 DEFAULT_HEAD = "eagle3"
