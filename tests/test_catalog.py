@@ -356,20 +356,27 @@ def test_every_head_decodes_greedy_exact_in_every_shape_it_declares(name, target
         assert [o.tokens for o in outs] == [o.tokens for o in plain], name
 
 
-@pytest.mark.nightly  # 2,500 sampled requests a head
-@pytest.mark.parametrize("name", sorted(n for n, spec in HEADS.items() if spec.capabilities.sampled))
-def test_sampled_chains_keep_the_target_distribution(name, world):
-    """Lossless sampling, by the shipped chi-square test (tests/test_sampling_loop.py): a random head of every entry
-    that draws its drafts from q, verified by rejection sampling, emits the target's own joint distribution."""
-    model, runner, _ = world
+SHAPES = {None: None, "dynamic": DynamicTree(depth=3, topk=3, total_tokens=8),
+          "static": StaticTree(((0,), (1,), (0, 0), (1, 0), (0, 0, 0)))}
+"""A chain, and each tree kind a drafter can declare."""
+
+
+@pytest.mark.nightly  # 2,500 sampled requests a head and shape
+@pytest.mark.parametrize(("name", "shape"), [(n, kind) for n in sorted(HEADS) for kind in (None, *HEADS[n].capabilities.trees)])
+def test_sampling_keeps_the_target_distribution_in_every_declared_shape(name, shape, world):
+    """Lossless sampling, by the shipped chi-square test (tests/test_sampling_loop.py): a random head of every entry,
+    verified by rejection sampling in a chain and in every tree kind it declares, emits the target's own joint
+    distribution (its drafts drawn from q where it declares sampled drafts, one-hot q otherwise)."""
+    model, shared, _ = world
     spec = HEADS[name]
+    runner = TargetRunner(shared.target, max_len=32, with_aux=spec.capabilities.reads_aux)
     # The 8-token target of the test: a draft vocab no larger than its vocab.
     options = spec.options(**{k: min(v, V) if k == "draft_vocab_size" else v for k, v in spec.tiny.items()})
     torch.manual_seed(3)
     head = build_head(DraftConfig(head=name, options=options), runner.target, torch.ones(V))
     perturb(head, 0.3)
-    stat, critical = chi2_vs(sample_pairs(runner, lambda: drafter_for(head.eval(), 32), 2500, seed=0),
-                             exact_joint(model))
+    pairs = sample_pairs(runner, lambda: drafter_for(head.eval(), 32), 2500, seed=0, tree=SHAPES[shape])
+    stat, critical = chi2_vs(pairs, exact_joint(model))
     assert stat < critical
 
 
