@@ -18,6 +18,7 @@ from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import DynamicTree, StaticTree
 from headstart.models.draft_vocab import build_draft_vocab
 from headstart.heads.eagle3.module import Eagle3Config, Eagle3Draft
+from headstart.heads.medusa.module import MedusaConfig, MedusaHeads
 from headstart.models.target import Target
 
 V = 8
@@ -76,6 +77,17 @@ def sample_pairs(runner, make_drafter, n: int, seed: int, tree=None) -> list[tup
         out = speculative_generate(runner, make_drafter(), PROMPT, 4, set(), k=3, sampling=SAMPLING, generator=g, tree=tree)
         pairs.append((out.tokens[1], out.tokens[2]))
     return pairs
+
+
+def medusa_heads(model) -> MedusaHeads:
+    """Random Medusa heads over the small vocab (tests/test_batch_generate.py and test_compiled_decode.py use them)."""
+    heads = MedusaHeads(MedusaConfig.from_target(model.config, 3))
+    heads.load_target_lm_head(model.lm_head.weight)
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for block in heads.blocks:
+            block.layers[0].weight.normal_(0, 0.3)
+    return heads
 
 
 @pytest.mark.nightly  # every head of the catalog: tests/test_catalog.py; here the drafters that are not heads
