@@ -153,8 +153,8 @@ def test_export_round_trips_offline_and_online(target, target_dir, tmp_path):
 
 
 def test_trains_through_the_shared_trainer(tmp_path):
-    overrides = make_setup(tmp_path, head="early-exit") + [f"--target.aux_layer_ids=[{E}]", "--train.max_steps=8",
-                                                           "--train.lr=1e-2"]
+    overrides = make_setup(tmp_path, head="early-exit") + [f"--target.aux_layer_ids=[{E}]", f"--draft.exit_layer={E}",
+                                                           "--train.max_steps=8", "--train.lr=1e-2"]
     trainer = build_trainer(load_config(None, overrides))
     final = trainer.train()
     assert {"acc_0", "sim_accept_len"} <= set(final)
