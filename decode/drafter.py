@@ -93,6 +93,14 @@ class Drafter:
     def propose_batch(self, budgets: list[int]) -> list[torch.Tensor]:
         raise NotImplementedError(f"{type(self).__name__} has no batch path of its own")
 
+    def tree_root(self) -> torch.Tensor:
+        """Trees of ranked candidates (decode/tree.py): the root's children logits; a drafter declaring no trees has
+        none (the catalog refuses --tree first)."""
+        raise NotImplementedError(f"{type(self).__name__} drafts chains only: its capabilities declare no trees")
+
+    def tree_expand(self, parents: torch.Tensor, tokens: torch.Tensor, depth: int) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} drafts chains only: its capabilities declare no trees")
+
     def grow_tree(self, spec: DynamicTree, max_depth: int) -> DraftTree:
         """The round's dynamic tree: EAGLE-2's expansion of ranked candidates, at most ``max_depth`` levels deep (the
         length budget), through ``dynamic_tree``'s one graph where the drafter has it. A drafter without logits to rank
