@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from headstart.decode.confidence import confident
-from headstart.decode.drafter import Capabilities, Drafter
+from headstart.decode.chain import ChainDrafter
+from headstart.decode.drafter import Capabilities
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import ExpandedNodes
 from headstart.models.target import Target
@@ -45,7 +45,7 @@ def fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return logits
 
 
-class DraftModelDrafter(Drafter):
+class DraftModelDrafter(ChainDrafter):
     # A batch runs DraftModelBatchDrafter (decode/methods.py), eagerly: its compiled graphs are one sequence's.
     capabilities = Capabilities(trees=("dynamic", "static"), batches=True, sampled=True, compiled=True, confidence=True)
 
@@ -58,8 +58,8 @@ class DraftModelDrafter(Drafter):
         if self.runner.max_len != max_len:
             raise ValueError(f"the draft model's runner holds {self.runner.max_len} positions, not max_len {max_len}")
         self.max_len = self.runner.max_len
-        self.vocab_size = target_vocab_size  # the width of the target's logits (q must match it)
-        self._device = self.runner.device
+        self.target_vocab_size = target_vocab_size  # the width of the target's logits (q must match it)
+        self.device = self.runner.device
         self.last_logits: torch.Tensor | None = None  # [V]: the next token after the committed ones
         self.chain_fed = 0  # drafts of the last chain run through the model, in slots committed.. (0 after a tree)
         self.confidence_threshold = 0.0  # > 0: a chain stops after a draft it is less sure of (decode/confidence.py)
@@ -71,32 +71,29 @@ class DraftModelDrafter(Drafter):
         self.runner.precompile(sizes, masked=sizes if trees else ())
 
     def _logits(self, logits: torch.Tensor) -> torch.Tensor:
-        return fit_vocab(logits[0].float(), self.vocab_size)
+        return fit_vocab(logits[0].float(), self.target_vocab_size)
 
     @torch.no_grad()
     def _advance(self, ids: torch.Tensor) -> None:
         """Run and commit ids [m] after the committed tokens; keep the logits after the last of them."""
-        logits, _ = self.runner.forward(ids.to(self._device).view(1, -1), last_only=True)
+        logits, _ = self.runner.forward(ids.to(self.device).view(1, -1), last_only=True)
         self.runner.commit(ids.numel())
         self.last_logits = self._logits(logits)[-1]
 
     def begin(self, prompt_ids: torch.Tensor, states, next_token: int) -> None:
         self.runner.reset()
         self.chain_fed = 0  # a previous request's last chain: its slots are not this request's (a hybrid's first update)
-        self._advance(torch.cat([prompt_ids[0].to(self._device), torch.tensor([next_token], device=self._device)]))
+        self._advance(torch.cat([prompt_ids[0].to(self.device), torch.tensor([next_token], device=self.device)]))
 
     def update(self, emitted: list[int], states) -> None:
         keep = min(len(emitted) - 1, self.chain_fed)  # accepted drafts whose KV the chain already wrote in place
         self.runner.commit(keep)
         self.chain_fed = 0
-        self._advance(torch.tensor(emitted[keep:], device=self._device))
+        self._advance(torch.tensor(emitted[keep:], device=self.device))
 
     # -- trees (decode/tree.py) ------------------------------------------------------------------
-    def to_target(self, ids: torch.Tensor) -> torch.Tensor:
-        return ids
-
     def tree_root(self) -> torch.Tensor:
-        self._expanded = ExpandedNodes(self._device)
+        self._expanded = ExpandedNodes(self.device)
         self.chain_fed = 0
         return self.last_logits
 
@@ -106,45 +103,24 @@ class DraftModelDrafter(Drafter):
         expanded ancestors and itself; returns their children's logits [m, V]."""
         m, done, committed = tokens.numel(), self._expanded.count, self.runner.length
         new_anc = self._expanded.add(parents)  # [m, done+m]
-        visible = torch.cat([torch.ones(m, committed, dtype=torch.bool, device=self._device), new_anc[:, :done]], dim=1)
+        visible = torch.cat([torch.ones(m, committed, dtype=torch.bool, device=self.device), new_anc[:, :done]], dim=1)
         # the runner places a block's token i at its start + depths[i]: here every node sits at length-1+depth
-        offsets = torch.full((m,), depth - 1 - done, device=self._device)
+        offsets = torch.full((m,), depth - 1 - done, device=self.device)
         logits, _ = self.runner.forward(tokens.view(1, m), tree_mask=new_anc[:, done:], depths=offsets,
                                         start=committed + done, visible=visible)
         return self._logits(logits)
 
-    # -- chains ----------------------------------------------------------------------------------
-    def _chain_step(self, token: torch.Tensor, i: int) -> torch.Tensor:
-        """Chain step i (>= 1): d_i at slot committed + i - 1, after the committed tokens and d_1..d_{i-1} (a plain
-        causal block, which a compiled runner runs as its one-token graph); the logits for d_{i+1} [V]."""
-        logits, _ = self.runner.forward(token.view(1, 1), start=self.runner.length + i - 1)
+    # -- chains (decode/chain.py) ---------------------------------------------------------------------
+    def chain_room(self, k: int) -> int:
+        self.chain_fed = 0
+        return k
+
+    def chain_logits(self, i: int, previous: torch.Tensor | None) -> torch.Tensor:
+        """Draft 0's logits are the commit's; for draft i >= 1, d_i (``previous``) runs at slot committed + i - 1, after
+        the committed tokens and d_1..d_{i-1} (a plain causal block, which a compiled runner runs as its one-token
+        graph). d_1..d_i then sit in slots committed.. in order, which ``update`` keeps where accepted."""
+        if previous is None:
+            return self.last_logits
+        self.chain_fed = i
+        logits, _ = self.runner.forward(previous.view(1, 1), start=self.runner.length + i - 1)
         return self._logits(logits)[-1]
-
-    def _chain(self, k: int, pick) -> torch.Tensor:
-        logits, tokens = self.tree_root(), []
-        for i in range(k):
-            draft, q = pick(logits)  # q: the distribution a sampled draft was drawn from (None: argmax)
-            tokens.append(draft.view(1))
-            if not confident(logits, tokens[-1], self.confidence_threshold, q):
-                break
-            if i + 1 < k:
-                logits = self._chain_step(tokens[-1], i + 1)
-        self.chain_fed = max(0, len(tokens) - 1)  # d_1..d_{k'-1} ran, at slots committed.. in order
-        return torch.cat(tokens) if tokens else torch.empty(0, dtype=torch.long, device=self._device)
-
-    @torch.no_grad()
-    def propose(self, k: int) -> torch.Tensor:
-        return self._chain(k, lambda logits: (logits.argmax(-1), None))
-
-    @torch.no_grad()
-    def propose_sampled(self, k: int, sampling, generator: torch.Generator | None = None):
-        """Drafts sampled from the warped draft distribution, with those distributions q [k, V]."""
-        q_steps: list[torch.Tensor] = []
-
-        def pick(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            q_steps.append(sampling.probs(logits))
-            return torch.multinomial(q_steps[-1], 1, generator=generator), q_steps[-1]
-
-        tokens = self._chain(k, pick)
-        q = torch.stack(q_steps) if q_steps else torch.zeros(0, self.vocab_size, device=self._device)
-        return tokens, q

@@ -58,7 +58,8 @@ class Drafter:
     """A drafter for one sequence (decode/generate.py) -- and, where its capabilities say ``batches`` with a batch path
     of its own, for a batch (decode/batch_generate.py ``BatchDrafter``). Subclasses declare ``capabilities`` and
     implement ``begin``, ``propose`` and ``update``; trees add ``tree_root``/``tree_expand``/``to_target``
-    (decode/tree.py), or a ``grow_tree`` of their own."""
+    (decode/tree.py), or a ``grow_tree`` of their own. A drafter whose drafts come one after another, each read by the
+    next step, gets its chains (greedy, sampled, the confidence stop) from decode/chain.py ``ChainDrafter``."""
 
     capabilities: ClassVar[Capabilities] = Capabilities()
     confidence_threshold: float = 0.0

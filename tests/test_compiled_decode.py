@@ -365,9 +365,9 @@ def test_compiled_drafters_stop_unsure_chains_as_eager(target, backend, monkeypa
     """With a confidence threshold a compiled drafter leaves its one-graph chain for its compiled steps and stops where
     the eager drafter stops: the same proposals round by round and the same output. The rule is made to depend on
     the draft id (a random head's probabilities are all tiny), so both see the same cuts if they draft the same."""
-    from headstart.decode import draft_model
-    from headstart.heads.eagle3 import drafter as eagle3_drafter
-    from headstart.heads.mtp import drafter as mtp_drafter
+    from headstart.decode import chain as draft_model  # every drafter's chain loop, with its rule, is decode/chain.py's
+    from headstart.decode import chain as eagle3_drafter
+    from headstart.decode import chain as mtp_drafter
 
     for module in (eagle3_drafter, mtp_drafter, draft_model):
         monkeypatch.setattr(module, "confident", lambda logits, draft, threshold, probs=None: int(draft.reshape(-1)[0]) % 3 != 0)

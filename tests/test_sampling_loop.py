@@ -179,7 +179,7 @@ def test_draft_model_keeps_the_accepted_drafts_it_already_ran_and_equals_a_full_
     equal those of a drafter that reads the whole sequence afresh, for any number accepted -- also after a chain that
     stopped early at an unsure draft (``confidence_threshold``: fewer drafts ran through the model; here the rule is
     made to stop after draft ``stop``, so every cut position is tested whatever the random model's probabilities)."""
-    from headstart.decode import draft_model
+    from headstart.decode import chain as draft_model  # the chain loop, and the rule it reads, is decode/chain.py's
 
     small = tiny_causal_lm("llama", num_hidden_layers=2, vocab_size=V).eval()
     prompt = torch.randint(0, V, (1, 9))

@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from headstart.decode.batch_generate import padded_rows, shifted_prompts
-from headstart.decode.confidence import confident
-from headstart.decode.drafter import Capabilities, Drafter
+from headstart.decode.chain import ChainDrafter
+from headstart.decode.drafter import Capabilities
 from headstart.decode.kv_cache import static_address
 from headstart.decode.ragged_blocks import RaggedBlocks
 from headstart.decode.static_blocks import ChainGraph, StaticBlocks, TreeGraph, causal_allowed
@@ -32,7 +32,7 @@ from headstart.heads.eagle3.module import Eagle3Draft
 from headstart.models.target import TargetOutput
 
 
-class Eagle3Drafter(Drafter):
+class Eagle3Drafter(ChainDrafter):
     # Trees of its own ranked candidates (and the full-depth one as one compiled graph); its own batch rows.
     capabilities = Capabilities(trees=("dynamic", "static"), batches=True, sampled=True, compiled=True, compiled_batch=True,
                                 confidence=True, reads_aux=True)
@@ -45,8 +45,9 @@ class Eagle3Drafter(Drafter):
         self.compile, self.backend = compile, backend
         self._rows: RaggedBlocks | None = None  # the batch path's ragged cache, built at its first batch
         c = head.config
-        self.max_len = max_len
-        device, dtype = head.fc.weight.device, head.fc.weight.dtype
+        self.max_len, self.target_vocab_size = max_len, c.vocab_size
+        self.device = device = head.fc.weight.device
+        dtype = head.fc.weight.dtype
         self.keys = torch.zeros(1, c.num_attention_heads, max_len, c.head_dim, device=device, dtype=dtype)
         self.values = torch.zeros_like(self.keys)
         self.write_at = torch.zeros((), dtype=torch.long, device=device)  # a compiled step's first slot
@@ -199,48 +200,30 @@ class Eagle3Drafter(Drafter):
         tokens = torch.cat([prompt_ids[:, 1:], torch.tensor([[next_token]], device=prompt_ids.device)], dim=1)
         self._commit(states.aux_hidden_states, tokens)
 
-    def _draft(self, k: int, pick) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Up to k draft steps from the last committed position (fewer where ``confidence_threshold`` stops the chain);
-        ``pick(logits [1, V_d]) -> (draft id [1], the q it was sampled from or None for argmax)``. Returns target ids
-        [k'] and the draft logits of each step."""
-        tokens, step_logits = [], []
-        hidden, logits = self.last_hidden, self.last_logits
-        for i in range(k):
-            if i > 0:
-                # Speculative slots after the committed ones; overwritten by the next commit.
-                hidden = self._step(hidden, tokens[-1].view(1, 1), self.length - 1 + i)
-                logits = self._logits(hidden)[:, -1]
-            step_logits.append(logits)
-            draft, q = pick(logits)
-            tokens.append(self.to_target(draft))
-            if not confident(logits, draft, self.confidence_threshold, q):
-                break
-        if not tokens:
-            return torch.empty(0, dtype=torch.long, device=self.keys.device), []
-        return torch.cat(tokens), step_logits
+    # -- chains (decode/chain.py) ---------------------------------------------------------------------
+    def draft_vocab(self) -> torch.Tensor:
+        return self.head.target_vocab_ids()
+
+    def chain_room(self, k: int) -> int:
+        self._chain_hidden = self.last_hidden  # what step i >= 1 feeds back: the previous step's output
+        return k
+
+    def chain_logits(self, i: int, previous: torch.Tensor | None) -> torch.Tensor:
+        """Step i (TTT step i): the previous output with draft i-1 at rotary position length - 1 + i, in a speculative
+        slot after the committed ones (the next commit overwrites it)."""
+        if previous is None:
+            return self.last_logits[0]
+        self._chain_hidden = self._step(self._chain_hidden, previous.view(1, 1), self.length - 1 + i)
+        return self._logits(self._chain_hidden)[0, -1]
 
     @torch.no_grad()
     def propose(self, k: int) -> torch.Tensor:
+        """The greedy chain as one compiled graph where it fits (no confidence stop: the graph cannot leave early),
+        else step by step."""
         if self._chain is not None and self._chain.fits(self.length, k) and not self.confidence_threshold:
             self.write_at.fill_(self.length - 1)
             return self._chain(self.last_hidden, self.last_logits, k, self.length)
-        return self._draft(k, lambda logits: (logits.argmax(-1), None))[0]
-
-    @torch.no_grad()
-    def propose_sampled(self, k: int, sampling, generator: torch.Generator | None = None):
-        """Drafts sampled from the warped draft distribution; returns (tokens [k], q [k, V]) with
-        q over the target vocab (zero outside the draft vocab)."""
-        q_steps: list[torch.Tensor] = []
-
-        def pick(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            q_steps.append(sampling.probs(logits))  # [1, V_d]
-            return torch.multinomial(q_steps[-1], 1, generator=generator).view(1), q_steps[-1]
-
-        tokens, _ = self._draft(k, pick)
-        q = torch.zeros(len(q_steps), self.head.config.vocab_size, device=self.keys.device)
-        if q_steps:
-            q[:, self.head.target_vocab_ids()] = torch.cat(q_steps)
-        return tokens, q
+        return super().propose(k)
 
     def update(self, emitted: list[int], states: TargetOutput) -> None:
         self._commit(states.aux_hidden_states, torch.tensor([emitted], device=self.keys.device))

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import torch
 
-from headstart.decode.confidence import confident_prefix
-from headstart.decode.drafter import Capabilities, Drafter
+from headstart.decode.chain import ChainDrafter
+from headstart.decode.drafter import Capabilities
 from headstart.heads.early_exit.module import EarlyExitAdapter
 from headstart.models.target import TargetOutput
 
 
-class EarlyExitDrafter(Drafter):
+class EarlyExitDrafter(ChainDrafter):
     # Chains on the target's own runner and cache (no trees, no batch, nothing compiled), verified by itself; it
     # runs the target's first layers, so the runner builds no aux states.
     capabilities = Capabilities(sampled=True, confidence=True, self_verify=True)
@@ -29,6 +29,7 @@ class EarlyExitDrafter(Drafter):
         """``max_len``, ``compile``: the contract's; the drafts run on the target's runner (``attach``), eagerly."""
         self.head = head.eval()
         self.exit_layer = head.config.exit_layer
+        self.target_vocab_size = head.config.vocab_size
         self.runner = None
         self.bonus = 0
         self.confidence_threshold = 0.0
@@ -54,43 +55,20 @@ class EarlyExitDrafter(Drafter):
     def update(self, emitted: list[int], states: TargetOutput) -> None:
         self.bonus = int(emitted[-1])
 
-    @torch.no_grad()
-    def _chain(self, k: int, pick) -> tuple[torch.Tensor, torch.Tensor]:
-        """Up to k drafts, each run through layers 0..E-1 after the ones before: (ids [k'], logits [k', V])."""
-        device = self.runner.device
-        start = self.runner.length
-        k = min(k, self.runner.max_len - start - 1)  # verification writes the bonus token and k drafts
-        token = torch.tensor([[self.bonus]], device=device)
-        drafts, logits = [], []
-        self._entered, self._start = [], start
-        for i in range(max(k, 0)):
-            hidden = self.runner.forward_layers(token, self.exit_layer, start + i)
-            self._entered.append(hidden[0])
-            row = self.head.draft_logits(hidden[0, -1]).float()
-            d = pick(row)
-            drafts.append(d)
-            logits.append(row)
-            token = d.view(1, 1)
-        if not drafts:
-            return torch.zeros(0, dtype=torch.long, device=device), torch.zeros(0, self.head.config.vocab_size, device=device)
-        return torch.stack(drafts), torch.stack(logits)
+    # -- chains (decode/chain.py): draft i runs draft i-1 (the bonus token first) through layers 0..E-1 -----------
+    @property
+    def device(self) -> torch.device:
+        return self.runner.device
 
-    def propose(self, k: int) -> torch.Tensor:
-        drafts, logits = self._chain(k, lambda row: row.argmax())
-        return drafts[: confident_prefix(logits, drafts, self.confidence_threshold)]
+    def chain_room(self, k: int) -> int:
+        self._entered, self._start = [], self.runner.length
+        return max(min(k, self.runner.max_len - self._start - 1), 0)  # verification writes the bonus token and k drafts
 
-    def propose_sampled(self, k: int, sampling, generator: torch.Generator | None = None):
-        """Each draft drawn from the warped draft distribution given the draws before it: (tokens [k'], q [k', V])."""
-        qs = []
-
-        def draw(row: torch.Tensor) -> torch.Tensor:
-            q = sampling.probs(row.unsqueeze(0))[0]
-            qs.append(q)
-            return torch.multinomial(q, 1, generator=generator).view(())
-
-        drafts, _ = self._chain(k, draw)
-        q = torch.stack(qs) if qs else torch.zeros(0, self.head.config.vocab_size, device=self.runner.device)
-        return drafts, q
+    def chain_logits(self, i: int, previous: torch.Tensor | None) -> torch.Tensor:
+        token = torch.tensor([[self.bonus]], device=self.device) if previous is None else previous.view(1, 1)
+        hidden = self.runner.forward_layers(token, self.exit_layer, self._start + i)
+        self._entered.append(hidden[0])
+        return self.head.draft_logits(hidden[0, -1]).float()
 
     @torch.no_grad()
     def verify(self, block: torch.Tensor) -> tuple[torch.Tensor, TargetOutput]:

@@ -13,13 +13,13 @@ from __future__ import annotations
 import torch
 
 from headstart.decode.batch_generate import RowByRow
-from headstart.decode.confidence import confident_prefix
+from headstart.decode.chain import ChainDrafter
 from headstart.decode.drafter import Capabilities
 from headstart.heads.hydra.module import HydraHeads
 from headstart.models.target import TargetOutput
 
 
-class HydraDrafter(RowByRow):
+class HydraDrafter(RowByRow, ChainDrafter):
     # Trees of its ranked candidates; a batch row by row; nothing compiled (its heads run eagerly).
     capabilities = Capabilities(trees=("dynamic", "static"), batches=True, sampled=True, confidence=True)
 
@@ -28,6 +28,7 @@ class HydraDrafter(RowByRow):
         self.heads = heads.eval()
         self.num_heads = heads.config.num_heads
         self.token_map = heads.token_map  # [V'] target ids of a truncated vocab, or None
+        self.device, self.target_vocab_size = heads.embed_tokens.weight.device, heads.config.vocab_size
         self.hidden: torch.Tensor | None = None  # [H] the target's state that produced the bonus token
         self.bonus = 0
         self.confidence_threshold = 0.0
@@ -47,53 +48,22 @@ class HydraDrafter(RowByRow):
     def to_target(self, ids: torch.Tensor) -> torch.Tensor:
         return ids if self.token_map is None else self.token_map[ids]
 
+    def draft_vocab(self) -> torch.Tensor | None:
+        return self.token_map
+
     def _logits(self, s: int, tokens: torch.Tensor) -> torch.Tensor:
         """Head s over m paths of target ids [m, s + 1] -> [m, V'] float32."""
         hidden = self.hidden.to(self.heads.embed_tokens.weight.dtype).expand(tokens.shape[0], -1)
         return self.heads.logits_of(s, hidden, tokens).float()
 
-    @torch.no_grad()
-    def _chain(self, k: int, pick) -> tuple[torch.Tensor, torch.Tensor]:
-        """Up to k drafts, head by head, each fed the ones before: (draft-vocab ids [k'], logits [k', V'])."""
-        path = torch.tensor([[self.bonus]], device=self.hidden.device)
-        drafts, logits = [], []
-        for s in range(min(k, self.num_heads)):
-            row = self._logits(s, path)[0]
-            d = pick(row)
-            drafts.append(d)
-            logits.append(row)
-            path = torch.cat([path, self.to_target(d).view(1, 1)], dim=1)
-        if not drafts:
-            empty = torch.zeros(0, dtype=torch.long, device=self.hidden.device)
-            return empty, torch.zeros(0, self.heads.config.draft_vocab_size, device=self.hidden.device)
-        return torch.stack(drafts), torch.stack(logits)
+    # -- chains (decode/chain.py): head s reads the bonus token and the s drafts before it ----------------
+    def chain_room(self, k: int) -> int:
+        return min(k, self.num_heads)
 
-    def propose(self, k: int) -> torch.Tensor:
-        drafts, logits = self._chain(k, lambda row: row.argmax())
-        return self.to_target(drafts[: confident_prefix(logits, drafts, self.confidence_threshold)])
-
-    def full_vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        """[m, V'] -> [m, V]: a truncated vocab's logits in the target's (-inf elsewhere)."""
-        if self.token_map is None:
-            return logits
-        full = logits.new_full((logits.shape[0], self.heads.config.vocab_size), float("-inf"))
-        full[:, self.token_map] = logits
-        return full
-
-    @torch.no_grad()
-    def propose_sampled(self, k: int, sampling, generator: torch.Generator | None = None):
-        """Each draft drawn from its head's warped distribution given the draws before it: (tokens [k'], q [k', V])."""
-        qs = []
-
-        def draw(row: torch.Tensor) -> torch.Tensor:
-            q = sampling.probs(self.full_vocab(row.unsqueeze(0)))[0]
-            qs.append(q)
-            token = torch.multinomial(q, 1, generator=generator).view(())
-            return token if self.token_map is None else torch.searchsorted(self.token_map, token)
-
-        drafts, _ = self._chain(k, draw)
-        q = torch.stack(qs) if qs else torch.zeros(0, self.heads.config.vocab_size, device=self.hidden.device)
-        return self.to_target(drafts), q
+    def chain_logits(self, i: int, previous: torch.Tensor | None) -> torch.Tensor:
+        token = torch.tensor([[self.bonus]], device=self.hidden.device) if previous is None else previous.view(1, 1)
+        self._path = token if previous is None else torch.cat([self._path, token], dim=1)
+        return self._logits(i, self._path)[0]
 
     # -- trees (decode/tree.py) ----------------------------------------------------------------------
     def tree_root(self) -> torch.Tensor:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from headstart.decode.batch_generate import padded_rows, shifted_prompts
-from headstart.decode.confidence import confident
+from headstart.decode.chain import ChainDrafter
 from headstart.decode.drafter import Capabilities, Drafter
 from headstart.decode.kv_cache import PositionalKVCache, StaticKVCache, static_address
 from headstart.decode.ragged_blocks import RaggedBlocks
@@ -28,7 +28,7 @@ from headstart.heads.mtp.module import MTPHead
 from headstart.models.target import TargetOutput, additive_mask
 
 
-class MTPDrafter(Drafter):
+class MTPDrafter(ChainDrafter):
     # Greedy drafts only (q one-hot); reads the final hidden state, no aux states.
     capabilities = Capabilities(trees=("dynamic", "static"), batches=True, compiled=True, compiled_batch=True, confidence=True)
 
@@ -36,7 +36,7 @@ class MTPDrafter(Drafter):
         """``compile``: the layer's step through ``torch.compile`` over a static cache (decode/static_blocks.py),
         CUDA graphs on a GPU; reuse one drafter for every prompt (``begin`` starts afresh), so it compiles once."""
         self.head = head.eval()
-        self.max_len = max_len
+        self.max_len, self.target_vocab_size = max_len, head.config.vocab_size
         self.device = head.eh_proj.weight.device
         self.compile, self.backend = compile, backend
         self._rows: RaggedBlocks | None = None  # the batch path's ragged cache, built at its first batch
@@ -160,28 +160,33 @@ class MTPDrafter(Drafter):
     def update(self, emitted: list[int], states: TargetOutput) -> None:
         self._commit(states.last_hidden_state, torch.tensor([emitted], device=self.device))
 
+    # -- chains (decode/chain.py) ---------------------------------------------------------------------
+    # Greedy drafts only: MTP declares no sampled q, so the loop verifies its chains as one-hot (Drafter's rule).
+    propose_sampled = Drafter.propose_sampled
+
+    def chain_room(self, k: int) -> int:
+        self._chain_hidden = self.last_hidden  # what step i >= 1 feeds back: the previous step's output
+        return k
+
+    def chain_logits(self, i: int, previous: torch.Tensor | None) -> torch.Tensor:
+        """Step i (training step i): the layer's previous output with draft i-1, one position further, in a speculative
+        slot after the committed ones (the next commit overwrites it)."""
+        if previous is None:
+            return self.last_logits
+        self._chain_hidden = self._step(self._chain_hidden, previous.view(1, 1), self.cache.length - 1 + i)
+        return self.head.logits(self._chain_hidden)[0, -1]
+
     @torch.no_grad()
     def propose(self, k: int) -> torch.Tensor:
-        """Up to k greedy drafts (fewer where ``confidence_threshold`` stops the chain): step i feeds back step i-1's
-        output and draft."""
-        tokens, hidden, logits = [], self.last_hidden, self.last_logits
+        """The greedy chain as one compiled graph where it fits (no confidence stop: the graph cannot leave early),
+        else step by step."""
         length = self.cache.length
         if self._chain is not None and self._chain.fits(length, k) and not self.confidence_threshold:
             self.cache.begin(length - 1)
-            return self._chain(hidden, logits, k, length)
-        for i in range(k):
-            if i > 0:  # speculative slots after the committed ones; overwritten by the next commit
-                hidden = self._step(hidden, tokens[-1].view(1, 1), length - 1 + i)
-                logits = self.head.logits(hidden)[0, -1]
-            tokens.append(logits.argmax(-1).view(1))
-            if not confident(logits, tokens[-1], self.confidence_threshold):
-                break
-        return torch.cat(tokens) if tokens else torch.empty(0, dtype=torch.long, device=self.device)
+            return self._chain(self.last_hidden, self.last_logits, k, length)
+        return super().propose(k)
 
     # -- trees (decode/tree.py) ------------------------------------------------------------------
-    def to_target(self, ids: torch.Tensor) -> torch.Tensor:
-        return ids
-
     @torch.no_grad()
     def dynamic_tree(self, spec) -> tuple[torch.Tensor, ...] | None:
         """The full-depth EAGLE-2 tree of ``spec`` as one compiled graph (decode/static_blocks.py ``TreeGraph``), or
