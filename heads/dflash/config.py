@@ -9,7 +9,8 @@ from pathlib import Path
 
 from transformers import Qwen3Config
 
-from headstart.heads.eagle3.config import check_servable_ids, rope_of, rope_original_max
+from headstart.models.rope import rope_of, rope_original_max
+from headstart.models.servable_layers import check_servable_ids
 from headstart.models.target import default_aux_layer_ids, placeholder_token, text_config
 
 ARCHITECTURE = "DFlashDraftModel"

@@ -24,8 +24,8 @@ import torch
 from safetensors import safe_open
 
 from headstart.models.draft_vocab import check_draft_vocab
-from headstart.heads.eagle3.config import rope_of
 from headstart.models.problem import Problem, tensor_meta
+from headstart.models.rope import rope_of
 from headstart.heads.eagle3.speculators import ARCHITECTURES, FLAT_LAYER, SPECULATORS_LAYER, UNSUPPORTED, layer_rope
 from headstart.models.target import text_config
 

@@ -11,7 +11,9 @@ from transformers import LlamaConfig
 
 from headstart.heads.eagle3.speculators import ARCHITECTURES, flat_from_speculators, is_speculators, to_speculators_config
 from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
-from headstart.models.target import check_aux_layer_ids, default_aux_layer_ids, text_config
+from headstart.models.rope import rope_of, rope_original_max
+from headstart.models.servable_layers import check_servable_ids
+from headstart.models.target import default_aux_layer_ids, text_config
 
 
 @dataclass(frozen=True)
@@ -210,28 +212,3 @@ class Eagle3Config:
             max_position_embeddings=max(self.max_position_embeddings, rope_original_max(self.rope_scaling)),
             vocab_size=self.vocab_size,
         )
-
-
-def check_servable_ids(layer_ids, num_layers: int) -> tuple[int, ...]:
-    """Aux layer ids the servers can capture: id 0 (the embeddings) is not one -- vLLM and SGLang take
-    ``hidden_states + residual`` before layer k, and before layer 0 there is no residual yet."""
-    ids = check_aux_layer_ids(layer_ids, num_layers)
-    if 0 in ids:
-        raise ValueError(f"aux layer id 0 (the embeddings) cannot be captured by vLLM or SGLang; use ids in 1..{num_layers - 1}")
-    return ids
-
-
-def rope_of(tc) -> tuple[float, dict | None]:
-    params = getattr(tc, "rope_parameters", None)  # transformers >= 5
-    if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
-        # One set per layer type (Gemma 3: sliding 1e4, full 1e6): the draft's one layer attends over the whole
-        # context, as the target's full-attention layers do.
-        params = params.get("full_attention") or next(iter(params.values()))
-    if isinstance(params, dict) and "rope_theta" in params:
-        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
-        return float(params["rope_theta"]), (scaling if scaling.get("rope_type", "default") != "default" else None)
-    return float(getattr(tc, "rope_theta", 10000.0)), getattr(tc, "rope_scaling", None)
-
-
-def rope_original_max(scaling: dict | None) -> int:
-    return int((scaling or {}).get("original_max_position_embeddings", 0)) + 1

@@ -25,7 +25,7 @@ from safetensors import safe_open
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from headstart.heads.medusa.module import ResidualBlock
+from headstart.models.blocks import ResidualBlock
 from headstart.models.head import DraftConfig, FeatureNeeds, Features, check_layout, loss_chunk_bytes, shift_left
 from headstart.models.target import text_config
 from headstart.models.target_matrices import weight_files

@@ -27,7 +27,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from headstart.heads.medusa.module import MedusaConfig, ResidualBlock
+from headstart.heads.medusa.module import MedusaConfig
+from headstart.models.blocks import ResidualBlock
 from headstart.models.draft_vocab import build_draft_vocab
 from headstart.models.head import DraftConfig, FeatureNeeds, Features, check_layout, loss_chunk_bytes, shift_left
 from headstart.models.target import text_config
@@ -64,14 +65,15 @@ class HydraConfig(MedusaConfig):
         return cls(hidden_size=tc.hidden_size, vocab_size=tc.vocab_size, num_heads=options.num_heads,
                    num_layers=options.num_layers, truncated_vocab_size=truncated if truncated != tc.vocab_size else None)
 
-    def to_dict(self, dtype: torch.dtype = torch.bfloat16) -> dict:
+    # Medusa's serialisers by name, overridden: no path writes or reads a Hydra config as ``MedusaModel``.
+    def to_hf_dict(self, dtype: torch.dtype = torch.bfloat16) -> dict:
         return {"architectures": ["HydraModel"], "model_type": "hydra", "hidden_size": self.hidden_size,
                 "vocab_size": self.vocab_size, "num_heads": self.num_heads, "num_layers": self.num_layers,
                 "draft_vocab_size": self.draft_vocab_size, "torch_dtype": str(dtype).removeprefix("torch."),
                 "note": "headstart's own layout for Hydra heads; no server loads it (see headstart docs/FORMATS.md)"}
 
     @classmethod
-    def from_dict(cls, d: dict, where: str = "config.json") -> "HydraConfig":
+    def from_hf_dict(cls, d: dict, where: str = "config.json") -> "HydraConfig":
         if d.get("architectures") != ["HydraModel"] or d.get("model_type") != "hydra":
             raise ValueError(f"{where}: not a Hydra config (architectures={d.get('architectures')}, "
                              f"model_type={d.get('model_type')!r})")
@@ -194,7 +196,7 @@ class HydraHeads(nn.Module):
                         state_dict: dict[str, torch.Tensor] | None = None, layout: str | None = None,
                         verifier: dict | None = None) -> None:
         check_layout(self, layout)
-        write_weights(directory, self.export_state_dict(state_dict), dtype, self.config.to_dict(dtype))
+        write_weights(directory, self.export_state_dict(state_dict), dtype, self.config.to_hf_dict(dtype))
 
     @classmethod
     def load(cls, directory: str | Path, target) -> "HydraHeads":
@@ -202,7 +204,7 @@ class HydraHeads(nn.Module):
         directory = Path(directory)
         if not (directory / "config.json").is_file() or not (directory / "model.safetensors").is_file():
             raise FileNotFoundError(f"{directory}: expected config.json and model.safetensors of Hydra heads")
-        config = HydraConfig.from_dict(json.loads((directory / "config.json").read_text()), str(directory / "config.json"))
+        config = HydraConfig.from_hf_dict(json.loads((directory / "config.json").read_text()), str(directory / "config.json"))
         config.check_target(target.config, str(directory / "config.json"))
         model = cls(config)
         tensors = read_weights(directory, model.export_state_dict(), "Hydra")
@@ -215,7 +217,7 @@ def build_hydra(draft: DraftConfig, target, token_counts: torch.Tensor) -> Hydra
     """Fresh Hydra heads for ``target``, starting from its embedding and lm_head."""
     options = draft.options or HydraOptions()
     if draft.config:
-        config = HydraConfig.from_dict(json.loads(Path(draft.config).read_text()), draft.config)
+        config = HydraConfig.from_hf_dict(json.loads(Path(draft.config).read_text()), draft.config)
     else:
         config = HydraConfig.from_target(target.config, options)
     config.check_target(target.config)

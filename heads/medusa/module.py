@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from headstart.models.blocks import ResidualBlock
 from headstart.models.head import DraftConfig, FeatureNeeds, Features, check_layout, loss_chunk_bytes
 from headstart.models.target import text_config
 from headstart.models.vocab_loss import VocabProjection, multi_step_loss
@@ -132,22 +132,6 @@ class MedusaConfig:
         if problems:
             raise ValueError(f"{where or f'the {self.head_name} config'}: the {self.head_name} heads do not fit the "
                              "target:\n  " + "\n  ".join(problems))
-
-
-class ResidualBlock(nn.Module):
-    """``num_layers`` times x <- x + SiLU(W x + b); the module names are vLLM's (``layers.{j}``)."""
-
-    def __init__(self, hidden_size: int, num_layers: int) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(hidden_size, hidden_size, bias=True) for _ in range(num_layers))
-        for layer in self.layers:  # zero: the block starts as the identity
-            nn.init.zeros_(layer.weight)
-            nn.init.zeros_(layer.bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = x + F.silu(layer(x))
-        return x
 
 
 class MedusaHeads(nn.Module):
