@@ -59,7 +59,9 @@ class Drafter:
     of its own, for a batch (decode/batch_generate.py ``BatchDrafter``). Subclasses declare ``capabilities`` and
     implement ``begin``, ``propose`` and ``update``; trees add ``tree_root``/``tree_expand``/``to_target``
     (decode/tree.py), or a ``grow_tree`` of their own. A drafter whose drafts come one after another, each read by the
-    next step, gets its chains (greedy, sampled, the confidence stop) from decode/chain.py ``ChainDrafter``."""
+    next step, gets its chains (greedy, sampled, the confidence stop) from decode/chain.py ``ChainDrafter``; a one-layer
+    draft over its own KV cache, also its cache, trees, compiled graphs and batch rows from decode/layer_drafter.py
+    ``LayerDrafter``."""
 
     capabilities: ClassVar[Capabilities] = Capabilities()
     confidence_threshold: float = 0.0

@@ -9,14 +9,14 @@ commit overwrites. The outputs at the last committed position and at the k-1 pla
 The drafts of a round are independent given the context, so a tree is Medusa's: a node at depth d has depth d's
 candidates whatever its parent (``tree_expand`` runs nothing). Sampling draws each depth from its own distribution:
 the usual verification is lossless for any draft distribution fixed before the draw (decode/generate.py).
-EAGLE-3's drafter (heads/eagle3/drafter.py) supplies the cache, the step, the vocab map and the ragged batch cache.
+EAGLE-3's drafter (heads/eagle3/drafter.py, on decode/layer_drafter.py) supplies the cache, the step, the vocab map
+and the ragged batch cache.
 """
 
 from __future__ import annotations
 
 import torch
 
-from headstart.decode.batch_generate import padded_rows, shifted_prompts
 from headstart.decode.confidence import confident_prefix
 from headstart.heads.eagle3.drafter import Eagle3Drafter
 from headstart.heads.peagle.module import PEagleDraft
@@ -36,23 +36,18 @@ class PEagleDrafter(Eagle3Drafter):
         """n placeholder pairs for each of ``rows``: aux [rows, n, n_aux * H_t] and tokens [rows, n]."""
         head = self.head
         aux = head.mask_hidden.to(head.fc.weight.dtype).expand(rows, n, -1)
-        return aux, torch.full((rows, n), head.config.mask_token_id, dtype=torch.long, device=self.keys.device)
+        return aux, torch.full((rows, n), head.config.mask_token_id, dtype=torch.long, device=self.device)
 
     # -- one sequence -------------------------------------------------------------------------------
-    @torch.no_grad()
     def precompile(self, max_block: int, trees: bool = True) -> None:
-        """With ``compile``: the round's block for every size up to a commit of ``max_block`` plus its placeholders."""
-        if self._commits is not None:
-            if self.length:
-                raise RuntimeError("precompile writes dummy pairs from slot 0: call it before a prompt")
-            self.write_at.fill_(0)
-            self._commits.precompile(max_block + self.depths - 1, self.head.fc.in_features, self.head.fc.weight.dtype,
-                                     masked=False)
+        """With ``compile``: the round's block for every size up to a commit of ``max_block`` plus its placeholders (a
+        tree runs no step: nothing masked to compile)."""
+        super().precompile(max_block + self.depths - 1, trees=False)
 
     def _static_commit(self, aux_hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
                        allowed: torch.Tensor) -> torch.Tensor:
         """The round's block at static shapes: the layer's outputs [1, m, H] (the caller reads the last k)."""
-        return self._static_step(self.head.project(aux_hidden), tokens, positions, allowed)
+        return self._static_step(self.project(aux_hidden), tokens, positions, allowed)
 
     def begin(self, prompt_ids: torch.Tensor, states: TargetOutput, next_token: int) -> None:
         self.pending = self.last_pair = None
@@ -60,7 +55,6 @@ class PEagleDrafter(Eagle3Drafter):
 
     def _commit(self, aux_hidden: torch.Tensor, next_tokens: torch.Tensor) -> None:
         """Hold the pairs for the next round's forward (a commit with no round between them joins the held ones)."""
-        aux_hidden = aux_hidden.to(self.head.fc.weight.dtype)
         if self.pending is not None:
             aux_hidden = torch.cat([self.pending[0], aux_hidden], dim=1)
             next_tokens = torch.cat([self.pending[1], next_tokens], dim=1)
@@ -83,11 +77,11 @@ class PEagleDrafter(Eagle3Drafter):
         more_aux, more_tokens = self.placeholders(1, k - 1)
         aux, tokens = torch.cat([aux, more_aux], dim=1), torch.cat([tokens, more_tokens], dim=1)
         if self._commits is not None:
-            self.write_at.fill_(start)
+            self.cache.begin(start)
             out = self._commits.causal(aux, tokens, start)
         else:
-            out = self._step(self.head.project(aux), tokens, start)
-        self.length = start + n  # the placeholders' slots are speculative: the next round's pairs overwrite them
+            out = self._step(self.project(aux), tokens, start)
+        self.cache.rollback(start + n)  # the placeholders' slots are speculative: the next round's pairs overwrite them
         self.pending = None
         self.last_hidden = out[:, n - 1 : n]
         return self._logits(out[:, n - 1 :])[0]
@@ -104,9 +98,7 @@ class PEagleDrafter(Eagle3Drafter):
         (zero outside the draft vocab)."""
         q_draft = sampling.probs(self._round(k)[:k])  # [k, V_d]
         drafts = torch.multinomial(q_draft, 1, generator=generator).view(-1)
-        q = torch.zeros(len(drafts), self.head.config.vocab_size, device=self.keys.device)
-        q[:, self.head.target_vocab_ids()] = q_draft
-        return self.to_target(drafts), q
+        return self.to_target(drafts), self.on_target_vocab(q_draft)
 
     # -- trees (decode/tree.py): Medusa's, from one round's depths ----------------------------------
     def dynamic_tree(self, spec) -> None:
@@ -125,21 +117,11 @@ class PEagleDrafter(Eagle3Drafter):
 
     # -- a batch (decode/batch_generate.py) ----------------------------------------------------------
     def precompile_batch(self, batch: int, max_block: int) -> None:
-        self.rows.precompile(batch, range(1, max_block + self.depths), self.head.config.hidden_size,
-                             self.head.fc.weight.dtype)
+        super().precompile_batch(batch, max_block + self.depths - 1)
 
     def _commit_rows(self, aux_hidden: torch.Tensor, tokens: torch.Tensor, counts: list[int]) -> None:
         """Hold row b's next counts[b] pairs (aux [B, n, W], tokens [B, n], padded past counts[b]) for the round."""
-        self.rows_pending = (aux_hidden.to(self.head.fc.weight.dtype), tokens, list(counts))
-
-    def begin_batch(self, prompts: list[torch.Tensor], states: TargetOutput, next_tokens: list[int]) -> None:
-        tokens, counts = shifted_prompts(prompts, next_tokens)
-        self.rows.reset(len(prompts))
-        self._commit_rows(states.aux_hidden_states[:, : max(counts)], tokens, counts)
-
-    def update_batch(self, emitted: list[list[int]], states: TargetOutput) -> None:
-        tokens, counts = padded_rows(emitted, self.keys.device)
-        self._commit_rows(states.aux_hidden_states[:, : max(counts)], tokens, counts)
+        self.rows_pending = (aux_hidden, tokens, list(counts))
 
     @torch.no_grad()
     def _round_rows(self, k: int) -> torch.Tensor:
@@ -152,7 +134,7 @@ class PEagleDrafter(Eagle3Drafter):
         real = torch.arange(n, device=tokens.device)[None, :] < torch.tensor(counts, device=tokens.device)[:, None]
         block_aux[:, :n][real] = aux[real]  # row b: its counts[b] pairs, then the placeholders
         block_tokens[:, :n][real] = tokens[real]
-        out = self.rows(self.head.project(block_aux), block_tokens, self.lengths, [c + k - 1 for c in counts])
+        out = self.rows(self.project(block_aux), block_tokens, self.lengths, [c + k - 1 for c in counts])
         self.rows.commit(counts)
         self.rows_pending = None
         at = torch.tensor(counts, device=out.device)[:, None] - 1 + torch.arange(k, device=out.device)[None, :]
@@ -169,14 +151,12 @@ class PEagleDrafter(Eagle3Drafter):
         q_draft = sampling.probs(self._round_rows(max(budgets)))  # [B, k, V_d]
         B, k, V_d = q_draft.shape
         drafts = torch.multinomial(q_draft.reshape(B * k, V_d), 1, generator=generator).view(B, k)
-        q = torch.zeros(B, k, self.head.config.vocab_size, device=self.keys.device)
-        q[:, :, self.head.target_vocab_ids()] = q_draft
-        drafts = self.to_target(drafts)
+        q, drafts = self.on_target_vocab(q_draft), self.to_target(drafts)
         return [drafts[b, :n] for b, n in enumerate(budgets)], [q[b, :n] for b, n in enumerate(budgets)]
 
     def select(self, rows: list[int]) -> None:
         self.rows.select(rows)
         if self.rows_pending is not None:
             aux, tokens, counts = self.rows_pending
-            index = torch.tensor(rows, dtype=torch.long, device=self.keys.device)
+            index = torch.tensor(rows, dtype=torch.long, device=self.device)
             self.rows_pending = (aux[index], tokens[index], [counts[r] for r in rows])
