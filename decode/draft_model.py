@@ -1,12 +1,19 @@
-"""Classic speculative decoding's drafter: an independent small causal LM with the target's tokenizer.
+"""Classic speculative decoding's drafter: an independent small causal LM with the target's tokenizer, for one
+sequence or a batch.
 
-The small model runs on a ``TargetRunner`` of its own (the target's runner: the same masks, sliding windows and,
-with ``compile``, the same static cache and compiled blocks), its KV cache holding every emitted token. Drafting
-runs it one level at a time (a chain is a tree with one child per node); nodes are written after the committed
-slots and simply overwritten later. After a chain round, the accepted drafts the model already ran sit in their own
-slots with exactly the context a re-run would give them, so they are kept and only the rest of the emitted tokens
-(the bonus token, and the last draft when every draft was accepted) are run; after a tree round the emitted tokens
-are re-run as one block, which is cheaper than tracking which tree slots survived.
+One sequence: the small model runs on a ``TargetRunner`` of its own (the target's runner: the same masks, sliding
+windows and, with ``compile``, the same static cache and compiled blocks), its KV cache holding every emitted token.
+Drafting runs it one level at a time (a chain is a tree with one child per node); nodes are written after the
+committed slots and simply overwritten later. After a chain round, the accepted drafts the model already ran sit in
+their own slots with exactly the context a re-run would give them, so they are kept and only the rest of the emitted
+tokens (the bonus token, and the last draft when every draft was accepted) are run; after a tree round the emitted
+tokens are re-run as one block, which is cheaper than tracking which tree slots survived.
+
+A batch of sequences of different lengths (``begin_batch``/``propose_batch``/``update_batch``/``select``): one forward
+of the small model per draft step for every row, on a ``RaggedRunner`` of its own (the batch target's ragged KV cache
+and masks), built at the first batch and run eagerly (the compiled graphs are one sequence's). Row b's committed
+tokens are its own, chain step i writes at each row's committed length + i, and the accepted drafts are kept in place
+as for one sequence.
 """
 
 from __future__ import annotations
@@ -14,10 +21,12 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
+from headstart.decode.batch_generate import padded_rows
 from headstart.decode.chain import ChainDrafter
 from headstart.decode.drafter import Capabilities
-from headstart.decode.target_runner import TargetRunner
+from headstart.decode.target_runner import RaggedRunner, TargetRunner
 from headstart.decode.tree import ExpandedNodes
+from headstart.decode.verify import Sampling
 from headstart.models.target import Target
 
 
@@ -46,12 +55,13 @@ def fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 
 class DraftModelDrafter(ChainDrafter):
-    # A batch runs DraftModelBatchDrafter (decode/methods.py), eagerly: its compiled graphs are one sequence's.
+    # A batch runs on its own ragged runner, eagerly: the compiled graphs are one sequence's.
     capabilities = Capabilities(trees=("dynamic", "static"), batches=True, sampled=True, compiled=True, confidence=True)
 
     def __init__(self, draft: PreTrainedModel | TargetRunner, max_len: int, target_vocab_size: int) -> None:
         """``draft``: the small model (run eagerly on a runner of its own), or ``draft_model_runner``'s runner over
-        it, shared by the drafters of every prompt (each ``begin`` starts it afresh)."""
+        it, shared by the drafters of every prompt (each ``begin`` starts it afresh; a batch gets a ragged runner of
+        its own over the same model)."""
         self.runner = draft if isinstance(draft, TargetRunner) else draft_model_runner(draft, max_len)
         if self.runner.with_aux:
             raise ValueError("a draft model's runner reads no aux states: build it with draft_model_runner")
@@ -62,6 +72,8 @@ class DraftModelDrafter(ChainDrafter):
         self.device = self.runner.device
         self.last_logits: torch.Tensor | None = None  # [V]: the next token after the committed ones
         self.chain_fed = 0  # drafts of the last chain run through the model, in slots committed.. (0 after a tree)
+        self._rows: RaggedRunner | None = None  # the batch path's runner, built at its first batch
+        self.rows_logits: torch.Tensor | None = None  # [B, V]: each row's next token after its committed ones
         self.confidence_threshold = 0.0  # > 0: a chain stops after a draft it is less sure of (decode/confidence.py)
 
     def precompile(self, max_block: int, trees: bool = True) -> None:
@@ -124,3 +136,67 @@ class DraftModelDrafter(ChainDrafter):
         self.chain_fed = i
         logits, _ = self.runner.forward(previous.view(1, 1), start=self.runner.length + i - 1)
         return self._logits(logits)[-1]
+
+    # -- a batch (decode/batch_generate.py) --------------------------------------------------------
+    @property
+    def rows(self) -> RaggedRunner:
+        """The batch path's runner over the same small model (the same ``Target`` wrapper), built at the first batch."""
+        if self._rows is None:
+            self._rows = RaggedRunner(self.runner.target, self.max_len, with_aux=False)
+        return self._rows
+
+    @torch.no_grad()
+    def _commit_rows(self, rows: list[list[int]]) -> None:
+        """Run and commit row b's tokens rows[b] (at least one each); keep the logits after each row's last."""
+        tokens, counts = padded_rows(rows, self.device)
+        logits, _ = self.rows.forward(tokens, valid=counts, last_only=True)
+        self.rows.commit(counts)
+        self.rows_logits = fit_vocab(logits.float(), self.target_vocab_size)
+
+    def begin_batch(self, prompts: list[torch.Tensor], states, next_tokens: list[int]) -> None:
+        self.rows.reset(len(prompts))
+        self.chain_fed = 0
+        self._commit_rows([p[0].tolist() + [t] for p, t in zip(prompts, next_tokens)])
+
+    @torch.no_grad()
+    def _draft_rows(self, budgets: list[int], pick) -> list[torch.Tensor]:
+        """Every row's chain, one forward a step: draft i+1 at each row's slot length + i, after the row's earlier
+        drafts; ``pick(logits [B, V]) -> ids [B]``. Row b's first budgets[b] drafts."""
+        steps = max(budgets, default=0)
+        lengths = self.rows.cache.lengths
+        logits, tokens = self.rows_logits, []
+        for i in range(steps):
+            tokens.append(pick(logits))
+            if i + 1 < steps:
+                step_logits, _ = self.rows.forward(tokens[-1][:, None], starts=[n + i for n in lengths])
+                logits = fit_vocab(step_logits[:, -1].float(), self.target_vocab_size)
+        self.chain_fed = max(0, steps - 1)
+        drafts = torch.stack(tokens, 1) if tokens else torch.empty(len(lengths), 0, dtype=torch.long, device=self.device)
+        return [drafts[b, :k] for b, k in enumerate(budgets)]
+
+    def propose_batch(self, budgets: list[int]) -> list[torch.Tensor]:
+        return self._draft_rows(budgets, lambda logits: logits.argmax(-1))
+
+    def propose_sampled_batch(self, budgets: list[int], sampling: Sampling, generator: torch.Generator | None = None):
+        """Drafts sampled from the warped draft distributions, and those distributions q per row [k_b, V]."""
+        q_steps: list[torch.Tensor] = []
+
+        def pick(logits: torch.Tensor) -> torch.Tensor:
+            q_steps.append(sampling.probs(logits))
+            return torch.multinomial(q_steps[-1], 1, generator=generator).squeeze(1)
+
+        drafts = self._draft_rows(budgets, pick)
+        q = torch.stack(q_steps, 1) if q_steps else None  # [B, steps, V]
+        return drafts, [None if q is None else q[b, :k] for b, k in enumerate(budgets)]
+
+    def update_batch(self, emitted: list[list[int]], states) -> None:
+        """Row b's emitted tokens: its accepted drafts that the chain ran stay where they are; the rest is run."""
+        keep = [min(len(e) - 1, self.chain_fed) for e in emitted]
+        self.rows.commit(keep)
+        self.chain_fed = 0
+        self._commit_rows([e[k:] for e, k in zip(emitted, keep)])
+
+    def select(self, rows: list[int]) -> None:
+        """Keep only these rows, in this order (finished sequences leave the batch)."""
+        self.rows.select(rows)
+        self.rows_logits = self.rows_logits[torch.tensor(rows, dtype=torch.long, device=self.device)]

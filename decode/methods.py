@@ -15,7 +15,6 @@ from headstart.decode.questions import DecodeSetup
 from headstart.decode.confidence import with_threshold
 from headstart.decode.draft_model import DraftModelDrafter, draft_model_runner
 from headstart.decode.drafter import Capabilities
-from headstart.decode.draft_model_batch_drafter import DraftModelBatchDrafter, as_draft_target
 from headstart.decode.hf_peers import HFSpeculation
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.ngram_store import NgramStore
@@ -106,15 +105,11 @@ def _ngram(ctx: MethodContext) -> Drafting:
 
 def _draft_model(ctx: MethodContext) -> Drafting:
     args = ctx.args
-    draft_model = load_draft_model(ctx)
-    runner = draft_model_runner(draft_model, ctx.max_len, compile=args.compile and not ctx.batched)  # compiled once
+    runner = draft_model_runner(load_draft_model(ctx), ctx.max_len, compile=args.compile and not ctx.batched)  # compiled once
     runner.precompile(range(1, ctx.compiled_block + 1), masked=range(1, ctx.compiled_block + 1) if args.tree else ())
     make = with_threshold(lambda: DraftModelDrafter(runner, ctx.max_len, ctx.vocab_size), args.confidence_threshold)
-    make_batch = None
-    if ctx.batched:  # a Target wrapper hooks the model: only where the batch drafter runs it
-        draft_target = as_draft_target(draft_model)
-        make_batch = lambda b: DraftModelBatchDrafter(draft_target, ctx.max_len, ctx.vocab_size, b)  # noqa: E731
-    return Drafting(make, make_batch, compiled=args.compile and not ctx.batched)
+    # A batch: the same drafter, on a ragged runner of its own over the same model (eager: the graphs are one row's).
+    return Drafting(make, lambda _: make(), compiled=args.compile and not ctx.batched)
 
 
 def load_draft_model(ctx: MethodContext):

@@ -9,7 +9,6 @@ from tiny_models import random_eagle3_head, random_peagle_head, tiny_causal_lm
 
 from headstart.decode.batch_generate import PerSequence, batch_plain_generate, batch_speculative_generate
 from headstart.decode.draft_model import DraftModelDrafter
-from headstart.decode.draft_model_batch_drafter import DraftModelBatchDrafter, as_draft_target
 from headstart.heads.eagle3.drafter import Eagle3Drafter
 from headstart.decode.generate import plain_generate, speculative_generate
 from headstart.heads.medusa.drafter import MedusaDrafter
@@ -99,8 +98,7 @@ def drafter_makers(world):
     makers["mtp-batched"] = (single["mtp"], lambda b: MTPDrafter(mtp, MAX_LEN))
     makers["peagle-batched"] = (single["peagle"], lambda b: PEagleDrafter(peagle, MAX_LEN))
     makers["medusa-batched"] = (single["medusa"], lambda b: MedusaDrafter(heads, MAX_LEN))
-    draft = as_draft_target(small)
-    makers["draft-model-batched"] = (single["draft-model"], lambda b: DraftModelBatchDrafter(draft, MAX_LEN, vocab, b))
+    makers["draft-model-batched"] = (single["draft-model"], lambda b: DraftModelDrafter(small, MAX_LEN, vocab))
     return makers
 
 
@@ -162,12 +160,11 @@ def test_batched_speculative_samples_follow_the_target(small_vocab, drafter):
     small_model = tiny_causal_lm("llama", num_hidden_layers=1, vocab_size=V)
     with torch.no_grad():
         small_model.lm_head.weight.mul_(30.0)  # its own peaky q, far from the target's p
-    small = as_draft_target(small_model)
     make = {"eagle3-sampled": lambda: PerSequence([Eagle3Drafter(head, 32) for _ in range(250)]),
             "eagle3-batched": lambda: Eagle3Drafter(head, 32),
             "medusa": lambda: PerSequence([MedusaDrafter(heads) for _ in range(250)]),
             "mtp-batched": lambda: MTPDrafter(mtp, 32),
-            "draft-model-batched": lambda: DraftModelBatchDrafter(small, 32, V, 250),
+            "draft-model-batched": lambda: DraftModelDrafter(small_model, 32, V),
             "peagle-batched": lambda: PEagleDrafter(peagle, 32)}[drafter]
     g = torch.Generator().manual_seed(0)
     pairs = []
@@ -188,16 +185,13 @@ def test_batched_draft_steps_compute_each_rows_logits_as_alone(world, name, monk
     vocab = model.config.vocab_size
     calls: list[torch.Tensor] = []
     if name == "draft-model":  # every logits row the small model produces passes through fit_vocab
-        import headstart.decode.draft_model as single_module
-        import headstart.decode.draft_model_batch_drafter as batch_module
+        import headstart.decode.draft_model as draft_module
 
         small = tiny_causal_lm("llama", num_hidden_layers=2).double()
-        for module in (single_module, batch_module):
-            inner = module.fit_vocab
-            monkeypatch.setattr(module, "fit_vocab", lambda x, v, inner=inner: calls.append(inner(x, v)) or calls[-1])
+        inner = draft_module.fit_vocab
+        monkeypatch.setattr(draft_module, "fit_vocab", lambda x, v: calls.append(inner(x, v)) or calls[-1])
         single_drafter = lambda: DraftModelDrafter(small, MAX_LEN, vocab)  # noqa: E731
-        draft = as_draft_target(small)
-        batch_drafter = lambda b: DraftModelBatchDrafter(draft, MAX_LEN, vocab, b)  # noqa: E731
+        batch_drafter = lambda b: DraftModelDrafter(small, MAX_LEN, vocab)  # noqa: E731
     else:
         head = (random_eagle3_head(target) if name == "eagle3" else build_mtp(target)).double()
         cls = Eagle3Drafter if name == "eagle3" else MTPDrafter
@@ -298,8 +292,7 @@ def test_the_demo_draft_model_batched_accepts_exactly_as_alone():
     vocab = target.lm_head.weight.shape[0]
     alone, ragged = TargetRunner(target, 256), RaggedRunner(target, 256)
     expected = [speculative_generate(alone, DraftModelDrafter(small, 256, vocab), p, 40, set(), 4) for p in ps]
-    outs, _ = batch_speculative_generate(ragged, DraftModelBatchDrafter(as_draft_target(small), 256, vocab, len(ps)),
-                                         ps, 40, set(), 4)
+    outs, _ = batch_speculative_generate(ragged, DraftModelDrafter(small, 256, vocab), ps, 40, set(), 4)
     for got, want in zip(outs, expected):
         assert got.tokens == want.tokens and got.accepted == want.accepted and got.proposed == want.proposed
     assert sum(sum(w.accepted) for w in expected) > 20  # the case under test: the draft model's drafts are accepted

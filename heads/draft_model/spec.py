@@ -3,24 +3,19 @@ HF causal LM, decoded by the ``draft-model`` method (decode/methods.py) like any
 
 from __future__ import annotations
 
-from headstart.decode.batch_generate import RowByRow
 from headstart.decode.draft_model import DraftModelDrafter, draft_model_runner
 from headstart.heads.draft_model.check import check_draft_model, detect_draft_model
 from headstart.heads.draft_model.module import DraftModel, DraftModelOptions, build_draft_model
 from headstart.heads.spec import HeadSpec
 
 
-class DistilledDrafter(RowByRow, DraftModelDrafter):
+class DistilledDrafter(DraftModelDrafter):
     """The decoder's drafter for a draft model being trained (the evaluation during training): the draft-model method's
-    drafter over the head's model, with the catalog's calling convention; a batch row by row, a runner each."""
+    drafter over the head's model (one sequence or a batch), with the catalog's calling convention."""
 
     def __init__(self, head: DraftModel, max_len: int, compile: bool = False, backend: str = "inductor") -> None:
-        runner = draft_model_runner(head.model.eval(), max_len, compile=compile, backend=backend)
-        DraftModelDrafter.__init__(self, runner, max_len, head.config.vocab_size)
-        self.head, self.compile, self.backend = head, compile, backend
-
-    def row_drafter(self) -> DistilledDrafter:
-        return DistilledDrafter(self.head, self.max_len, self.compile, self.backend)
+        super().__init__(draft_model_runner(head.model.eval(), max_len, compile=compile, backend=backend), max_len,
+                         head.config.vocab_size)
 
 
 DRAFT_MODEL = HeadSpec(
