@@ -27,6 +27,7 @@ from tiny_models import tiny_causal_lm
 from trainer_fixtures import make_setup
 
 from headstart.decode.batch_generate import PerSequence, batch_plain_generate, batch_speculative_generate
+from headstart.decode.confidence import with_threshold
 from headstart.decode.drafter import Capabilities, Drafter
 from headstart.decode.generate import plain_generate, speculative_generate
 from headstart.decode.target_runner import RaggedRunner, TargetRunner
@@ -340,12 +341,23 @@ def test_every_head_decodes_greedy_exact_in_every_shape_it_declares(name, target
     if "dynamic" not in can.trees:  # undeclared: the drafter cannot draft one (the catalog refuses --tree first)
         with pytest.raises((ValueError, TypeError, NotImplementedError)):
             speculative_generate(runner, drafter_for(head, 64), PROMPTS[0], n, set(), k=3, tree=DynamicTree(3, 2, 6))
-    drafter = drafter_for(head, 64)
-    if can.self_verify:
-        drafter.attach(runner)
-    drafter.begin(PROMPTS[0], runner_states(runner, PROMPTS[0]), 0)
-    _, q = drafter.propose_sampled(3, Sampling(0.8), torch.Generator().manual_seed(0))
+
+    def begun(threshold: float = 0.0) -> Drafter:
+        drafter = drafter_for(head, 64)
+        drafter.confidence_threshold = threshold
+        if can.self_verify:
+            drafter.attach(runner)
+        drafter.begin(PROMPTS[0], runner_states(runner, PROMPTS[0]), 0)
+        return drafter
+
+    _, q = begun().propose_sampled(3, Sampling(0.8), torch.Generator().manual_seed(0))
     assert (q is not None) == can.sampled, name  # sampled drafts carry their q; the others are one-hot (None)
+    if can.confidence:  # no draft has probability above 1: every chain stops after its first draft, output unchanged
+        assert len(begun().propose(3)) > 1, name
+        assert len(begun(1.01).propose(3)) == 1, name
+        unsure = with_threshold(lambda: drafter_for(head, 64), 0.5)
+        got = speculative_generate(runner, unsure(), PROMPTS[0], n, set(), k=3)
+        assert got.tokens == plain_generate(runner, PROMPTS[0], n, set()).tokens, name
     if can.batches:
         ragged = RaggedRunner(target, max_len=64, with_aux=can.reads_aux)
         plain, _ = batch_plain_generate(ragged, PROMPTS, n, set())
@@ -356,6 +368,16 @@ def test_every_head_decodes_greedy_exact_in_every_shape_it_declares(name, target
         assert [o.tokens for o in outs] == [o.tokens for o in plain], name
 
 
+@pytest.fixture(scope="module")
+def world_on_disk(world, tmp_path_factory):
+    """The 8-token target, saved: a builder may read the target's checkpoint (the draft model cuts its config)."""
+    model, shared, head = world
+    directory = tmp_path_factory.mktemp("world")
+    model.save_pretrained(directory)
+    shared.target.path = str(directory)
+    return model, shared, head
+
+
 SHAPES = {None: None, "dynamic": DynamicTree(depth=3, topk=3, total_tokens=8),
           "static": StaticTree(((0,), (1,), (0, 0), (1, 0), (0, 0, 0)))}
 """A chain, and each tree kind a drafter can declare."""
@@ -363,11 +385,11 @@ SHAPES = {None: None, "dynamic": DynamicTree(depth=3, topk=3, total_tokens=8),
 
 @pytest.mark.nightly  # 2,500 sampled requests a head and shape
 @pytest.mark.parametrize(("name", "shape"), [(n, kind) for n in sorted(HEADS) for kind in (None, *HEADS[n].capabilities.trees)])
-def test_sampling_keeps_the_target_distribution_in_every_declared_shape(name, shape, world):
+def test_sampling_keeps_the_target_distribution_in_every_declared_shape(name, shape, world_on_disk):
     """Lossless sampling, by the shipped chi-square test (tests/test_sampling_loop.py): a random head of every entry,
     verified by rejection sampling in a chain and in every tree kind it declares, emits the target's own joint
     distribution (its drafts drawn from q where it declares sampled drafts, one-hot q otherwise)."""
-    model, shared, _ = world
+    model, shared, _ = world_on_disk
     spec = HEADS[name]
     runner = TargetRunner(shared.target, max_len=32, with_aux=spec.capabilities.reads_aux)
     # The 8-token target of the test: a draft vocab no larger than its vocab.
