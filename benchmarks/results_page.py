@@ -203,8 +203,13 @@ def batch(run: dict) -> str:
 
 
 def train_table(record: dict) -> list[str]:
-    cpu = any("cpu_s" in run for run in record["train"].values())  # CPU time: older result files lack it
-    data = any("data" in run for run in record["train"].values())  # the data files: older result files lack them
+    runs = record["train"].values()
+    cpu = any("cpu_s" in run for run in runs)  # CPU time: older result files lack it
+    data = any("data" in run for run in runs)  # the data files: older result files lack them
+    shared = []
+    if data and len({(tuple(run.get("data", [])), batch(run)) for run in runs}) == 1:  # one line, not a column
+        first = next(iter(runs))
+        shared, data = [f"Every run: data {', '.join(first.get('data', [])) or '-'}; sequences / step {batch(first)}.", ""], False
     lines = [f"| run |{' data | sequences / step |' if data else ''} steps | wall |{' CPU time |' if cpu else ''} peak memory | "
              "simulated acceptance | top-1 accuracy by step |",
              f"|---|{'---|---|' if data else ''}---|---|{'---|' if cpu else ''}---|---|---|"]
@@ -221,7 +226,7 @@ def train_table(record: dict) -> list[str]:
                      f"{accuracy} |")
         if run.get("command"):
             commands[name] = run["command"]
-    return ["Training:", "", *lines, *(["", *command_list(commands)] if commands else [])]
+    return ["Training:", "", *shared, *lines, *(["", *command_list(commands)] if commands else [])]
 
 
 def section(record: dict, said: str | None = None, prefix: str | None = None) -> list[str]:

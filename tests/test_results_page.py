@@ -130,11 +130,11 @@ def test_a_published_heads_time_comes_from_the_result_file_that_timed_its_run(tm
     from headstart.benchmarks.heads_side_by_side import times_from, train_run
 
     head, other = tmp_path / "head", tmp_path / "other"
-    for d, out in ((head, "runs/x"), (other, "runs/never-timed")):
+    for d, out, batch in ((head, "runs/x", 4), (other, "runs/never-timed", 8)):
         d.mkdir()
         (d / "eval_metrics.json").write_text(json.dumps({
             "evals": [{"split": "eval", "step": 9, "sim_accept_len": 2.0, "acc_0": 0.5}],
-            "run_config": {"output_dir": out, "data": {"files": ["data/a.jsonl"]}, "train": {"batch_size": 4}}}))
+            "run_config": {"output_dir": out, "data": {"files": ["data/a.jsonl"]}, "train": {"batch_size": batch}}}))
     earlier = tmp_path / "earlier.json"
     earlier.write_text(json.dumps({"train": {"x": {"run": "runs/x", "wall_s": 600.0, "peak_rss_gib": 1.0}}}))
     plan = tmp_path / "plan.json"
@@ -145,7 +145,12 @@ def test_a_published_heads_time_comes_from_the_result_file_that_timed_its_run(tm
     assert "wall_s" not in train["other"]
     table = "\n".join(results_page.train_table({"train": train}))
     assert "| head | a.jsonl | 4 a rank | 9 | 10.0 min (earlier.json) | 1.00 GiB | 2.00 | 0.50 |" in table
-    assert "| other | a.jsonl | 4 a rank | 9 | - | - | 2.00 | 0.50 |" in table
+    assert "| other | a.jsonl | 8 a rank | 9 | - | - | 2.00 | 0.50 |" in table
+    # Runs that share their data and batch say so once, above a table without those columns.
+    train["other"]["train"]["batch_size"] = 4
+    table = "\n".join(results_page.train_table({"train": train}))
+    assert "Every run: data a.jsonl; sequences / step 4 a rank." in table
+    assert "| head | 9 | 10.0 min (earlier.json) | 1.00 GiB | 2.00 | 0.50 |" in table and "a.jsonl |" not in table
 
 
 def test_a_paired_table_lists_each_baseline_once_and_only_the_commands_its_rows_do_not_say(tmp_path: Path) -> None:
