@@ -106,8 +106,10 @@ def versus(method: str, draft: str | None, *flags: str) -> list[str]:
 
 
 def runs_in(out: Path, pattern: str = "*") -> list[Path]:
-    """The run directories under ``out`` that hold a results.json, by name."""
-    return sorted(Path(d) for d in glob.glob(str(out / pattern)) if (Path(d) / "results.json").is_file())
+    """The run directories under ``out`` that hold a results.json, by name; not those a rerun moved aside
+    (``<step>.old-<time>``, models/files.py ``move_aside``): a result file collects this run's steps only."""
+    return sorted(Path(d) for d in glob.glob(str(out / pattern))
+                  if (Path(d) / "results.json").is_file() and ".old-" not in Path(d).name)
 
 
 def bench_flags(out: Path, pattern: str = "*") -> list[str]:

@@ -377,6 +377,12 @@ def test_suites_list_their_steps_pick_the_named_ones_and_keep_a_dirty_checkout_o
     record.write_table(tmp_path / "t.md", "A table", "| a |\n|---|\n| 1 |")
     assert "- commit: 0123456789ab-dirty -- UNCOMMITTED CHANGES" in (tmp_path / "t.md").read_text()
 
+    for name in ("eagle3-chain", "eagle3-chain.old-20261202-035845", "no-results"):  # a rerun moved one aside
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        if name != "no-results":
+            (tmp_path / "runs" / name / "results.json").write_text("{}")
+    assert [d.name for d in suites.runs_in(tmp_path / "runs")] == ["eagle3-chain"]
+
 
 @pytest.mark.slow  # two tiny decodes on the demo target, ~30 s
 def test_the_batch_suite_decodes_at_each_batch_size_and_tables_the_runs(tmp_path):
