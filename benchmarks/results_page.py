@@ -138,8 +138,16 @@ def bench_table(record: dict, said: str | None = None, prefix: str | None = None
     return out + ["", *command_list(commands, stated, prefix)]
 
 
+BENCH = ("python scripts/benchmark.py", "python -m headstart.scripts.cli bench", "python -m headstart.scripts.benchmark")
+"""The ways result files record the decoding command; the page shows each as ``headstart bench``."""
+
+
 def shown(command: str) -> list[str]:
-    """A command's words as the page shows them: without where the run wrote (``--out DIR``, ``--overwrite``)."""
+    """A command's words as the page shows them: the decoding command as ``headstart bench`` (result files recorded it
+    by whichever launcher ran it), without where the run wrote (``--out DIR``, ``--overwrite``)."""
+    for launcher in BENCH:
+        if command.startswith(launcher + " "):
+            command = "headstart bench" + command.removeprefix(launcher)
     words, out = command.split(" "), []
     i = 0
     while i < len(words):

@@ -59,7 +59,8 @@ def test_the_page_groups_by_target_and_machine_and_shows_each_figure(tmp_path: P
     (tmp_path / "b.json").write_text(json.dumps(bench_record("targets/B", 2.125)))
     text = results_page.render(results_page.load(tmp_path))
     assert text.index("## `targets/A` on CPU") < text.index("1.88") < text.index("## `targets/B` on CPU") < text.index("2.12")
-    assert "`python scripts/benchmark.py --method ngram`" in text and "commit `abc`, 2026-11-28" in text
+    # shown as headstart bench, whichever launcher a result file recorded
+    assert "`headstart bench --method ngram`" in text and "commit `abc`, 2026-11-28" in text
     out = tmp_path / "page.md"
     out.write_text(text + "edited by hand\n")
     assert results_page.main(["--check", "--results", str(tmp_path), "--out", str(out)]) == 1
@@ -115,13 +116,13 @@ def test_a_time_log_gives_wall_cpu_and_peak_memory_and_the_training_table_shows_
 def test_a_table_lists_its_commands_shared_words_once() -> None:
     base = "python scripts/benchmark.py --target T --method eagle3 --draft"
     lines = results_page.command_list({"a": f"{base} A --k 4 --out runs/a", "b": f"{base} B --k 5 --out runs/b"})
-    assert lines[0] == "Commands (each `python scripts/benchmark.py --target T --method eagle3 FLAGS` (each with its own --out)):"
+    assert lines[0] == "Commands (each `headstart bench --target T --method eagle3 FLAGS` (each with its own --out)):"
     assert lines[2:] == ["- a: `--draft A --k 4`", "- b: `--draft B --k 5`"]  # a flag keeps its value
     ends = results_page.command_list({"a": "torchrun x.py --config c.yaml --e 6 --quiet",
                                       "b": "torchrun x.py --config c.yaml --e 10 --quiet"})
     assert ends == ["Commands (each `torchrun x.py --config c.yaml FLAGS --quiet`):", "", "- a: `--e 6`", "- b: `--e 10`"]
     one = results_page.command_list({"a": f"{base} A"})
-    assert one == ["Commands:", "", f"- a: `{base} A`"]
+    assert one == ["Commands:", "", "- a: `headstart bench --target T --method eagle3 --draft A`"]
     apart = results_page.command_list({"a": "python x.py --a 1", "b": "bash y.sh"})
     assert apart[2:] == ["- a: `python x.py --a 1`", "- b: `bash y.sh`"]
 
@@ -169,7 +170,8 @@ def test_a_paired_table_lists_each_baseline_once_and_only_the_commands_its_rows_
             "second": dict(second, shape="chain k=4", speedup=speed), "paired": {"turns": 16, "tokens_per_s_ratio": 0.9}}
     (tmp_path / "a.json").write_text(json.dumps(record))
     text = results_page.render(results_page.load(tmp_path))
-    assert f"Every table below decoded {first['conditions']}, greedy: `{base} FLAGS`." in text
+    shown = base.replace("python scripts/benchmark.py", "headstart bench")
+    assert f"Every table below decoded {first['conditions']}, greedy: `{shown} FLAGS`." in text
     assert text.count("| eagle3 | `h` | chain k=4 | 2.00 |") == 1 and "| k4: 1.10x (1.30x); tree: 1.30x (1.30x) |" in text
     assert "| k4 | ngram | `-` | chain k=4 | 2.00 | 0.50 0.25 | 0.1 / 0.0 / 5.0 | 1.25x (1.30x) | 0.90x |" in text
     assert ("Commands: FLAGS as the rows say, but:\n\n- tree: `--method ngram --tree --versus '--method eagle3 --draft h "
