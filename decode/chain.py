@@ -7,6 +7,10 @@ in the target's (``to_target``, ``draft_vocab``) -- and gets the rest: greedy ch
 chains (``propose_sampled``: each draft drawn from the warped distribution given the draws before it, q returned over
 the target's vocab) and the ``--confidence-threshold`` stop (decode/confidence.py) in both. The order of operations is
 the one every drafter had: step, pick, then the stop rule, so a step runs only for a draft that will be proposed.
+
+``ChainRows`` does the same for a batch whose rows all step in one forward (the one-layer drafter, the draft model):
+the drafter supplies ``chain_rows`` (``steps`` steps for every row, each picked by a function it is given) and gets
+greedy and sampled batch chains, each row cut to its budget.
 """
 
 from __future__ import annotations
@@ -86,3 +90,33 @@ class ChainDrafter(Drafter):
         full = q.new_zeros(*q.shape[:-1], self.target_vocab_size)
         full[..., ids] = q
         return full
+
+
+class ChainRows(ChainDrafter):
+    """A ``ChainDrafter`` whose batch rows draft together, one forward a step: subclasses implement ``chain_rows``."""
+
+    def chain_rows(self, steps: int, pick) -> torch.Tensor:
+        """``steps`` drafts for every row of the batch, draft i read by step i+1; ``pick(logits [B, V']) -> draft
+        ids [B]``. Returns target ids [B, steps]."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def propose_batch(self, budgets: list[int]) -> list[torch.Tensor]:
+        drafts = self.chain_rows(max(budgets, default=0), lambda logits: logits.argmax(-1))
+        return [drafts[b, :k] for b, k in enumerate(budgets)]
+
+    @torch.no_grad()
+    def propose_sampled_batch(self, budgets: list[int], sampling: Sampling, generator: torch.Generator | None = None
+                              ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Each row's drafts drawn from the warped draft distribution given its draws before: per row (target ids
+        [k_b], q [k_b, V]), q over the target's vocab (``propose_sampled``'s)."""
+        q_steps: list[torch.Tensor] = []
+
+        def pick(logits: torch.Tensor) -> torch.Tensor:
+            q_steps.append(sampling.probs(logits))  # [B, V']
+            return torch.multinomial(q_steps[-1], 1, generator=generator).squeeze(1)
+
+        drafts = self.chain_rows(max(budgets, default=0), pick)
+        q = self.on_target_vocab(torch.stack(q_steps, dim=1)) if q_steps else \
+            torch.zeros(drafts.shape[0], 0, self.target_vocab_size, device=self.device)
+        return [drafts[b, :k] for b, k in enumerate(budgets)], [q[b, :k] for b, k in enumerate(budgets)]

@@ -22,11 +22,10 @@ import torch
 from transformers import PreTrainedModel
 
 from headstart.decode.batch_generate import padded_rows
-from headstart.decode.chain import ChainDrafter
+from headstart.decode.chain import ChainRows
 from headstart.decode.drafter import Capabilities
 from headstart.decode.target_runner import RaggedRunner, TargetRunner
 from headstart.decode.tree import ExpandedNodes
-from headstart.decode.verify import Sampling
 from headstart.models.target import Target
 
 
@@ -54,7 +53,7 @@ def fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return logits
 
 
-class DraftModelDrafter(ChainDrafter):
+class DraftModelDrafter(ChainRows):
     # A batch runs on its own ragged runner, eagerly: the compiled graphs are one sequence's.
     capabilities = Capabilities(trees=("dynamic", "static"), batches=True, sampled=True, compiled=True, confidence=True)
 
@@ -159,10 +158,9 @@ class DraftModelDrafter(ChainDrafter):
         self._commit_rows([p[0].tolist() + [t] for p, t in zip(prompts, next_tokens)])
 
     @torch.no_grad()
-    def _draft_rows(self, budgets: list[int], pick) -> list[torch.Tensor]:
+    def chain_rows(self, steps: int, pick) -> torch.Tensor:
         """Every row's chain, one forward a step: draft i+1 at each row's slot length + i, after the row's earlier
-        drafts; ``pick(logits [B, V]) -> ids [B]``. Row b's first budgets[b] drafts."""
-        steps = max(budgets, default=0)
+        drafts."""
         lengths = self.rows.cache.lengths
         logits, tokens = self.rows_logits, []
         for i in range(steps):
@@ -171,23 +169,7 @@ class DraftModelDrafter(ChainDrafter):
                 step_logits, _ = self.rows.forward(tokens[-1][:, None], starts=[n + i for n in lengths])
                 logits = fit_vocab(step_logits[:, -1].float(), self.target_vocab_size)
         self.chain_fed = max(0, steps - 1)
-        drafts = torch.stack(tokens, 1) if tokens else torch.empty(len(lengths), 0, dtype=torch.long, device=self.device)
-        return [drafts[b, :k] for b, k in enumerate(budgets)]
-
-    def propose_batch(self, budgets: list[int]) -> list[torch.Tensor]:
-        return self._draft_rows(budgets, lambda logits: logits.argmax(-1))
-
-    def propose_sampled_batch(self, budgets: list[int], sampling: Sampling, generator: torch.Generator | None = None):
-        """Drafts sampled from the warped draft distributions, and those distributions q per row [k_b, V]."""
-        q_steps: list[torch.Tensor] = []
-
-        def pick(logits: torch.Tensor) -> torch.Tensor:
-            q_steps.append(sampling.probs(logits))
-            return torch.multinomial(q_steps[-1], 1, generator=generator).squeeze(1)
-
-        drafts = self._draft_rows(budgets, pick)
-        q = torch.stack(q_steps, 1) if q_steps else None  # [B, steps, V]
-        return drafts, [None if q is None else q[b, :k] for b, k in enumerate(budgets)]
+        return torch.stack(tokens, 1) if tokens else torch.empty(len(lengths), 0, dtype=torch.long, device=self.device)
 
     def update_batch(self, emitted: list[list[int]], states) -> None:
         """Row b's emitted tokens: its accepted drafts that the chain ran stay where they are; the rest is run."""

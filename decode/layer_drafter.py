@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from headstart.decode.batch_generate import padded_rows, shifted_prompts
-from headstart.decode.chain import ChainDrafter
+from headstart.decode.chain import ChainRows
 from headstart.decode.kv_cache import PositionalKVCache, StaticKVCache, static_address
 from headstart.decode.ragged_blocks import RaggedBlocks
 from headstart.decode.static_blocks import ChainGraph, StaticBlocks, TreeGraph, causal_allowed, self_mask
@@ -38,7 +38,7 @@ from headstart.decode.tree import DynamicTree, ExpandedNodes, grow_static_tree
 from headstart.models.target import TargetOutput
 
 
-class LayerDrafter(ChainDrafter):
+class LayerDrafter(ChainRows):
     """A head's drafter supplies its ``layer``, its ``_logits``, what a commit reads (``commit_input``, ``project``),
     and sets ``head``, ``hidden_size`` (the layer's width), ``input_width`` (a commit input's), ``dtype``,
     ``target_vocab_size`` before calling ``__init__`` here."""
@@ -300,41 +300,21 @@ class LayerDrafter(ChainDrafter):
         tokens, counts = padded_rows(emitted, self.device)
         self._commit_rows(self.commit_input(states)[:, : max(counts)], tokens, counts)
 
-    def _draft_rows(self, steps: int, pick) -> torch.Tensor:
-        """``steps`` draft steps for every row; ``pick(logits [B, V']) -> draft ids [B]``. Returns target ids
-        [B, steps]."""
+    @torch.no_grad()
+    def chain_rows(self, steps: int, pick) -> torch.Tensor:
+        """Step i >= 1 of every row: its previous output with its draft i-1, in a speculative slot after the row's
+        committed ones."""
         tokens: list[torch.Tensor] = []
         hidden, logits = self.rows_hidden, self.rows_logits
         lengths = self.lengths
         for i in range(steps):
-            if i > 0:  # speculative slots after each row's committed ones
+            if i > 0:
                 hidden = self.rows(hidden, tokens[-1][:, None], [n - 1 + i for n in lengths], [1] * len(lengths))
                 logits = self._logits(hidden)[:, -1]
             tokens.append(self.to_target(pick(logits)))
         if not tokens:
             return torch.empty(len(lengths), 0, dtype=torch.long, device=self.device)
         return torch.stack(tokens, dim=1)
-
-    @torch.no_grad()
-    def propose_batch(self, budgets: list[int]) -> list[torch.Tensor]:
-        drafts = self._draft_rows(max(budgets), lambda logits: logits.argmax(-1))
-        return [drafts[b, :k] for b, k in enumerate(budgets)]
-
-    @torch.no_grad()
-    def propose_sampled_batch(self, budgets: list[int], sampling, generator: torch.Generator | None = None):
-        """Drafts sampled from the warped draft distribution: per row (tokens [k_b], q [k_b, V]), q over the target
-        vocab (``ChainDrafter.propose_sampled``'s)."""
-        q_steps: list[torch.Tensor] = []
-
-        def pick(logits: torch.Tensor) -> torch.Tensor:
-            q_steps.append(sampling.probs(logits))  # [B, V']
-            return torch.multinomial(q_steps[-1], 1, generator=generator).squeeze(1)
-
-        drafts = self._draft_rows(max(budgets), pick)
-        B, steps = drafts.shape
-        q = self.on_target_vocab(torch.stack(q_steps, dim=1)) if q_steps else \
-            torch.zeros(B, 0, self.target_vocab_size, device=self.device)
-        return [drafts[b, :k] for b, k in enumerate(budgets)], [q[b, :k] for b, k in enumerate(budgets)]
 
     def select(self, rows: list[int]) -> None:
         """Keep only these rows of the batch, in this order (finished sequences leave it)."""

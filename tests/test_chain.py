@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from headstart.decode.chain import ChainDrafter
+from headstart.decode.chain import ChainDrafter, ChainRows
 from headstart.decode.verify import Sampling
 
 
@@ -60,3 +60,31 @@ def test_sampled_q_lies_on_the_target_vocab_zero_outside_the_draft_vocab():
     assert all(int(t) in ids.tolist() for t in tokens)
     _, none = drafter.propose_sampled(0, Sampling(1.0))
     assert none.shape == (0, 8)
+
+
+class Rows(ChainRows):
+    """Every row drafts from the same table as ``Table``, in one call a step, with row b's logits shifted by b."""
+
+    def __init__(self, table: torch.Tensor, rows: int, ids: torch.Tensor, target_vocab: int) -> None:
+        self.table, self.rows, self.ids = table, rows, ids
+        self.device, self.target_vocab_size = table.device, target_vocab
+
+    def chain_rows(self, steps: int, pick) -> torch.Tensor:
+        picked = [self.ids[pick(torch.stack([self.table[i].roll(b) for b in range(self.rows)]))]
+                  for i in range(steps)]
+        return torch.stack(picked, 1) if picked else torch.empty(self.rows, 0, dtype=torch.long)
+
+    def draft_vocab(self) -> torch.Tensor | None:
+        return self.ids
+
+
+def test_batch_chains_cut_each_row_to_its_budget_and_give_q_on_the_target_vocab():
+    table = torch.tensor([[0.0, 9.0, 1.0], [9.0, 0.0, 1.0], [0.0, 0.0, 9.0]])
+    ids = torch.tensor([1, 4, 6])
+    drafter = Rows(table, rows=2, ids=ids, target_vocab=8)
+    greedy = drafter.propose_batch([3, 1])
+    assert [g.tolist() for g in greedy] == [[4, 1, 6], [6]]  # row 1's logits rolled by one: argmax 2 -> id 6
+    tokens, q = drafter.propose_sampled_batch([2, 0], Sampling(1.0), torch.Generator().manual_seed(0))
+    assert [len(t) for t in tokens] == [2, 0] and q[0].shape == (2, 8) and q[1].shape == (0, 8)
+    torch.testing.assert_close(q[0][:, ids], torch.softmax(table[:2], -1))
+    assert q[0][:, [0, 2, 3, 5, 7]].sum() == 0
