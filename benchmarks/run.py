@@ -213,6 +213,15 @@ def all_drafts(which: str) -> Callable[[Settings], list[Step]]:
     return steps
 
 
+def demo_regenerated() -> Step:
+    """The demo target's own replies to 2,000 demo questions (runs/demo-regenerated), which the demo's *_regenerated.yaml
+    and distill.yaml recipes train on: made by the command its EAGLE-3 head's card gives, skipped where it is there."""
+    return Step("regenerate", [PY, "scripts/regenerate_data.py", "--config", "configs/demo/eagle3_full.yaml", "--output",
+                               "runs/demo-regenerated", "--rows-per-file", "500", "--max-new-tokens", "256",
+                               "--temperature", "0.7", "--top-p", "0.95", "--batch-size", "16"],
+                skip_if="runs/demo-regenerated/regenerated.jsonl")
+
+
 # -- EAGLE-3.1, P-EAGLE and DFlash at the EAGLE-3 head's recipe ----------------------------------------------------------
 
 def new_heads(which: str) -> Callable[[Settings], list[Step]]:
@@ -223,7 +232,7 @@ def new_heads(which: str) -> Callable[[Settings], list[Step]]:
         run_dir = (lambda n: f"runs/demo-{n}-regenerated") if demo else (lambda n: f"runs/smollm2-{n}")
         head_dir = (lambda n: f"configs/demo/{n}-head") if demo else (lambda n: str(s.out / f"{n}-head"))
         launch, flags = (ONE, ["--train.batch_size=8"]) if demo else (TWO, [])
-        out = []
+        out = [demo_regenerated()] if demo else []
         for n in ("eagle31", "peagle", "dflash"):
             out.append(Step(f"train-{n}", [*launch, "--config", recipe(n), *flags, "--logging.progress=false"], timed=True))
             if not demo:  # the demo's are committed (configs/demo/*-head)
@@ -293,7 +302,8 @@ def distill(s: Settings) -> list[Step]:
     x, recipe = s.out, "configs/demo/distill.yaml"
     run_dir = lambda v: "runs/demo-distill" if v == "tv" else f"runs/demo-distill-{v}"  # noqa: E731
     head = lambda v: "configs/demo/distilled-draft-model" if v == "tv" else f"{run_dir(v)}/final"  # noqa: E731 (as published)
-    out = [Step("features", [PY, "scripts/generate_features.py", "--config", recipe], skip_if="runs/demo-distill-features"),
+    out = [demo_regenerated(),
+           Step("features", [PY, "scripts/generate_features.py", "--config", recipe], skip_if="runs/demo-distill-features"),
            Step("features-fixed", [PY, "scripts/generate_features.py", "--config", recipe, *DISTILL["fixed"]],
                 skip_if="runs/demo-distill-fixed-features")]
     out += [Step(f"train-{v}", [*ONE, "--config", recipe, "--output_dir", run_dir(v), *change, "--logging.progress=false"],
