@@ -90,10 +90,12 @@ class Suite:
 
 
 def bench(name: str, target: str, out: str | Path, *flags: str, questions: list[str] = MT_BENCH,
-          new_tokens: str = "128", **step: object) -> Step:
+          new_tokens: str = "128", greedy: bool = True, **step: object) -> Step:
     """``headstart bench`` of the MT-bench setting every table uses (the first question per category, every turn, 128
-    new tokens, greedy, checked token for token against plain greedy decoding) into ``out``."""
-    return Step(name, [*BENCH, "--target", target, *questions, "--max-new-tokens", new_tokens, *GREEDY_EXACT, *flags,
+    new tokens, greedy, checked token for token against plain greedy decoding) into ``out``; ``greedy=False``: the
+    flags sample (nothing to check token for token, no transformers reference)."""
+    check = GREEDY_EXACT if greedy else ["--no-hf-reference"]
+    return Step(name, [*BENCH, "--target", target, *questions, "--max-new-tokens", new_tokens, *check, *flags,
                        "--out", str(out), "--overwrite"], **step)
 
 
@@ -283,6 +285,29 @@ def hydra_demo(s: Settings) -> list[Step]:
                                       "configs/demo/medusa_full.yaml", "--train",
                                       f"hydra=runs/demo-hydra-full:{x}/train-hydra.time", "--bench",
                                       f"chain-k4={x}/chain-k4", "--bench", f"tree={x}/tree"), writes_result=True)]
+
+
+# -- verification rules -----------------------------------------------------------------------------------------------
+
+def block_verification(s: Settings) -> list[Step]:
+    """Every demo head whose drafter gives its q, sampled at T = 0.7 with block verification, paired in one process with
+    the same head under token verification, at each seed."""
+    x, out, runs = s.out, [], []
+    for pair in s.words("heads"):  # METHOD=DRAFT, the row named by the draft's directory
+        method, _, draft = pair.partition("=")
+        head = Path(draft).name.removesuffix("-head")
+        for seed in s.words("seeds"):
+            flags = ["--method", method, "--draft", draft, *k(s["k"]), "--temperature", s["temperature"]]
+            out.append(bench(f"{head}-s{seed}", DEMO, x / f"{head}-s{seed}", *flags, "--seed", seed,
+                             "--verification", "block", *versus(method, draft, *k(s["k"]), "--verification", "token"),
+                             greedy=False))
+            runs += ["--bench", f"{head}@{seed}={x / f'{head}-s{seed}'}"]
+    what = (f"Each head decoded with --temperature {s['temperature']}, chains k={s['k']}, its chains verified as a block "
+            f"(Sun et al.) and, paired in the same process from the same seed, token by token; seeds "
+            f"{', '.join(s.words('seeds'))}; the heads whose drafters draw their drafts from a q of their own")
+    collect = [PY, "benchmarks/verification_gain.py", "--title", "Block verification against token verification",
+               "--what", what, *runs, "--out", "benchmarks/results/block_verification_demo.json", *s.dirty_flag()]
+    return out + [Step("collect", collect, writes_result=True)]
 
 
 # -- distilled draft models ------------------------------------------------------------------------------------------
@@ -501,6 +526,13 @@ SUITES: dict[str, Suite] = {
     "early-exit": Suite("early-exit adapters on SmolLM2 by exit layer, paired with its EAGLE-3 head -> "
                         "early_exit_smollm2.json", "runs/early-exit-smollm2", early_exit,
                         {"sweep": "6 10 15 20", "steps": "450", "k": "4"}),
+    "block-demo": Suite("block against token verification, T = 0.7, every demo head that gives q, 3 seeds -> "
+                        "block_verification_demo.json", "runs/verification-demo", block_verification,
+                        {"heads": " ".join(f"{m}=configs/demo/{d}" for m, d in (
+                            ("eagle3", "eagle3-head"), ("eagle3", "eagle31-head"), ("dflash", "dflash-head"),
+                            ("hydra", "hydra-head"), ("draft-model", "draft-model"),
+                            ("draft-model", "distilled-draft-model"))),
+                         "seeds": "0 1 2", "k": "4", "temperature": "0.7"}),
     "plan-cpu": Suite("headstart plan against measured peaks (after new-heads-demo) -> plan_vs_measured_cpu.json",
                       "runs/plan-cpu", plan_cpu, {"new_heads": "runs/new-heads-full"}),
     "batch": Suite("plain vs speculative decoding by batch size, every chain drafter -> OUT/table.md", "runs/bench-batch",

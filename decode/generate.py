@@ -16,7 +16,7 @@ from headstart.decode.clock import UNTIMED, RoundClock
 from headstart.decode.drafter import Drafter
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import DynamicTree, StaticTree, build_dynamic_tree, build_static_tree, verify_tree
-from headstart.decode.verify import Sampling, verify_greedy, verify_sampling
+from headstart.decode.verify import VERIFICATIONS, Sampling, verify_greedy
 from headstart.models.target import TargetOutput
 
 
@@ -103,13 +103,16 @@ def speculative_generate(
     generator: torch.Generator | None = None,
     tree: DynamicTree | StaticTree | None = None,
     clock: RoundClock | None = None,
+    verification: str = "token",
 ) -> Generation:
     """Greedy when ``sampling`` is None (output = the target's greedy decoding), else lossless
-    rejection sampling (output distributed exactly as sampling from the warped target).
+    rejection sampling (output distributed exactly as sampling from the warped target), a chain's drafts verified
+    token by token or as a block (``verification``: decode/verify.py ``VERIFICATIONS``).
 
     With ``tree`` the drafter grows a tree per round (``k`` is then unused) and the target verifies
     every branch in one forward (decode/tree.py). ``clock``: where the time goes, by part (decode/clock.py)."""
     _check_budget(max_new_tokens)
+    check_verification(verification, tree is not None)
     clock = clock or UNTIMED
     clock.start()
     device = prompt_ids.device
@@ -148,7 +151,7 @@ def speculative_generate(
         else:
             if q is None:  # a deterministic proposal is a one-hot q (EAGLE's rule for top-k children)
                 q = torch.nn.functional.one_hot(drafts, logits.shape[-1]).float()
-            n_acc, nxt = verify_sampling(drafts.unsqueeze(0), q.unsqueeze(0), sampling.probs(logits), generator)
+            n_acc, nxt = VERIFICATIONS[verification](drafts.unsqueeze(0), q.unsqueeze(0), sampling.probs(logits), generator)
         # The round's one host transfer: accepted count, next token and the drafts, packed together.
         packed = torch.cat([n_acc.view(1), nxt.view(1), drafts.long()]).tolist()
         n = packed[0]
@@ -167,6 +170,15 @@ def speculative_generate(
         clock.lap("update")
     out.tokens = tokens
     return out
+
+
+def check_verification(verification: str, tree: bool) -> None:
+    """A verification rule the loops know, and block verification for chains only (a tree's children are verified one
+    after another at each node: decode/tree.py)."""
+    if verification not in VERIFICATIONS:
+        raise ValueError(f"unknown verification {verification!r}; the rules are {sorted(VERIFICATIONS)}")
+    if tree and verification != "token":
+        raise ValueError(f"{verification} verification verifies a chain; a tree is verified node by node")
 
 
 def _last_round(drafter: Drafter, emitted: list[int]) -> None:

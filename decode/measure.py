@@ -141,6 +141,8 @@ class Rival:
     tree: DynamicTree | StaticTree | None = None
     own_loop: Callable[..., Generation] | None = None
     after_warm_up: Callable[[], None] | None = None
+    verification: str = "token"
+    """How its sampled chains are verified (decode/verify.py ``VERIFICATIONS``): each method of a pair its own."""
 
     @property
     def depth(self) -> int:
@@ -165,7 +167,7 @@ class Rival:
         if self.own_loop is not None:
             return self.own_loop(prompt, max_new_tokens, eos_ids, sampling, generator, clock or RoundClock(prompt.device))
         return speculative_generate(self.runner, drafter, prompt, max_new_tokens, eos_ids, self.k, sampling, generator,
-                                    self.tree, clock)
+                                    self.tree, clock, self.verification)
 
 
 def run_benchmark(
@@ -187,6 +189,7 @@ def run_benchmark(
     make_batch_drafter: Callable[[int], BatchDrafter] | None = None,
     after_warm_up: Callable[[], None] | None = None,
     versus: Rival | None = None,
+    verification: str = "token",
 ) -> dict:
     """Speculative and plain decoding of every turn; with ``sampling`` both sample (same seed per
     turn), so ``verify_greedy`` (token equality) only applies to greedy runs. ``own_loop`` (prompt, max new
@@ -196,7 +199,8 @@ def run_benchmark(
     the untimed warm-up decode left that would leak into the timed ones (a learning n-gram store's counts of question 1).
     ``versus``: a second method decoded on every turn too (``Rival``); the report then adds its own report under
     ``versus`` and the turn-by-turn comparison under ``paired`` (``paired_summary``). Plain decoding runs once a turn,
-    on the first method's runner (compiled or not as the first method is): both reports' plain columns are its."""
+    on the first method's runner (compiled or not as the first method is): both reports' plain columns are its.
+    ``verification``: how the first method's sampled chains are verified (the second's: its ``Rival``)."""
     if verify_greedy and sampling is not None:
         raise ValueError("--verify-greedy compares with greedy decoding; it cannot be combined with sampling")
     device = next(runner.target.model.parameters()).device
@@ -211,9 +215,10 @@ def run_benchmark(
         make_batch = make_batch_drafter or (lambda b: PerSequence([make_drafter() for _ in range(b)]))
         ragged = runner if isinstance(runner, RaggedRunner) else RaggedRunner(runner.target, runner.max_len, runner.with_aux)
         _run_batched(ragged, make_batch, tokenizer, questions, k, max_new_tokens, eos_ids, batch_size, sampling, seed,
-                     generator, progress, tallies, by_length, check)
+                     generator, progress, tallies, by_length, check, verification)
         return _report(tallies, by_length, check)
-    methods = [Rival(runner, make_drafter, k, tree, own_loop, after_warm_up)] + ([versus] if versus is not None else [])
+    methods = [Rival(runner, make_drafter, k, tree, own_loop, after_warm_up, verification),
+               *([versus] if versus is not None else [])]
     tallies_of = [defaultdict(Tally) for _ in methods]
     by_length_of = [defaultdict(Tally) for _ in methods]  # the same turns, by the length of their prompt
     checks = [GreedyCheck(runner.target.model) if verify_greedy else None for _ in methods]
@@ -298,7 +303,8 @@ def _report(tallies: dict[str, Tally], by_length: dict[str, Tally], check: Greed
 def _run_batched(runner: RaggedRunner, make_drafter: Callable[[int], BatchDrafter], tokenizer: PreTrainedTokenizerBase,
                  questions: list[dict], k: int, max_new_tokens: int, eos_ids: set[int], batch_size: int,
                  sampling: Sampling | None, seed: int, generator: torch.Generator, progress: Callable[[str], None],
-                 tallies: dict[str, Tally], by_length: dict[str, Tally], check: GreedyCheck | None) -> None:
+                 tallies: dict[str, Tally], by_length: dict[str, Tally], check: GreedyCheck | None,
+                 verification: str = "token") -> None:
     """``batch_size`` questions at a time: their turn t decoded together (speculative, then plain on the same
     runner), a later turn seeing the plain answers as at batch size 1. Tau and acceptance are per sequence, by
     category and prompt length; tokens/s, the speed-up and the round split are the batch's, so only overall."""
@@ -315,7 +321,8 @@ def _run_batched(runner: RaggedRunner, make_drafter: Callable[[int], BatchDrafte
         if drafter.capabilities.compiled_batch:  # a compiled batched draft layer: commits of 1..k + 1, steps of 1
             drafter.precompile_batch(size, k + 1)
         warm = [prompt_ids(tokenizer, [{"role": "user", "content": questions[0]["turns"][0]}]).to(device)] * size
-        batch_speculative_generate(runner, make_drafter(size), warm, max(8, k + 2), eos_ids, k, sampling, generator)
+        batch_speculative_generate(runner, make_drafter(size), warm, max(8, k + 2), eos_ids, k, sampling, generator,
+                                   verification=verification)
         batch_plain_generate(runner, warm, 8, eos_ids, sampling, generator)
         sync(device)
     overall = tallies["overall"]
@@ -328,13 +335,14 @@ def _run_batched(runner: RaggedRunner, make_drafter: Callable[[int], BatchDrafte
                 histories[i].append({"role": "user", "content": chunk[i]["turns"][turn]})
             prompts = [prompt_ids(tokenizer, histories[i]).to(device) for i in rows]
             # untimed: the prompts once through the target and the drafter (see run_benchmark)
-            batch_speculative_generate(runner, make_drafter(len(rows)), prompts, 1, eos_ids, k, sampling, generator)
+            batch_speculative_generate(runner, make_drafter(len(rows)), prompts, 1, eos_ids, k, sampling, generator,
+                                       verification=verification)
             spec_clock, plain_clock = RoundClock(device), RoundClock(device)
             sync(device)
             t0 = time.perf_counter()
             generator.manual_seed(seed)
             specs, rounds = batch_speculative_generate(runner, make_drafter(len(rows)), prompts, max_new_tokens,
-                                                       eos_ids, k, sampling, generator, spec_clock)
+                                                       eos_ids, k, sampling, generator, spec_clock, verification)
             sync(device)
             t1 = time.perf_counter()
             generator.manual_seed(seed)

@@ -42,6 +42,7 @@ from headstart.decode.report import (append_section, paired_line, prediction_tab
 from headstart.decode.shapes import compiled_block, draft_tree, precompile_runner
 from headstart.decode.target_runner import RaggedRunner, TargetRunner
 from headstart.decode.tree import DynamicTree, StaticTree
+from headstart.decode.verify import VERIFICATIONS
 from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
 from headstart.trainer.ngram_corpus import ngram_store_from_conversations
 from headstart.heads.methods import drafting_methods
@@ -97,6 +98,10 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
                    help="chains of a model drafter (a head, --method draft-model, hf-assisted) stop after the first draft "
                         "the drafter gives a probability below this (transformers' assistant_confidence_threshold; 0: "
                         "always k drafts). With --compile a chain runs step by step instead of as one graph")
+    p.add_argument("--verification", choices=sorted(VERIFICATIONS), default="token",
+                   help="with --temperature > 0, how a chain's drafts are verified: token by token (Leviathan et al.), "
+                        "or jointly as a block (Sun et al., 2025; vLLM's rejection_sample_method \"block\"). Both keep "
+                        "the target's distribution exactly; block never keeps fewer drafts in expectation")
     p.add_argument("--tune-blocks", action="store_true",
                    help="eager, batch 1: time the target's forward over 1..k+1 tokens first and run each shorter block "
                         "padded to the cheapest size that holds it (a CPU BLAS can make 2-3 rows cost more than 5)")
@@ -164,6 +169,9 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                 "--tree, at most --tree-depth deep and --tree-total-tokens tokens (the verify block)")
     if m.own_loop and (args.temperature > 0 or args.predict):
         p.error(f"{args.method} is benchmarked greedy and without --predict (transformers' loop is one call)")
+    if args.verification != "token" and (args.temperature == 0 or args.tree or args.tree_paths or m.own_loop):
+        p.error(f"--verification {args.verification} verifies a sampled chain: it needs --temperature > 0 (greedy "
+                "verification has one rule), a chain (a tree is verified node by node) and a headstart method")
     if args.verify_greedy and args.temperature > 0:
         p.error("--verify-greedy checks greedy output; it needs --temperature 0")
     if args.batch_size < 1:
@@ -267,7 +275,7 @@ class Method:
 
     def rival(self) -> Rival:
         return Rival(self.runner, self.make, self.args.num_speculative_tokens, self.tree, self.own_loop,
-                     self.store.forget if self.args.ngram_learn else None)
+                     self.store.forget if self.args.ngram_learn else None, self.args.verification)
 
 
 def build_method(p: argparse.ArgumentParser, args: argparse.Namespace, setup: DecodeSetup) -> Method:
@@ -350,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
                            sampling=sampling, seed=args.seed, own_loop=method.own_loop, batch_size=args.batch_size,
                            make_batch_drafter=method.make_batch,
                            after_warm_up=method.rival().after_warm_up,
-                           versus=rival.rival() if rival is not None else None,
+                           versus=rival.rival() if rival is not None else None, verification=args.verification,
                            progress=lambda line: print(line, flush=True))
     shape, mode = describe(method, report, setup)
     table = run_table(report)

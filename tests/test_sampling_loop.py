@@ -70,11 +70,12 @@ def chi2_vs(samples: list[tuple[int, int]], joint: torch.Tensor) -> tuple[float,
     return stat, critical
 
 
-def sample_pairs(runner, make_drafter, n: int, seed: int, tree=None) -> list[tuple[int, int]]:
+def sample_pairs(runner, make_drafter, n: int, seed: int, tree=None, verification: str = "token") -> list[tuple[int, int]]:
     g = torch.Generator().manual_seed(seed)
     pairs = []
     for _ in range(n):
-        out = speculative_generate(runner, make_drafter(), PROMPT, 4, set(), k=3, sampling=SAMPLING, generator=g, tree=tree)
+        out = speculative_generate(runner, make_drafter(), PROMPT, 4, set(), k=3, sampling=SAMPLING, generator=g, tree=tree,
+                                   verification=verification)
         pairs.append((out.tokens[1], out.tokens[2]))
     return pairs
 
@@ -91,11 +92,21 @@ def medusa_heads(model) -> MedusaHeads:
 
 
 @pytest.mark.nightly  # every head of the catalog: tests/test_catalog.py; here the drafters that are not heads
+@pytest.mark.parametrize("verification", ["token", "block"])
 @pytest.mark.parametrize("drafter", ["ngram"])
-def test_speculative_samples_follow_the_target(world, drafter):
+def test_speculative_samples_follow_the_target(world, drafter, verification):
     model, runner, _ = world
     make = {"ngram": NgramDrafter}[drafter]
-    stat, critical = chi2_vs(sample_pairs(runner, make, 2500, seed=0), exact_joint(model))
+    stat, critical = chi2_vs(sample_pairs(runner, make, 2500, seed=0, verification=verification), exact_joint(model))
+    assert stat < critical
+
+
+def test_block_verified_chains_follow_the_target(world):
+    """Block verification through the loop (decode/generate.py), with a head that draws its drafts from q: the joint of
+    the 2nd and 3rd sampled tokens is the target's, by the chi-square test (every head: tests/test_catalog.py)."""
+    model, runner, head = world
+    pairs = sample_pairs(runner, lambda: Eagle3Drafter(head, 32), 2500, seed=0, verification="block")
+    stat, critical = chi2_vs(pairs, exact_joint(model))
     assert stat < critical
 
 
