@@ -132,6 +132,11 @@ def bench_table(record: dict, said: str | None = None, prefix: str | None = None
             baselines.setdefault(key, (second, []))[1].append(f"{name}: {speedup(second)}")
     out = [] if said == decoded(record) else ["Decoded: " + decoded(record) + ".", ""]
     out += lines
+    quality = [f"{name}: {run['first']['mean_logprob']:.3f} ({run['first']['plain_mean_logprob']:.3f})"
+               for name, run in record["bench"].items() if "mean_logprob" in run["first"]]
+    if quality:  # sampled runs: what the target thinks of the text, against plain sampling's (decode/quality.py)
+        out += ["", "Mean target log-probability per token of the sampled text (plain sampling's in brackets): "
+                + "; ".join(quality) + "."]
     if baselines:
         turns = sorted({run["paired"]["turns"] for run in record["bench"].values() if "paired" in run})
         out += ["", f"Baselines ({' or '.join(map(str, turns))} turns a pair):", "",
@@ -253,20 +258,24 @@ def verification_section(record: dict) -> list[str]:
     """One verification rule against another, a row a head: tau under each by seed, the gain's mean and spread over the
     seeds, the paired tokens/s ratio by seed (benchmarks/verification_gain.py)."""
     v = record["verification"]
-    heads = v["heads"]
+    heads, rule, base = v["heads"], v["rule"], v["baseline"]
     first = next(iter(heads.values()))
+    quality = any(row["mean_logprob"] for row in heads.values())
     lines = [f"### {record['title']}", "", record["what"].rstrip(".") + ".", "",
              f"`benchmarks/results/{record['file']}` -- commit `{record['commit']}`, {record['date'][:10]}.", "",
-             f"Decoded: {first['conditions']}, {first['mode']}; each pair's baseline {first['baseline_mode']} (token "
-             "verification).", "",
-             "| head | drafter | shape | tau, token verification, by seed | tau, block verification, by seed | gain, mean "
-             "(sd) | paired tokens/s, block / token |", "|---|---|---|---|---|---|---|"]
+             f"Decoded: {first['conditions']}, {first['mode']}; each pair's baseline {first['baseline_mode']} ({base}).", "",
+             f"| head | drafter | shape | tau, {base}, by seed | tau, {rule}, by seed | gain, mean (sd) | paired tokens/s, "
+             f"{rule} / {base} |" + (" mean log-probability a token: this rule / baseline / plain sampling |" if quality else ""),
+             "|---|---|---|---|---|---|---|" + ("---|" if quality else "")]
     seeds = " ".join(str(x) for x in first["seeds"])
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     for row in heads.values():
+        lp = (f" {mean(row['mean_logprob']):.3f} / {mean(row['baseline_mean_logprob']):.3f} / "
+              f"{mean(row['plain_mean_logprob']):.3f} |" if quality else "")
         lines.append(f"| `{row['draft']}` | {row['method']} | {row['shape']} | "
                      f"{' / '.join(f'{t:.2f}' for t in row['baseline_tau'])} | {' / '.join(f'{t:.2f}' for t in row['tau'])} | "
                      f"{row['gain']['mean']:+.1f}% ({row['gain']['sd']:.1f}) | "
-                     f"{' / '.join(f'{r:.2f}x' for r in row['tokens_per_s_ratio'])} |")
+                     f"{' / '.join(f'{r:.2f}x' for r in row['tokens_per_s_ratio'])} |{lp}")
     over = v["gain_over_heads"]
     lines += ["", f"Seeds {seeds}. Over the {len(heads)} heads, the gain in tau is {over['mean']:+.1f}% on average (sd "
               f"{over['sd']:.1f} across heads).", ""]

@@ -1,13 +1,15 @@
 """One verification rule against another, head by head over seeds: one result file from paired ``headstart bench`` runs.
 
     python benchmarks/verification_gain.py --title "Block verification against token verification" \\
-        --what "..." --bench eagle3@0=runs/verification/eagle3-s0 --bench eagle3@1=runs/verification/eagle3-s1 \\
-        --out benchmarks/results/block_verification_demo.json
+        --what "..." --rule "block verification" --bench eagle3@0=runs/verification/eagle3-s0 \\
+        --bench eagle3@1=runs/verification/eagle3-s1 --out benchmarks/results/block_verification_demo.json
 
 Each ``--bench HEAD@SEED=DIR`` is a run decoded with one rule (``--verification block``) paired in one process with
-the same head under another (``--versus '... --verification token'``), both sampling from the same seed. The file
-records, per head, each seed's tau under both rules, the gain (block over token, in percent) and its mean and
-spread over the seeds, and the paired tokens/s ratio; and the mean gain over the heads. Nothing is re-measured here.
+the same head under another (``--versus '... --verification token'``, ``--baseline``), both sampling from the same
+seed. The file records, per head, each seed's tau under both rules, the gain (the rule's over the baseline's, in
+percent) with its mean and spread over the seeds, the paired tokens/s ratio, and the mean target log-probability of
+the sampled text under each rule and plain sampling (decode/quality.py: what a rule that is not lossless costs); and
+the mean gain over the heads. Nothing is re-measured here.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ def head_rows(runs: dict[str, dict]) -> dict[str, dict]:
                                       "target": first["target"], "conditions": first["conditions"], "mode": first["mode"],
                                       "baseline_mode": second["mode"], "seeds": [], "tau": [], "baseline_tau": [],
                                       "acceptance_by_position": [], "baseline_acceptance_by_position": [],
-                                      "tokens_per_s_ratio": [], "commands": []})
+                                      "tokens_per_s_ratio": [], "mean_logprob": [], "baseline_mean_logprob": [],
+                                      "plain_mean_logprob": [], "commands": []})
         row["seeds"].append(int(seed))
         row["tau"].append(first["tau"])
         row["baseline_tau"].append(second["tau"])
@@ -48,6 +51,10 @@ def head_rows(runs: dict[str, dict]) -> dict[str, dict]:
         row["baseline_acceptance_by_position"].append(second["acceptance_by_position"])
         row["tokens_per_s_ratio"].append(run["paired"]["tokens_per_s_ratio"])
         row["commands"].append(first["command"])
+        if "mean_logprob" in first:
+            row["mean_logprob"].append(first["mean_logprob"])
+            row["baseline_mean_logprob"].append(second["mean_logprob"])
+            row["plain_mean_logprob"].append(first["plain_mean_logprob"])
     for row in heads.values():
         row["gain_pct"] = [round(100 * (a / b - 1), 2) for a, b in zip(row["tau"], row["baseline_tau"])]
         row["gain"] = spread(row["gain_pct"])
@@ -58,6 +65,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--title", required=True)
     p.add_argument("--what", required=True, help="one line: the rules, heads, data, seeds")
+    p.add_argument("--rule", required=True, help="the runs' rule as the page names it, e.g. 'block verification'")
+    p.add_argument("--baseline", default="token verification", help="their --versus runs' rule")
     p.add_argument("--bench", action="append", default=[], metavar="HEAD@SEED=BENCH_DIR")
     p.add_argument("--out", required=True)
     p.add_argument("--allow-dirty", action="store_true",
@@ -70,7 +79,8 @@ def main() -> None:
     if len(targets) != 1:
         raise SystemExit(f"one target per result file, found {sorted(targets)}")
     record = {"title": args.title, "what": args.what, "target": targets.pop(),
-              "verification": {"heads": heads, "gain_over_heads": spread([r["gain"]["mean"] for r in heads.values()])}}
+              "verification": {"rule": args.rule, "baseline": args.baseline, "heads": heads,
+                               "gain_over_heads": spread([r["gain"]["mean"] for r in heads.values()])}}
     out = write_result(args.out, record, allow_dirty=args.allow_dirty)
     print(f"wrote {args.out}: " + "; ".join(f"{h} {r['gain']['mean']:+.1f}% (sd {r['gain']['sd']:.1f})"
                                             for h, r in out["verification"]["heads"].items()))

@@ -20,9 +20,9 @@ import torch
 
 from headstart.decode.clock import UNTIMED, RoundClock
 from headstart.decode.drafter import Capabilities, Drafter
-from headstart.decode.generate import Generation, Sampling, check_verification, stop_at_end
+from headstart.decode.generate import Generation, Sampling, stop_at_end
 from headstart.decode.target_runner import RaggedRunner
-from headstart.decode.verify import VERIFICATIONS, verify_greedy
+from headstart.decode.verify import TOKEN, Verification, verify_greedy
 from headstart.models.target import TargetOutput
 
 
@@ -212,13 +212,12 @@ def batch_speculative_generate(
     sampling: Sampling | None = None,
     generator: torch.Generator | None = None,
     clock: RoundClock | None = None,
-    verification: str = "token",
+    verification: Verification = TOKEN,
 ) -> tuple[list[Generation], int]:
     """Speculative chains for B prompts ([1, T_b] each), ``drafter`` holding one row per prompt. Greedy when
     ``sampling`` is None (each output = that prompt's greedy decoding), else lossless rejection sampling, each row's
-    chain verified token by token or as a block (``verification``: decode/verify.py ``VERIFICATIONS``). Returns each
+    chain verified by ``verification``'s rule (decode/verify.py). Returns each
     sequence's generation and the number of batched rounds (target forwards after the prefill)."""
-    check_verification(verification, tree=False)
     clock = clock or UNTIMED
     clock.start()
     device = prompts[0].device
@@ -252,7 +251,7 @@ def batch_speculative_generate(
             q_all = logits.new_zeros(len(active), width, logits.shape[-1], dtype=torch.float)
             for i, (d, q) in enumerate(zip(drafts, qs)):
                 q_all[i, : d.numel()] = torch.nn.functional.one_hot(d, logits.shape[-1]).float() if q is None else q
-            n_acc, nxt = VERIFICATIONS[verification](padded, q_all, sampling.probs(logits), generator, lengths)
+            n_acc, nxt = verification.chain(padded, q_all, sampling.probs(logits), generator, lengths)
         # The round's one host transfer: accepted counts, next tokens and the drafts, packed together.
         packed = torch.cat([n_acc[:, None], nxt[:, None], padded], dim=1).tolist()
         runner.commit([1 + row[0] for row in packed])

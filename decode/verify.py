@@ -1,6 +1,7 @@
 """Chain verification: which of k drafted tokens the target accepts, and the token it emits next.
 
-Under sampling a chain is verified token by token (``verify_sampling``) or as a block (``verify_block``). Every rule is
+Under sampling a chain is verified token by token (``verify_sampling``), as a block (``verify_block``) or, not
+losslessly, by typical acceptance (decode/typical.py); ``Verification`` is the rule a run chose. Every rule is
 vectorised over the batch (block verification's carried weight is a loop of k small ops over it) with no host sync.
 Greedy reproduces the target's greedy decoding exactly; rejection sampling (Leviathan
 et al. 2023; Chen et al. 2023) reproduces the target's sampling distribution exactly.
@@ -11,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from headstart.decode.typical import verify_typical
 
 
 def warp_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -140,9 +143,54 @@ def verify_block(
     return accepted, torch.multinomial(chosen, 1, generator=generator).squeeze(1)
 
 
-VERIFICATIONS = {"token": verify_sampling, "block": verify_block}
-"""How a chain's sampled drafts are verified: token by token (Leviathan et al.; Chen et al.) or jointly as a block
-(Sun et al.). Both are lossless; greedy decoding has one rule (``verify_greedy``)."""
+RULES = ("token", "block", "typical")
+"""How sampled drafts are verified: token by token (Leviathan et al.; Chen et al.), jointly as a block (Sun et al.),
+both lossless; or by Medusa-2's typical acceptance (decode/typical.py), which is not. Greedy decoding has one rule
+(``verify_greedy``)."""
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The rule a run verifies its sampled drafts by (``RULES``), with typical acceptance's two parameters (Medusa's
+    defaults: posterior_threshold 0.09, posterior_alpha 0.3)."""
+
+    rule: str = "token"
+    threshold: float = 0.09
+    alpha: float = 0.3
+
+    def __post_init__(self) -> None:
+        if self.rule not in RULES:
+            raise ValueError(f"unknown verification {self.rule!r}; the rules are {list(RULES)}")
+        if not (0 < self.threshold <= 1 and self.alpha > 0):
+            raise ValueError(f"typical acceptance needs 0 < threshold <= 1 and alpha > 0, got {self.threshold}, {self.alpha}")
+
+    @property
+    def lossless(self) -> bool:
+        return self.rule != "typical"
+
+    def check(self, tree: bool) -> None:
+        """Block verification verifies chains: a tree's children are tried one after another at each node."""
+        if tree and self.rule == "block":
+            raise ValueError("block verification verifies a chain; a tree is verified node by node")
+
+    def chain(self, draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+              generator: torch.Generator | None = None, lengths: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A sampled chain's (accepted [B], next_token [B]) by this rule (``draft_probs`` unread by typical)."""
+        if self.rule == "token":
+            return verify_sampling(draft_tokens, draft_probs, target_probs, generator, lengths)
+        if self.rule == "block":
+            return verify_block(draft_tokens, draft_probs, target_probs, generator, lengths)
+        return verify_typical(draft_tokens, target_probs, self.threshold, self.alpha, lengths)
+
+    def describe(self) -> str:
+        """As a run's mode says it ("" for token verification, the default)."""
+        if self.rule == "typical":
+            return f"typical acceptance (threshold {self.threshold:g}, alpha {self.alpha:g}; not lossless)"
+        return "" if self.rule == "token" else f"{self.rule} verification"
+
+
+TOKEN = Verification()
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from headstart.heads.mtp.drafter import MTPDrafter
 from headstart.heads.peagle.drafter import PEagleDrafter
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.target_runner import RaggedRunner, TargetRunner
+from headstart.decode.verify import Verification
 from headstart.heads.mtp.module import build_mtp
 from headstart.models.target import Target
 
@@ -173,7 +174,7 @@ def test_batched_speculative_samples_follow_the_target(small_vocab, drafter, ver
     pairs = []
     for _ in range(8):
         outs, _ = batch_speculative_generate(ragged, make(), [PROMPT] * 250, 4, set(), 3, sampling=SAMPLING, generator=g,
-                                             verification=verification)
+                                             verification=Verification(verification))
         pairs += [(o.tokens[1], o.tokens[2]) for o in outs]
     stat, critical = chi2_vs(pairs, exact_joint(model))
     assert stat < critical

@@ -186,20 +186,21 @@ def test_padding_is_never_kept_and_a_short_row_ends_at_its_own_length():
 
 
 def test_the_flag_is_refused_by_name_where_it_has_no_meaning_and_named_in_the_run_mode(capsys):
-    from headstart.decode.generate import check_verification
     from headstart.decode.report import run_mode
+    from headstart.decode.verify import Verification
     from headstart.scripts.benchmark import build_parser, check_args
 
     base = ["--target", "t", "--questions", "q", "--out", "o", "--method", "eagle3", "--draft", "d"]
     p = build_parser()
-    for extra in (["--verification", "block"], ["--verification", "block", "--temperature", "0.7", "--tree"]):
+    for extra, says in ((["--verification", "block"], "verifies sampled drafts: it needs --temperature > 0"),
+                        (["--verification", "block", "--temperature", "0.7", "--tree"], "verifies a chain")):
         with pytest.raises(SystemExit):
             check_args(p, p.parse_args(base + extra))
-        assert "--verification block verifies a sampled chain" in capsys.readouterr().err
+        assert f"--verification block {says}" in capsys.readouterr().err
     args = p.parse_args(base + ["--verification", "block", "--temperature", "0.7"])
     check_args(p, args)
     assert run_mode(args, "float32", "float32") == "sampling T=0.7 top-p 1.0 top-k 0, block verification"
     with pytest.raises(ValueError, match="a tree is verified node by node"):
-        check_verification("block", tree=True)
+        Verification("block").check(tree=True)
     with pytest.raises(ValueError, match="unknown verification 'blocks'"):
-        check_verification("blocks", tree=False)
+        Verification("blocks")

@@ -32,7 +32,7 @@ from headstart.decode.drafter import Capabilities, Drafter
 from headstart.decode.generate import plain_generate, speculative_generate
 from headstart.decode.target_runner import RaggedRunner, TargetRunner
 from headstart.decode.tree import DynamicTree, StaticTree
-from headstart.decode.verify import Sampling
+from headstart.decode.verify import Sampling, Verification
 from headstart.heads.exports import check_head, convert_head, detect_layout
 from headstart.heads.methods import drafting_methods
 from headstart.heads.registry import HEADS, SHARED_FIELDS, build_head, drafter_for, load_head, spec_of
@@ -400,7 +400,7 @@ def test_sampling_keeps_the_target_distribution_in_every_declared_shape(name, sh
     head = build_head(DraftConfig(head=name, options=options), runner.target, torch.ones(V))
     perturb(head, 0.3)
     pairs = sample_pairs(runner, lambda: drafter_for(head.eval(), 32), 2500, seed=0, tree=SHAPES[shape],
-                         verification="block" if shape == "block" else "token")
+                         verification=Verification("block" if shape == "block" else "token"))
     stat, critical = chi2_vs(pairs, exact_joint(model))
     assert stat < critical
 

@@ -186,7 +186,8 @@ def test_two_verification_rules_render_head_by_head_with_the_gain_over_seeds(tmp
     def run(tau: float, base: float, ratio: float, draft: str = "configs/demo/eagle3-head") -> dict:
         side = lambda t, mode: {"method": "eagle3", "draft": draft, "shape": "chain k=4", "target": "targets/A",  # noqa: E731
                                 "conditions": "mt_bench.jsonl (first 1 per category, every turn), 128 new tokens",
-                                "mode": mode, "tau": t, "acceptance_by_position": [0.5], "command": "headstart bench --seed 0"}
+                                "mode": mode, "tau": t, "acceptance_by_position": [0.5], "command": "headstart bench --seed 0",
+                                "mean_logprob": -1.0 - t, "plain_mean_logprob": -2.0}
         return {"first": side(tau, "sampling T=0.7, block verification"), "second": side(base, "sampling T=0.7"),
                 "paired": {"turns": 16, "tokens_per_s_ratio": ratio}}
 
@@ -196,12 +197,13 @@ def test_two_verification_rules_render_head_by_head_with_the_gain_over_seeds(tmp
     assert row["gain"] == {"mean": 5.0, "sd": 5.0}
     record = {"title": "Block verification against token verification", "what": "block vs token", "target": "targets/A",
               "command": "x", "commit": "abc", "machine": "CPU", "date": "2026-12-02T00:00:00+00:00",
-              "verification": {"heads": heads, "gain_over_heads": spread([5.0])}}
+              "verification": {"rule": "block verification", "baseline": "token verification", "heads": heads,
+                               "gain_over_heads": spread([5.0])}}
     (tmp_path / "v.json").write_text(json.dumps(record))
     (tmp_path / "a.json").write_text(json.dumps(bench_record("targets/A", 1.875)))
     text = results_page.render(results_page.load(tmp_path))
     assert "| `configs/demo/eagle3-head` | eagle3 | chain k=4 | 2.00 / 2.00 / 2.00 | 2.20 / 2.10 / 2.00 | +5.0% (5.0) | " \
-           "1.05x / 1.01x / 0.99x |" in text
+           "1.05x / 1.01x / 0.99x | -3.100 / -3.000 / -2.000 |" in text
     assert text.index("## `targets/A` on CPU") < text.index("### Block verification against token verification")
     with pytest.raises(SystemExit, match="one head under two rules"):
         head_rows({"x@0": run(2.0, 2.0, 1.0) | {"second": {**run(2.0, 2.0, 1.0)["second"], "draft": "other"}}})
