@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -279,9 +280,10 @@ def verification_section(record: dict) -> list[str]:
     over = v["gain_over_heads"]
     lines += ["", f"Seeds {seeds}. Over the {len(heads)} heads, the gain in tau is {over['mean']:+.1f}% on average (sd "
               f"{over['sd']:.1f} across heads).", ""]
-    commands = {Path(row["draft"]).name: row["commands"][0] for row in heads.values()}
-    return lines + [f"The commands of seed {first['seeds'][0]} (the other seeds' differ only in `--seed`).", "",
-                    *command_list(commands), ""]
+    # One command for every run: the rows' drafter and head as M and D, the seed as S.
+    command = " ".join(shown(first["commands"][0])).replace(f"--method {first['method']}", "--method M")
+    command = re.sub(r"--seed \d+", "--seed S", command.replace(f"--draft {first['draft']}", "--draft D"))
+    return lines + [f"Command (M, D: a row's drafter and head; S: its seed): `{command}`.", ""]
 
 
 def plan_section(record: dict) -> list[str]:

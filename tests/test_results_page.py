@@ -205,5 +205,6 @@ def test_two_verification_rules_render_head_by_head_with_the_gain_over_seeds(tmp
     assert "| `configs/demo/eagle3-head` | eagle3 | chain k=4 | 2.00 / 2.00 / 2.00 | 2.20 / 2.10 / 2.00 | +5.0% (5.0) | " \
            "1.05x / 1.01x / 0.99x | -3.100 / -3.000 / -2.000 |" in text
     assert text.index("## `targets/A` on CPU") < text.index("### Block verification against token verification")
+    assert "Command (M, D: a row's drafter and head; S: its seed): `headstart bench --seed S`." in text
     with pytest.raises(SystemExit, match="one head under two rules"):
         head_rows({"x@0": run(2.0, 2.0, 1.0) | {"second": {**run(2.0, 2.0, 1.0)["second"], "draft": "other"}}})
