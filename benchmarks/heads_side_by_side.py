@@ -94,7 +94,9 @@ def method(report: dict) -> dict:
             "acceptance_by_position": [round(a, 3) for a in o["acceptance_by_position"] if a is not None],
             "round_ms": {k: round(v, 2) for k, v in o["round_ms"].items()}, "tokens_per_s": round(o["spec_tokens_per_s"], 2),
             "plain_tokens_per_s": round(o["plain_tokens_per_s"], 2), "speedup": round(o["speedup"], 3),
-            "predicted_speedup": round(o["predicted_speedup"], 3), "command": report.get("command")}
+            "predicted_speedup": round(o["predicted_speedup"], 3), "command": report.get("command"),
+            **({"mean_logprob": round(o["mean_logprob"], 4), "plain_mean_logprob": round(o["plain_mean_logprob"], 4)}
+               if o.get("mean_logprob") is not None else {})}
 
 
 def bench_run(directory: Path) -> dict:

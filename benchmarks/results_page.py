@@ -7,7 +7,8 @@ per result file, with its commit and date and the commands of its runs.
 A result file is what ``benchmarks/heads_side_by_side.py`` writes: ``title``, ``what``, the provenance (``command``,
 ``commit``, ``machine``, ``date``), ``train`` (runs by name) and ``bench`` (``headstart bench`` runs by name, each a
 ``first`` method, and with ``--versus`` a ``second`` and their ``paired`` ratio); or what
-``benchmarks/plan_vs_measured.py`` writes: the same provenance and ``plan`` (headstart plan against measured peaks).
+``benchmarks/plan_vs_measured.py`` writes: the same provenance and ``plan`` (headstart plan against measured peaks); or
+what ``benchmarks/verification_gain.py`` writes: ``verification`` (one rule against another, head by head over seeds).
 The page holds nothing else, and says what every table shares once: the decoding setting and command of a target's
 tables, each paired run's baseline (once under its table, with its speed-up in each pair), the command words all runs
 of a table share, and no command a row already says. To change a figure, rerun its suite (benchmarks/run.py).
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -56,13 +58,16 @@ def load(directory: Path = RESULTS) -> list[dict]:
         for key in ("title", "what", "commit", "machine", "date"):
             if key not in record:
                 raise ValueError(f"{path}: a result file needs {key!r} (benchmarks/heads_side_by_side.py writes it)")
-        if "bench" not in record and "plan" not in record:
-            raise ValueError(f"{path}: a result file needs 'bench' (decoding runs) or 'plan' (headstart plan rows)")
+        if not {"bench", "plan", "verification"} & record.keys():
+            raise ValueError(f"{path}: a result file needs 'bench' (decoding runs), 'plan' (headstart plan rows) or "
+                             "'verification' (two verification rules by head)")
         files.append({**record, "file": path.name})
     return files
 
 
 def target_of(record: dict) -> str:
+    if "verification" in record:
+        return record["target"]
     runs = [run[side] for run in record["bench"].values() for side in ("first", "second") if side in run]
     targets = {run["target"] for run in runs}
     if len(targets) != 1:
@@ -128,6 +133,11 @@ def bench_table(record: dict, said: str | None = None, prefix: str | None = None
             baselines.setdefault(key, (second, []))[1].append(f"{name}: {speedup(second)}")
     out = [] if said == decoded(record) else ["Decoded: " + decoded(record) + ".", ""]
     out += lines
+    quality = [f"{name}: {run['first']['mean_logprob']:.3f} ({run['first']['plain_mean_logprob']:.3f})"
+               for name, run in record["bench"].items() if "mean_logprob" in run["first"]]
+    if quality:  # sampled runs: what the target thinks of the text, against plain sampling's (decode/quality.py)
+        out += ["", "Mean target log-probability per token of the sampled text (plain sampling's in brackets): "
+                + "; ".join(quality) + "."]
     if baselines:
         turns = sorted({run["paired"]["turns"] for run in record["bench"].values() if "paired" in run})
         out += ["", f"Baselines ({' or '.join(map(str, turns))} turns a pair):", "",
@@ -245,6 +255,37 @@ def section(record: dict, said: str | None = None, prefix: str | None = None) ->
     return lines + bench_table(record, said, prefix) + [""]
 
 
+def verification_section(record: dict) -> list[str]:
+    """One verification rule against another, a row a head: tau under each by seed, the gain's mean and spread over the
+    seeds, the paired tokens/s ratio by seed (benchmarks/verification_gain.py)."""
+    v = record["verification"]
+    heads, rule, base = v["heads"], v["rule"], v["baseline"]
+    first = next(iter(heads.values()))
+    quality = any(row["mean_logprob"] for row in heads.values())
+    lines = [f"### {record['title']}", "", record["what"].rstrip(".") + ".", "",
+             f"`benchmarks/results/{record['file']}` -- commit `{record['commit']}`, {record['date'][:10]}.", "",
+             f"Decoded: {first['conditions']}, {first['mode']}; each pair's baseline {first['baseline_mode']} ({base}).", "",
+             f"| head | drafter | shape | tau, {base}, by seed | tau, {rule}, by seed | gain, mean (sd) | paired tokens/s, "
+             f"{rule} / {base} |" + (" mean log-probability a token: this rule / baseline / plain sampling |" if quality else ""),
+             "|---|---|---|---|---|---|---|" + ("---|" if quality else "")]
+    seeds = " ".join(str(x) for x in first["seeds"])
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    for row in heads.values():
+        lp = (f" {mean(row['mean_logprob']):.3f} / {mean(row['baseline_mean_logprob']):.3f} / "
+              f"{mean(row['plain_mean_logprob']):.3f} |" if quality else "")
+        lines.append(f"| `{row['draft']}` | {row['method']} | {row['shape']} | "
+                     f"{' / '.join(f'{t:.2f}' for t in row['baseline_tau'])} | {' / '.join(f'{t:.2f}' for t in row['tau'])} | "
+                     f"{row['gain']['mean']:+.1f}% ({row['gain']['sd']:.1f}) | "
+                     f"{' / '.join(f'{r:.2f}x' for r in row['tokens_per_s_ratio'])} |{lp}")
+    over = v["gain_over_heads"]
+    lines += ["", f"Seeds {seeds}. Over the {len(heads)} heads, the gain in tau is {over['mean']:+.1f}% on average (sd "
+              f"{over['sd']:.1f} across heads).", ""]
+    # One command for every run: the rows' drafter and head as M and D, the seed as S.
+    command = " ".join(shown(first["commands"][0])).replace(f"--method {first['method']}", "--method M")
+    command = re.sub(r"--seed \d+", "--seed S", command.replace(f"--draft {first['draft']}", "--draft D"))
+    return lines + [f"Command (M, D: a row's drafter and head; S: its seed): `{command}`.", ""]
+
+
 def plan_section(record: dict) -> list[str]:
     """headstart plan's estimate against a measured peak, recipe by recipe (benchmarks/plan_vs_measured.py)."""
     lines = [f"## {record['title']}: {record['machine']}", "", record["what"].rstrip(".") + ".", "",
@@ -266,19 +307,21 @@ def plan_section(record: dict) -> list[str]:
 def render(records: list[dict]) -> str:
     groups: dict[tuple[str, str], list[dict]] = {}
     for record in records:
-        if "bench" in record:
+        if "bench" in record or "verification" in record:
             groups.setdefault((target_of(record), record["machine"]), []).append(record)
     out = [HEADER]
     for (target, machine), members in sorted(groups.items()):
         out += [f"## `{target}` on {machine}", ""]
-        said = {decoded(record) for record in members}
+        benched = [record for record in members if "bench" in record]
+        said = {decoded(record) for record in benched}
         said = said.pop() if len(said) == 1 else None  # one setting for every table: said once
-        prefix = {bench_prefix(record) for record in members}
+        prefix = {bench_prefix(record) for record in benched}
         prefix = prefix.pop() if len(prefix) == 1 else None  # one command for every run, but for its FLAGS
         if said:
-            out += [f"Every table below decoded {said}" + (f": `{prefix} FLAGS`" if prefix else "") + ".", ""]
+            out += [f"Every table below decoded {said}" + (f": `{prefix} FLAGS`" if prefix else "")
+                    + (" (but sampled ones, which say how)" if len(benched) < len(members) else "") + ".", ""]
         for record in sorted(members, key=lambda r: r["title"]):
-            out += section(record, said, prefix if said else None)
+            out += section(record, said, prefix if said else None) if "bench" in record else verification_section(record)
     for record in sorted((r for r in records if "plan" in r), key=lambda r: r["title"]):
         out += plan_section(record)
     return "\n".join(out).rstrip() + "\n"

@@ -90,10 +90,12 @@ class Suite:
 
 
 def bench(name: str, target: str, out: str | Path, *flags: str, questions: list[str] = MT_BENCH,
-          new_tokens: str = "128", **step: object) -> Step:
+          new_tokens: str = "128", greedy: bool = True, **step: object) -> Step:
     """``headstart bench`` of the MT-bench setting every table uses (the first question per category, every turn, 128
-    new tokens, greedy, checked token for token against plain greedy decoding) into ``out``."""
-    return Step(name, [*BENCH, "--target", target, *questions, "--max-new-tokens", new_tokens, *GREEDY_EXACT, *flags,
+    new tokens, greedy, checked token for token against plain greedy decoding) into ``out``; ``greedy=False``: the
+    flags sample (nothing to check token for token, no transformers reference)."""
+    check = GREEDY_EXACT if greedy else ["--no-hf-reference"]
+    return Step(name, [*BENCH, "--target", target, *questions, "--max-new-tokens", new_tokens, *check, *flags,
                        "--out", str(out), "--overwrite"], **step)
 
 
@@ -283,6 +285,41 @@ def hydra_demo(s: Settings) -> list[Step]:
                                       "configs/demo/medusa_full.yaml", "--train",
                                       f"hydra=runs/demo-hydra-full:{x}/train-hydra.time", "--bench",
                                       f"chain-k4={x}/chain-k4", "--bench", f"tree={x}/tree"), writes_result=True)]
+
+
+# -- verification rules -----------------------------------------------------------------------------------------------
+
+RULES = {  # --verification RULE: (the page's name for it, its result file, its heads' shape, what the heads are)
+    "block": ("block verification", "block_verification_demo.json", "chains k={k}",
+              "the heads whose drafters draw their drafts from a q of their own"),
+    "typical": ("typical acceptance", "typical_acceptance_demo.json", "Medusa's fitted 32-node static tree and Hydra's "
+                "dynamic tree of depth 4", "Medusa-2's rule (threshold 0.09, alpha 0.3) on the heads it was made for")}
+
+
+def verification(rule: str) -> Callable[[Settings], list[Step]]:
+    """Each head sampled at the suite's temperature with ``--verification RULE``, paired in one process with the same
+    head under token verification, at each seed (benchmarks/verification_gain.py collects them)."""
+    name, result, shape, heads_are = RULES[rule]
+
+    def steps(s: Settings) -> list[Step]:
+        x, out, runs = s.out, [], []
+        for entry in s.words("heads"):  # METHOD=DRAFT[=SHAPE FLAGS, comma-separated], the row named by the draft
+            method, draft, *shaped = entry.split("=")
+            head = Path(draft).name.removesuffix("-head")
+            shape_flags = shaped[0].split(",") if shaped else k(s["k"])
+            for seed in s.words("seeds"):
+                flags = ["--method", method, "--draft", draft, *shape_flags, "--temperature", s["temperature"]]
+                out.append(bench(f"{head}-s{seed}", DEMO, x / f"{head}-s{seed}", *flags, "--seed", seed,
+                                 "--verification", rule, *versus(method, draft, *shape_flags, "--verification", "token"),
+                                 greedy=False))
+                runs += ["--bench", f"{head}@{seed}={x / f'{head}-s{seed}'}"]
+        what = (f"Each head decoded with --temperature {s['temperature']} ({shape.format(k=s['k'])}), its drafts kept by "
+                f"{name} and, paired in the same process from the same seed, by token verification; seeds "
+                f"{', '.join(s.words('seeds'))}; {heads_are}")
+        collect = [PY, "benchmarks/verification_gain.py", "--title", f"{name.capitalize()} against token verification",
+                   "--what", what, "--rule", name, *runs, "--out", f"benchmarks/results/{result}", *s.dirty_flag()]
+        return out + [Step("collect", collect, writes_result=True)]
+    return steps
 
 
 # -- distilled draft models ------------------------------------------------------------------------------------------
@@ -501,6 +538,18 @@ SUITES: dict[str, Suite] = {
     "early-exit": Suite("early-exit adapters on SmolLM2 by exit layer, paired with its EAGLE-3 head -> "
                         "early_exit_smollm2.json", "runs/early-exit-smollm2", early_exit,
                         {"sweep": "6 10 15 20", "steps": "450", "k": "4"}),
+    "block-demo": Suite("block against token verification, T = 0.7, every demo head that gives q, 3 seeds -> "
+                        "block_verification_demo.json", "runs/block-verification-demo", verification("block"),
+                        {"heads": " ".join(f"{m}=configs/demo/{d}" for m, d in (
+                            ("eagle3", "eagle3-head"), ("eagle3", "eagle31-head"), ("dflash", "dflash-head"),
+                            ("hydra", "hydra-head"), ("draft-model", "draft-model"),
+                            ("draft-model", "distilled-draft-model"))),
+                         "seeds": "0 1 2", "k": "4", "temperature": "0.7"}),
+    "typical-demo": Suite("typical acceptance against token verification in Medusa's and Hydra's trees, T = 0.7, 3 seeds "
+                          "-> typical_acceptance_demo.json", "runs/typical-acceptance-demo", verification("typical"),
+                          {"heads": "medusa=configs/demo/medusa-head=--tree-paths,configs/trees/medusa-demo-32.json "
+                                    "hydra=configs/demo/hydra-head=--tree,--tree-depth,4",
+                           "seeds": "0 1 2", "k": "4", "temperature": "0.7"}),
     "plan-cpu": Suite("headstart plan against measured peaks (after new-heads-demo) -> plan_vs_measured_cpu.json",
                       "runs/plan-cpu", plan_cpu, {"new_heads": "runs/new-heads-full"}),
     "batch": Suite("plain vs speculative decoding by batch size, every chain drafter -> OUT/table.md", "runs/bench-batch",

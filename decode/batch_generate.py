@@ -22,7 +22,7 @@ from headstart.decode.clock import UNTIMED, RoundClock
 from headstart.decode.drafter import Capabilities, Drafter
 from headstart.decode.generate import Generation, Sampling, stop_at_end
 from headstart.decode.target_runner import RaggedRunner
-from headstart.decode.verify import verify_greedy, verify_sampling
+from headstart.decode.verify import TOKEN, Verification, verify_greedy
 from headstart.models.target import TargetOutput
 
 
@@ -212,9 +212,11 @@ def batch_speculative_generate(
     sampling: Sampling | None = None,
     generator: torch.Generator | None = None,
     clock: RoundClock | None = None,
+    verification: Verification = TOKEN,
 ) -> tuple[list[Generation], int]:
     """Speculative chains for B prompts ([1, T_b] each), ``drafter`` holding one row per prompt. Greedy when
-    ``sampling`` is None (each output = that prompt's greedy decoding), else lossless rejection sampling. Returns each
+    ``sampling`` is None (each output = that prompt's greedy decoding), else lossless rejection sampling, each row's
+    chain verified by ``verification``'s rule (decode/verify.py). Returns each
     sequence's generation and the number of batched rounds (target forwards after the prefill)."""
     clock = clock or UNTIMED
     clock.start()
@@ -245,11 +247,11 @@ def batch_speculative_generate(
         if sampling is None:
             n_acc, nxt = verify_greedy(padded, logits, lengths)
         else:
-            # A deterministic proposal is a one-hot q; padding has q = 0 and is never accepted (verify_sampling).
+            # A deterministic proposal is a one-hot q; padding has q = 0 and is never accepted (either rule).
             q_all = logits.new_zeros(len(active), width, logits.shape[-1], dtype=torch.float)
             for i, (d, q) in enumerate(zip(drafts, qs)):
                 q_all[i, : d.numel()] = torch.nn.functional.one_hot(d, logits.shape[-1]).float() if q is None else q
-            n_acc, nxt = verify_sampling(padded, q_all, sampling.probs(logits), generator, lengths)
+            n_acc, nxt = verification.chain(padded, q_all, sampling.probs(logits), generator, lengths)
         # The round's one host transfer: accepted counts, next tokens and the drafts, packed together.
         packed = torch.cat([n_acc[:, None], nxt[:, None], padded], dim=1).tolist()
         runner.commit([1 + row[0] for row in packed])

@@ -16,7 +16,8 @@ from headstart.decode.clock import UNTIMED, RoundClock
 from headstart.decode.drafter import Drafter
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import DynamicTree, StaticTree, build_dynamic_tree, build_static_tree, verify_tree
-from headstart.decode.verify import Sampling, verify_greedy, verify_sampling
+from headstart.decode.typical import typical
+from headstart.decode.verify import TOKEN, Sampling, Verification, verify_greedy
 from headstart.models.target import TargetOutput
 
 
@@ -103,13 +104,16 @@ def speculative_generate(
     generator: torch.Generator | None = None,
     tree: DynamicTree | StaticTree | None = None,
     clock: RoundClock | None = None,
+    verification: Verification = TOKEN,
 ) -> Generation:
     """Greedy when ``sampling`` is None (output = the target's greedy decoding), else lossless
-    rejection sampling (output distributed exactly as sampling from the warped target).
+    rejection sampling (output distributed exactly as sampling from the warped target), a chain's drafts verified
+    token by token or as a block -- or, not losslessly, by typical acceptance (``verification``: decode/verify.py).
 
     With ``tree`` the drafter grows a tree per round (``k`` is then unused) and the target verifies
     every branch in one forward (decode/tree.py). ``clock``: where the time goes, by part (decode/clock.py)."""
     _check_budget(max_new_tokens)
+    verification.check(tree is not None)
     clock = clock or UNTIMED
     clock.start()
     device = prompt_ids.device
@@ -130,7 +134,7 @@ def speculative_generate(
     while not done:
         if tree is not None:
             tokens, done = _tree_round(runner, drafter, tree, tokens, max_new_tokens, eos_ids, sampling, generator, out,
-                                       clock)
+                                       clock, verification)
             continue
         # Never draft past the length limit: accepted drafts + the bonus token fit in what is left.
         budget = min(k, max_new_tokens - len(tokens) - 1)
@@ -148,7 +152,7 @@ def speculative_generate(
         else:
             if q is None:  # a deterministic proposal is a one-hot q (EAGLE's rule for top-k children)
                 q = torch.nn.functional.one_hot(drafts, logits.shape[-1]).float()
-            n_acc, nxt = verify_sampling(drafts.unsqueeze(0), q.unsqueeze(0), sampling.probs(logits), generator)
+            n_acc, nxt = verification.chain(drafts.unsqueeze(0), q.unsqueeze(0), sampling.probs(logits), generator)
         # The round's one host transfer: accepted count, next token and the drafts, packed together.
         packed = torch.cat([n_acc.view(1), nxt.view(1), drafts.long()]).tolist()
         n = packed[0]
@@ -175,7 +179,7 @@ def _last_round(drafter: Drafter, emitted: list[int]) -> None:
     drafter.finish(emitted)
 
 
-def _tree_round(runner, drafter, tree, tokens, max_new_tokens, eos_ids, sampling, generator, out, clock):
+def _tree_round(runner, drafter, tree, tokens, max_new_tokens, eos_ids, sampling, generator, out, clock, verification):
     """One tree round: grow, verify in one target forward, keep the accepted path's KV entries."""
     device = runner.device
     budget = max_new_tokens - len(tokens) - 1  # deepest useful node: its drafts + the bonus token fit
@@ -185,11 +189,16 @@ def _tree_round(runner, drafter, tree, tokens, max_new_tokens, eos_ids, sampling
     block = torch.cat([torch.tensor([tokens[-1]], device=device), draft.tokens.to(device)])
     logits, states = runner.forward(block.unsqueeze(0), tree_mask=draft.block_mask, depths=draft.block_depths())
     clock.lap("verify")
+    kept = None
     if sampling is None:
         choice = logits[0].argmax(-1)
+    elif verification.rule == "typical":  # a node is kept where typical under its parent's p; the next token greedy
+        probs = sampling.probs(logits[0])
+        choice = probs.argmax(-1)
+        kept = typical(probs[draft.parents + 1], draft.tokens.to(device), verification.threshold, verification.alpha)
     else:  # one sample of the warped target per node: lossless for deterministic children (verify_tree)
         choice = torch.multinomial(sampling.probs(logits[0]), 1, generator=generator).squeeze(1)
-    path, emitted = verify_tree(draft, choice, block)
+    path, emitted = verify_tree(draft, choice, block, kept)
     before = len(tokens)
     runner.keep(path)
     out.target_forwards += 1

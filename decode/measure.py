@@ -21,10 +21,12 @@ from headstart.decode.clock import PARTS, RoundClock
 from headstart.decode.exactness import GreedyCheck
 from headstart.decode.generate import Drafter, Generation, Sampling, plain_generate, speculative_generate
 from headstart.decode.predict import measure_step_times, predict_speedups, recommend_k, round_overhead
+from headstart.decode.quality import text_logprob
 from headstart.decode.questions import prompt_ids
 from headstart.decode.report import paired_summary
 from headstart.decode.target_runner import RaggedRunner, TargetRunner
 from headstart.decode.tree import DynamicTree, StaticTree
+from headstart.decode.verify import TOKEN, Verification
 
 
 @dataclass
@@ -43,6 +45,14 @@ class Tally:
     plain_parts: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))
     plain_forwards: int = 0  # plain decoding's one-token target forwards
     timed_runs: int = 0  # add_seconds calls: one per turn (batched: per batch of turns)
+    logprob: list[float] = field(default_factory=lambda: [0.0, 0.0])  # sampled: speculative text's sum, its tokens
+    plain_logprob: list[float] = field(default_factory=lambda: [0.0, 0.0])  # plain sampling's (decode/quality.py)
+
+    def add_quality(self, spec: tuple[float, int], plain: tuple[float, int]) -> None:
+        """Sampled runs: the log-probability sums and token counts of a turn's speculative and plain text."""
+        for mine, theirs in ((self.logprob, spec), (self.plain_logprob, plain)):
+            mine[0] += theirs[0]
+            mine[1] += theirs[1]
 
     def add_seconds(self, spec: RoundClock, plain: RoundClock, spec_rounds: int, plain_forwards: int) -> None:
         """One timed run: its clocks, its speculative rounds and plain forwards (after the prefill; batched, a round
@@ -98,6 +108,9 @@ class Tally:
             if self.spec_seconds and self.plain_seconds else None,
             "generated_tokens": self.new_tokens,
             "seconds_per_round": self.spec_seconds / self.rounds if self.rounds else None,
+            # sampled: the mean target log-probability of a token of the text, speculative and plain (decode/quality.py)
+            "mean_logprob": self.logprob[0] / self.logprob[1] if self.logprob[1] else None,
+            "plain_mean_logprob": self.plain_logprob[0] / self.plain_logprob[1] if self.plain_logprob[1] else None,
             **self.split(),
         }
 
@@ -141,6 +154,8 @@ class Rival:
     tree: DynamicTree | StaticTree | None = None
     own_loop: Callable[..., Generation] | None = None
     after_warm_up: Callable[[], None] | None = None
+    verification: Verification = TOKEN
+    """How its sampled drafts are verified (decode/verify.py): each method of a pair its own."""
 
     @property
     def depth(self) -> int:
@@ -165,7 +180,7 @@ class Rival:
         if self.own_loop is not None:
             return self.own_loop(prompt, max_new_tokens, eos_ids, sampling, generator, clock or RoundClock(prompt.device))
         return speculative_generate(self.runner, drafter, prompt, max_new_tokens, eos_ids, self.k, sampling, generator,
-                                    self.tree, clock)
+                                    self.tree, clock, self.verification)
 
 
 def run_benchmark(
@@ -187,6 +202,7 @@ def run_benchmark(
     make_batch_drafter: Callable[[int], BatchDrafter] | None = None,
     after_warm_up: Callable[[], None] | None = None,
     versus: Rival | None = None,
+    verification: Verification = TOKEN,
 ) -> dict:
     """Speculative and plain decoding of every turn; with ``sampling`` both sample (same seed per
     turn), so ``verify_greedy`` (token equality) only applies to greedy runs. ``own_loop`` (prompt, max new
@@ -196,7 +212,8 @@ def run_benchmark(
     the untimed warm-up decode left that would leak into the timed ones (a learning n-gram store's counts of question 1).
     ``versus``: a second method decoded on every turn too (``Rival``); the report then adds its own report under
     ``versus`` and the turn-by-turn comparison under ``paired`` (``paired_summary``). Plain decoding runs once a turn,
-    on the first method's runner (compiled or not as the first method is): both reports' plain columns are its."""
+    on the first method's runner (compiled or not as the first method is): both reports' plain columns are its.
+    ``verification``: how the first method's sampled drafts are verified (the second's: its ``Rival``)."""
     if verify_greedy and sampling is not None:
         raise ValueError("--verify-greedy compares with greedy decoding; it cannot be combined with sampling")
     device = next(runner.target.model.parameters()).device
@@ -211,9 +228,10 @@ def run_benchmark(
         make_batch = make_batch_drafter or (lambda b: PerSequence([make_drafter() for _ in range(b)]))
         ragged = runner if isinstance(runner, RaggedRunner) else RaggedRunner(runner.target, runner.max_len, runner.with_aux)
         _run_batched(ragged, make_batch, tokenizer, questions, k, max_new_tokens, eos_ids, batch_size, sampling, seed,
-                     generator, progress, tallies, by_length, check)
+                     generator, progress, tallies, by_length, check, verification)
         return _report(tallies, by_length, check)
-    methods = [Rival(runner, make_drafter, k, tree, own_loop, after_warm_up)] + ([versus] if versus is not None else [])
+    methods = [Rival(runner, make_drafter, k, tree, own_loop, after_warm_up, verification),
+               *([versus] if versus is not None else [])]
     tallies_of = [defaultdict(Tally) for _ in methods]
     by_length_of = [defaultdict(Tally) for _ in methods]  # the same turns, by the length of their prompt
     checks = [GreedyCheck(runner.target.model) if verify_greedy else None for _ in methods]
@@ -262,7 +280,10 @@ def run_benchmark(
                                                     "top_k": sampling.top_k or None, "top_p": sampling.top_p}))
                 sync(device)
                 hf_seconds = time.perf_counter() - t2
+            if sampling is not None:  # untimed: what the target thinks of each text (decode/quality.py)
+                plain_quality = text_logprob(runner.target.model, prompt, plain.tokens, sampling)
             for i, (m, (spec, clock, seconds)) in enumerate(zip(methods, specs)):
+                quality = text_logprob(runner.target.model, prompt, spec.tokens, sampling) if sampling is not None else None
                 if checks[i] is not None:
                     checks[i].compare(f"question {q['question_id']} turn {turn + 1}", prompt, plain.tokens, spec.tokens)
                 turn_speeds[i].append(len(spec.tokens) / seconds)
@@ -274,6 +295,8 @@ def run_benchmark(
                     tally.plain_seconds += t2 - t1
                     tally.plain_tokens += len(plain.tokens)
                     tally.hf_seconds += hf_seconds
+                    if quality is not None:
+                        tally.add_quality(quality, plain_quality)
             messages.append({"role": "assistant", "content": tokenizer.decode(plain.tokens, skip_special_tokens=True)})
         progress(f"question {q['question_id']} ({q['category']}): tau so far "
                  + " / ".join(f"{t['overall'].summary()['tau']:.2f}" for t in tallies_of))
@@ -298,7 +321,8 @@ def _report(tallies: dict[str, Tally], by_length: dict[str, Tally], check: Greed
 def _run_batched(runner: RaggedRunner, make_drafter: Callable[[int], BatchDrafter], tokenizer: PreTrainedTokenizerBase,
                  questions: list[dict], k: int, max_new_tokens: int, eos_ids: set[int], batch_size: int,
                  sampling: Sampling | None, seed: int, generator: torch.Generator, progress: Callable[[str], None],
-                 tallies: dict[str, Tally], by_length: dict[str, Tally], check: GreedyCheck | None) -> None:
+                 tallies: dict[str, Tally], by_length: dict[str, Tally], check: GreedyCheck | None,
+                 verification: Verification = TOKEN) -> None:
     """``batch_size`` questions at a time: their turn t decoded together (speculative, then plain on the same
     runner), a later turn seeing the plain answers as at batch size 1. Tau and acceptance are per sequence, by
     category and prompt length; tokens/s, the speed-up and the round split are the batch's, so only overall."""
@@ -315,7 +339,8 @@ def _run_batched(runner: RaggedRunner, make_drafter: Callable[[int], BatchDrafte
         if drafter.capabilities.compiled_batch:  # a compiled batched draft layer: commits of 1..k + 1, steps of 1
             drafter.precompile_batch(size, k + 1)
         warm = [prompt_ids(tokenizer, [{"role": "user", "content": questions[0]["turns"][0]}]).to(device)] * size
-        batch_speculative_generate(runner, make_drafter(size), warm, max(8, k + 2), eos_ids, k, sampling, generator)
+        batch_speculative_generate(runner, make_drafter(size), warm, max(8, k + 2), eos_ids, k, sampling, generator,
+                                   verification=verification)
         batch_plain_generate(runner, warm, 8, eos_ids, sampling, generator)
         sync(device)
     overall = tallies["overall"]
@@ -328,13 +353,14 @@ def _run_batched(runner: RaggedRunner, make_drafter: Callable[[int], BatchDrafte
                 histories[i].append({"role": "user", "content": chunk[i]["turns"][turn]})
             prompts = [prompt_ids(tokenizer, histories[i]).to(device) for i in rows]
             # untimed: the prompts once through the target and the drafter (see run_benchmark)
-            batch_speculative_generate(runner, make_drafter(len(rows)), prompts, 1, eos_ids, k, sampling, generator)
+            batch_speculative_generate(runner, make_drafter(len(rows)), prompts, 1, eos_ids, k, sampling, generator,
+                                       verification=verification)
             spec_clock, plain_clock = RoundClock(device), RoundClock(device)
             sync(device)
             t0 = time.perf_counter()
             generator.manual_seed(seed)
             specs, rounds = batch_speculative_generate(runner, make_drafter(len(rows)), prompts, max_new_tokens,
-                                                       eos_ids, k, sampling, generator, spec_clock)
+                                                       eos_ids, k, sampling, generator, spec_clock, verification)
             sync(device)
             t1 = time.perf_counter()
             generator.manual_seed(seed)
@@ -348,8 +374,12 @@ def _run_batched(runner: RaggedRunner, make_drafter: Callable[[int], BatchDrafte
                 q = chunk[i]
                 if check is not None:
                     check.compare(f"question {q['question_id']} turn {turn + 1}", prompt, plain.tokens, spec.tokens)
+                quality = (None if sampling is None else (text_logprob(runner.target.model, prompt, spec.tokens, sampling),
+                                                          text_logprob(runner.target.model, prompt, plain.tokens, sampling)))
                 for tally in (tallies[q["category"]], overall, by_length[prompt_bucket(prompt.shape[1])]):
                     tally.add(spec, depth)
+                    if quality is not None:
+                        tally.add_quality(*quality)
                 overall.plain_tokens += len(plain.tokens)
                 histories[i].append({"role": "assistant", "content": tokenizer.decode(plain.tokens, skip_special_tokens=True)})
         progress(f"questions {start + 1}-{start + len(chunk)}: tau so far {overall.summary()['tau']:.2f}")

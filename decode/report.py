@@ -19,6 +19,7 @@ import torch
 
 from headstart.decode.hybrid import ngram_share
 from headstart.decode.tree import DynamicTree, StaticTree
+from headstart.decode.verify import Verification
 
 
 def machine() -> str:
@@ -199,6 +200,9 @@ def run_mode(args, dtype: str, default_dtype: str, compiled_drafter: bool = Fals
     the dtype (said where it is not the device's default), whether the drafter compiled too, the tokens a learning
     n-gram store took in, a hybrid's rounds by drafter, the block sizes a chain was padded to."""
     mode = (f"sampling T={args.temperature} top-p {args.top_p} top-k {args.top_k}" if args.temperature > 0 else "greedy")
+    rule = Verification(args.verification, args.typical_threshold, args.typical_alpha).describe()
+    if rule:
+        mode += f", {rule}"
     if args.confidence_threshold:
         mode += f", stop under p {args.confidence_threshold:g}"
     if args.ngram_learn:

@@ -262,7 +262,8 @@ def build_static_tree(drafter: TreeDrafter, spec: StaticTree, max_depth: int) ->
     return DraftTree(drafter.to_target(draft_ids), parents_out, depths, depth)
 
 
-def verify_tree(tree: DraftTree, choice: torch.Tensor, block_tokens: torch.Tensor) -> tuple[list[int], list[int]]:
+def verify_tree(tree: DraftTree, choice: torch.Tensor, block_tokens: torch.Tensor,
+                kept: torch.Tensor | None = None) -> tuple[list[int], list[int]]:
     """Walk the tree along the target's choices.
 
     ``choice`` [1+n] is the target's token at each block position: its argmax (greedy) or one sample
@@ -275,13 +276,18 @@ def verify_tree(tree: DraftTree, choice: torch.Tensor, block_tokens: torch.Tenso
     falls through to a sample of p restricted to the other tokens -- the law of one sample of p. So
     one sample per node is exactly lossless, vectorised, and needs a single host transfer.
 
+    ``kept`` [n]: which nodes a rule other than equality keeps (typical acceptance, decode/typical.py: several siblings
+    can pass: the deepest wins, the first in block order among equals); ``choice`` still gives the token
+    emitted after the path.
+
     Returns (path [block indices, root first], emitted tokens [accepted drafts..., next token]).
     """
-    correct = torch.cat([torch.ones(1, dtype=torch.bool, device=choice.device), tree.tokens == choice[tree.parents + 1]])
+    right = tree.tokens == choice[tree.parents + 1] if kept is None else kept
+    correct = torch.cat([torch.ones(1, dtype=torch.bool, device=choice.device), right])
     anc = tree.block_mask
     ok = (~anc | correct[None, :]).all(dim=1)  # [1+n]: the node and all its ancestors are right
     depth = torch.where(ok, tree.block_depths(), -1)
-    best = depth.argmax()  # siblings are distinct tokens, so at most one node per depth is right
+    best = depth.argmax()  # siblings are distinct tokens, so at most one node per depth equals the choice
     n1 = block_tokens.numel()
     packed = torch.cat([anc[best].long(), block_tokens, choice[best].view(1)]).tolist()  # the one host transfer
     path = [i for i in range(n1) if packed[i]]

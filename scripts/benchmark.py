@@ -42,6 +42,7 @@ from headstart.decode.report import (append_section, paired_line, prediction_tab
 from headstart.decode.shapes import compiled_block, draft_tree, precompile_runner
 from headstart.decode.target_runner import RaggedRunner, TargetRunner
 from headstart.decode.tree import DynamicTree, StaticTree
+from headstart.decode.verify import RULES, Verification
 from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
 from headstart.trainer.ngram_corpus import ngram_store_from_conversations
 from headstart.heads.methods import drafting_methods
@@ -97,6 +98,15 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
                    help="chains of a model drafter (a head, --method draft-model, hf-assisted) stop after the first draft "
                         "the drafter gives a probability below this (transformers' assistant_confidence_threshold; 0: "
                         "always k drafts). With --compile a chain runs step by step instead of as one graph")
+    p.add_argument("--verification", choices=RULES, default="token",
+                   help="with --temperature > 0, how drafts are verified: token by token (Leviathan et al.), or a chain "
+                        "jointly as a block (Sun et al., 2025; vLLM's rejection_sample_method \"block\"), both keeping "
+                        "the target's distribution exactly, block never keeping fewer drafts in expectation; or typical "
+                        "acceptance (Medusa-2: a draft kept where typical under the target, the next token greedy), "
+                        "NOT lossless: the benchmark reports its quality cost")
+    p.add_argument("--typical-threshold", type=float, default=Verification.threshold,
+                   help="--verification typical: a draft is kept where p(x) > min(THRESHOLD, ALPHA * exp(-entropy(p)))")
+    p.add_argument("--typical-alpha", type=float, default=Verification.alpha)
     p.add_argument("--tune-blocks", action="store_true",
                    help="eager, batch 1: time the target's forward over 1..k+1 tokens first and run each shorter block "
                         "padded to the cheapest size that holds it (a CPU BLAS can make 2-3 rows cost more than 5)")
@@ -110,6 +120,11 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--dtype", default=None, help="target dtype (default bfloat16 on GPU, float32 on CPU)")
+
+
+def verification_of(args: argparse.Namespace) -> Verification:
+    """``--verification`` and typical acceptance's parameters."""
+    return Verification(args.verification, args.typical_threshold, args.typical_alpha)
 
 
 def sampling_of(args: argparse.Namespace) -> Sampling | None:
@@ -164,6 +179,14 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                 "--tree, at most --tree-depth deep and --tree-total-tokens tokens (the verify block)")
     if m.own_loop and (args.temperature > 0 or args.predict):
         p.error(f"{args.method} is benchmarked greedy and without --predict (transformers' loop is one call)")
+    if args.verification != "token" and (args.temperature == 0 or m.own_loop):
+        p.error(f"--verification {args.verification} verifies sampled drafts: it needs --temperature > 0 (greedy "
+                "verification has one rule) and a headstart method")
+    if args.verification == "block" and (args.tree or args.tree_paths):
+        p.error("--verification block verifies a chain; a tree is verified node by node (drop --tree/--tree-paths)")
+    if args.verification != "typical" and (args.typical_threshold != Verification.threshold
+                                           or args.typical_alpha != Verification.alpha):
+        p.error("--typical-threshold/--typical-alpha set typical acceptance: use them with --verification typical")
     if args.verify_greedy and args.temperature > 0:
         p.error("--verify-greedy checks greedy output; it needs --temperature 0")
     if args.batch_size < 1:
@@ -201,6 +224,9 @@ def check_numbers(args: argparse.Namespace) -> None:
                    per_category=(given.get("per_category"), 1))
     if not 0 < args.top_p <= 1:
         raise UserError(f"--top-p {args.top_p}: must be in (0, 1] (1 keeps every token)")
+    if not (0 < args.typical_threshold <= 1 and args.typical_alpha > 0):
+        raise UserError(f"--typical-threshold {args.typical_threshold} / --typical-alpha {args.typical_alpha}: the "
+                        "threshold must be in (0, 1] and alpha > 0")
 
 
 def check_inputs(args: argparse.Namespace) -> None:
@@ -267,7 +293,7 @@ class Method:
 
     def rival(self) -> Rival:
         return Rival(self.runner, self.make, self.args.num_speculative_tokens, self.tree, self.own_loop,
-                     self.store.forget if self.args.ngram_learn else None)
+                     self.store.forget if self.args.ngram_learn else None, verification_of(self.args))
 
 
 def build_method(p: argparse.ArgumentParser, args: argparse.Namespace, setup: DecodeSetup) -> Method:
@@ -350,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
                            sampling=sampling, seed=args.seed, own_loop=method.own_loop, batch_size=args.batch_size,
                            make_batch_drafter=method.make_batch,
                            after_warm_up=method.rival().after_warm_up,
-                           versus=rival.rival() if rival is not None else None,
+                           versus=rival.rival() if rival is not None else None, verification=verification_of(args),
                            progress=lambda line: print(line, flush=True))
     shape, mode = describe(method, report, setup)
     table = run_table(report)

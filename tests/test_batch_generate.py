@@ -16,6 +16,7 @@ from headstart.heads.mtp.drafter import MTPDrafter
 from headstart.heads.peagle.drafter import PEagleDrafter
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.target_runner import RaggedRunner, TargetRunner
+from headstart.decode.verify import Verification
 from headstart.heads.mtp.module import build_mtp
 from headstart.models.target import Target
 
@@ -141,11 +142,14 @@ def small_vocab():
     return model, RaggedRunner(Target(model), 32)
 
 
-@pytest.mark.parametrize("drafter", ["eagle3-sampled", "eagle3-batched", "medusa", "mtp-batched", "draft-model-batched",
-                                     "peagle-batched"])
-def test_batched_speculative_samples_follow_the_target(small_vocab, drafter):
+@pytest.mark.parametrize(("drafter", "verification"), [
+    *((d, "token") for d in ("eagle3-sampled", "eagle3-batched", "medusa", "mtp-batched", "draft-model-batched",
+                             "peagle-batched")),
+    ("draft-model-batched", "block"), ("medusa", "block")])
+def test_batched_speculative_samples_follow_the_target(small_vocab, drafter, verification):
     """Lossless in a batch: 2,000 sequences decoded 250 at a time; the joint of the 2nd and 3rd tokens matches the
-    warped target's exact joint (chi-square at p = 0.001)."""
+    warped target's exact joint (chi-square at p = 0.001), chains verified token by token or as a block (a drafter
+    with its own q, and one with one-hot q)."""
     model, ragged = small_vocab
     target = ragged.target
     torch.manual_seed(1)
@@ -169,7 +173,8 @@ def test_batched_speculative_samples_follow_the_target(small_vocab, drafter):
     g = torch.Generator().manual_seed(0)
     pairs = []
     for _ in range(8):
-        outs, _ = batch_speculative_generate(ragged, make(), [PROMPT] * 250, 4, set(), 3, sampling=SAMPLING, generator=g)
+        outs, _ = batch_speculative_generate(ragged, make(), [PROMPT] * 250, 4, set(), 3, sampling=SAMPLING, generator=g,
+                                             verification=Verification(verification))
         pairs += [(o.tokens[1], o.tokens[2]) for o in outs]
     stat, critical = chi2_vs(pairs, exact_joint(model))
     assert stat < critical

@@ -32,7 +32,7 @@ from headstart.decode.drafter import Capabilities, Drafter
 from headstart.decode.generate import plain_generate, speculative_generate
 from headstart.decode.target_runner import RaggedRunner, TargetRunner
 from headstart.decode.tree import DynamicTree, StaticTree
-from headstart.decode.verify import Sampling
+from headstart.decode.verify import Sampling, Verification
 from headstart.heads.exports import check_head, convert_head, detect_layout
 from headstart.heads.methods import drafting_methods
 from headstart.heads.registry import HEADS, SHARED_FIELDS, build_head, drafter_for, load_head, spec_of
@@ -378,17 +378,19 @@ def world_on_disk(world, tmp_path_factory):
     return model, shared, head
 
 
-SHAPES = {None: None, "dynamic": DynamicTree(depth=3, topk=3, total_tokens=8),
+SHAPES = {None: None, "block": None, "dynamic": DynamicTree(depth=3, topk=3, total_tokens=8),
           "static": StaticTree(((0,), (1,), (0, 0), (1, 0), (0, 0, 0)))}
-"""A chain, and each tree kind a drafter can declare."""
+"""A chain (verified token by token, or as a block), and each tree kind a drafter can declare."""
 
 
 @pytest.mark.nightly  # 2,500 sampled requests a head and shape
-@pytest.mark.parametrize(("name", "shape"), [(n, kind) for n in sorted(HEADS) for kind in (None, *HEADS[n].capabilities.trees)])
+@pytest.mark.parametrize(("name", "shape"), [(n, kind) for n in sorted(HEADS)
+                                             for kind in (None, "block", *HEADS[n].capabilities.trees)])
 def test_sampling_keeps_the_target_distribution_in_every_declared_shape(name, shape, world_on_disk):
     """Lossless sampling, by the shipped chi-square test (tests/test_sampling_loop.py): a random head of every entry,
-    verified by rejection sampling in a chain and in every tree kind it declares, emits the target's own joint
-    distribution (its drafts drawn from q where it declares sampled drafts, one-hot q otherwise)."""
+    verified by rejection sampling in a chain (token by token, and as a block) and in every tree kind it declares,
+    emits the target's own joint distribution (its drafts drawn from q where it declares sampled drafts, one-hot q
+    otherwise)."""
     model, shared, _ = world_on_disk
     spec = HEADS[name]
     runner = TargetRunner(shared.target, max_len=32, with_aux=spec.capabilities.reads_aux)
@@ -397,7 +399,8 @@ def test_sampling_keeps_the_target_distribution_in_every_declared_shape(name, sh
     torch.manual_seed(3)
     head = build_head(DraftConfig(head=name, options=options), runner.target, torch.ones(V))
     perturb(head, 0.3)
-    pairs = sample_pairs(runner, lambda: drafter_for(head.eval(), 32), 2500, seed=0, tree=SHAPES[shape])
+    pairs = sample_pairs(runner, lambda: drafter_for(head.eval(), 32), 2500, seed=0, tree=SHAPES[shape],
+                         verification=Verification("block" if shape == "block" else "token"))
     stat, critical = chi2_vs(pairs, exact_joint(model))
     assert stat < critical
 

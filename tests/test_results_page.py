@@ -84,7 +84,7 @@ def test_plan_rows_render_planned_against_measured(tmp_path: Path) -> None:
     assert "| `configs/demo/eagle3.yaml` | 2 | 1.24 GiB | 1.15 GiB | 0.93 | - | - |" in text and "- `torchrun ...`" in text
     del record["plan"]
     (tmp_path / "plan.json").write_text(json.dumps(record))
-    with pytest.raises(ValueError, match="needs 'bench' .* or 'plan'"):
+    with pytest.raises(ValueError, match="needs 'bench' .*'plan'.* or 'verification'"):
         results_page.load(tmp_path)
 
 
@@ -176,3 +176,35 @@ def test_a_paired_table_lists_each_baseline_once_and_only_the_commands_its_rows_
     assert "| k4 | ngram | `-` | chain k=4 | 2.00 | 0.50 0.25 | 0.1 / 0.0 / 5.0 | 1.25x (1.30x) | 0.90x |" in text
     assert ("Commands: FLAGS as the rows say, but:\n\n- tree: `--method ngram --tree --versus '--method eagle3 --draft h "
             "--tree'`") in text
+
+
+def test_two_verification_rules_render_head_by_head_with_the_gain_over_seeds(tmp_path: Path) -> None:
+    """benchmarks/verification_gain.py's rows from paired runs: tau under each rule by seed, the gain's mean and
+    spread, the paired ratio; the page shows them under the target's section with its bench tables."""
+    from headstart.benchmarks.verification_gain import head_rows, spread
+
+    def run(tau: float, base: float, ratio: float, draft: str = "configs/demo/eagle3-head") -> dict:
+        side = lambda t, mode: {"method": "eagle3", "draft": draft, "shape": "chain k=4", "target": "targets/A",  # noqa: E731
+                                "conditions": "mt_bench.jsonl (first 1 per category, every turn), 128 new tokens",
+                                "mode": mode, "tau": t, "acceptance_by_position": [0.5], "command": "headstart bench --seed 0",
+                                "mean_logprob": -1.0 - t, "plain_mean_logprob": -2.0}
+        return {"first": side(tau, "sampling T=0.7, block verification"), "second": side(base, "sampling T=0.7"),
+                "paired": {"turns": 16, "tokens_per_s_ratio": ratio}}
+
+    heads = head_rows({"eagle3@0": run(2.2, 2.0, 1.05), "eagle3@1": run(2.1, 2.0, 1.01), "eagle3@2": run(2.0, 2.0, 0.99)})
+    row = heads["eagle3"]
+    assert row["seeds"] == [0, 1, 2] and row["gain_pct"] == [10.0, 5.0, 0.0]
+    assert row["gain"] == {"mean": 5.0, "sd": 5.0}
+    record = {"title": "Block verification against token verification", "what": "block vs token", "target": "targets/A",
+              "command": "x", "commit": "abc", "machine": "CPU", "date": "2026-12-02T00:00:00+00:00",
+              "verification": {"rule": "block verification", "baseline": "token verification", "heads": heads,
+                               "gain_over_heads": spread([5.0])}}
+    (tmp_path / "v.json").write_text(json.dumps(record))
+    (tmp_path / "a.json").write_text(json.dumps(bench_record("targets/A", 1.875)))
+    text = results_page.render(results_page.load(tmp_path))
+    assert "| `configs/demo/eagle3-head` | eagle3 | chain k=4 | 2.00 / 2.00 / 2.00 | 2.20 / 2.10 / 2.00 | +5.0% (5.0) | " \
+           "1.05x / 1.01x / 0.99x | -3.100 / -3.000 / -2.000 |" in text
+    assert text.index("## `targets/A` on CPU") < text.index("### Block verification against token verification")
+    assert "Command (M, D: a row's drafter and head; S: its seed): `headstart bench --seed S`." in text
+    with pytest.raises(SystemExit, match="one head under two rules"):
+        head_rows({"x@0": run(2.0, 2.0, 1.0) | {"second": {**run(2.0, 2.0, 1.0)["second"], "draft": "other"}}})

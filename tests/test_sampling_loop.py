@@ -16,6 +16,7 @@ from headstart.decode.hybrid import HybridDrafter
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.target_runner import TargetRunner
 from headstart.decode.tree import DynamicTree, StaticTree
+from headstart.decode.verify import TOKEN, Verification
 from headstart.models.draft_vocab import build_draft_vocab
 from headstart.heads.eagle3.module import Eagle3Config, Eagle3Draft
 from headstart.heads.medusa.module import MedusaConfig, MedusaHeads
@@ -70,11 +71,13 @@ def chi2_vs(samples: list[tuple[int, int]], joint: torch.Tensor) -> tuple[float,
     return stat, critical
 
 
-def sample_pairs(runner, make_drafter, n: int, seed: int, tree=None) -> list[tuple[int, int]]:
+def sample_pairs(runner, make_drafter, n: int, seed: int, tree=None, verification: Verification = TOKEN
+                 ) -> list[tuple[int, int]]:
     g = torch.Generator().manual_seed(seed)
     pairs = []
     for _ in range(n):
-        out = speculative_generate(runner, make_drafter(), PROMPT, 4, set(), k=3, sampling=SAMPLING, generator=g, tree=tree)
+        out = speculative_generate(runner, make_drafter(), PROMPT, 4, set(), k=3, sampling=SAMPLING, generator=g, tree=tree,
+                                   verification=verification)
         pairs.append((out.tokens[1], out.tokens[2]))
     return pairs
 
@@ -91,11 +94,22 @@ def medusa_heads(model) -> MedusaHeads:
 
 
 @pytest.mark.nightly  # every head of the catalog: tests/test_catalog.py; here the drafters that are not heads
+@pytest.mark.parametrize("verification", ["token", "block"])
 @pytest.mark.parametrize("drafter", ["ngram"])
-def test_speculative_samples_follow_the_target(world, drafter):
+def test_speculative_samples_follow_the_target(world, drafter, verification):
     model, runner, _ = world
     make = {"ngram": NgramDrafter}[drafter]
-    stat, critical = chi2_vs(sample_pairs(runner, make, 2500, seed=0), exact_joint(model))
+    stat, critical = chi2_vs(sample_pairs(runner, make, 2500, seed=0, verification=Verification(verification)),
+                             exact_joint(model))
+    assert stat < critical
+
+
+def test_block_verified_chains_follow_the_target(world):
+    """Block verification through the loop (decode/generate.py), with a head that draws its drafts from q: the joint of
+    the 2nd and 3rd sampled tokens is the target's, by the chi-square test (every head: tests/test_catalog.py)."""
+    model, runner, head = world
+    pairs = sample_pairs(runner, lambda: Eagle3Drafter(head, 32), 2500, seed=0, verification=Verification("block"))
+    stat, critical = chi2_vs(pairs, exact_joint(model))
     assert stat < critical
 
 
