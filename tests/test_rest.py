@@ -68,7 +68,7 @@ def tiny():
     from headstart.decode.target_runner import TargetRunner
     from headstart.models.target import Target
 
-    model = tiny_causal_lm("llama", num_hidden_layers=2, vocab_size=32)
+    model = tiny_causal_lm("llama", num_hidden_layers=8, vocab_size=32)
     return model, TargetRunner(Target(model), max_len=96)
 
 
