@@ -160,14 +160,23 @@ COLLECTED = {  # suite: its result file in benchmarks/results/, the page's title
                    "configs/smollm2/early_exit.yaml (SmolLM2's own replies to 1,000 demo questions from one feature "
                    "store, global batch 8 = 4 x 2 CPU ranks, Muon lr 3e-3, linear decay; E and the steps in each row's "
                    "name); " + PAIRED.format("configs/smollm2/eagle3-head (450 steps of the same data)")),
+    "retrieval-demo": ("retrieval_demo.json", "REST against n-gram lookup",
+                       "REST (--method rest) from a datastore of the demo target's own replies to 2,000 demo questions "
+                       "(headstart datastore on configs/demo/eagle3_regenerated.yaml), "
+                       + PAIRED.format("n-gram lookup of the request's own tokens (--method ngram) at the same shape")),
+    "retrieval-smollm2": ("retrieval_smollm2.json", "REST against n-gram lookup",
+                          "REST (--method rest) from a datastore of SmolLM2's own replies to 1,000 demo questions "
+                          "(headstart datastore on configs/smollm2/eagle3.yaml), on MT-bench and the held-out questions; "
+                          + PAIRED.format("n-gram lookup of the request's own tokens (--method ngram) at the same shape")),
 }
 
 
-def collected(s: Settings, suite: str, *runs: str) -> list[str]:
+def collected(s: Settings, suite: str, *runs: str, more: str = "") -> list[str]:
     """heads_side_by_side.py's command for ``suite``: the training and decoding runs (``--train``/``--bench`` flags)
-    into its result file, with its title and what it compares (``COLLECTED``)."""
+    into its result file, with its title and what it compares (``COLLECTED``; ``more``: what only the run knows)."""
     result, title, what = COLLECTED[suite]
-    return [*COLLECT, "--title", title, "--what", what, *runs, "--out", f"benchmarks/results/{result}", *s.dirty_flag()]
+    return [*COLLECT, "--title", title, "--what", what + more, *runs, "--out", f"benchmarks/results/{result}",
+            *s.dirty_flag()]
 
 
 # -- the heads of a target side by side -------------------------------------------------------------------------------
@@ -318,6 +327,37 @@ def verification(rule: str) -> Callable[[Settings], list[Step]]:
                 f"{', '.join(s.words('seeds'))}; {heads_are}")
         collect = [PY, "benchmarks/verification_gain.py", "--title", f"{name.capitalize()} against token verification",
                    "--what", what, "--rule", name, *runs, "--out", f"benchmarks/results/{result}", *s.dirty_flag()]
+        return out + [Step("collect", collect, writes_result=True)]
+    return steps
+
+
+# -- retrieval drafting -------------------------------------------------------------------------------------------------
+
+HELDOUT = ["--questions", "configs/smollm2/data/heldout_questions.jsonl"]
+
+
+def retrieval(which: str) -> Callable[[Settings], list[Step]]:
+    """REST's datastore built from the target's own replies (timed: its build time and size are in datastore.json),
+    then REST decoded paired with n-gram lookup in a chain and a tree, on MT-bench (and SmolLM2's held-out questions)."""
+    def steps(s: Settings) -> list[Step]:
+        demo = which == "demo"
+        target, recipe = (DEMO, "configs/demo/eagle3_regenerated.yaml") if demo else (SMOLLM2, "configs/smollm2/eagle3.yaml")
+        store = f"runs/datastore-{which}"
+        out = [demo_regenerated()] if demo else []
+        out.append(Step("datastore", [PY, "-m", "headstart.scripts.cli", "datastore", "--config", recipe, "--output", store,
+                                      "--overwrite"], timed=True))
+        shapes = {"chain": k(s["k"]), "tree": ["--tree", "--tree-depth", "4", "--tree-topk", "4", "--tree-total-tokens", "16"]}
+        sets = {"mt": MT_BENCH} if demo else {"mt": MT_BENCH, "heldout": HELDOUT}
+        for shape, flags in shapes.items():
+            for where, questions in sets.items():
+                name = f"{where}-{shape}"
+                out.append(bench(name, target, s.out / name, "--method", "rest", "--datastore", store, *flags,
+                                 *versus("ngram", None, *flags), questions=questions))
+        def collect() -> list[str]:
+            meta = json.loads(Path(store, "datastore.json").read_text())
+            more = (f"; the datastore: {meta['tokens']:,} tokens of {meta['sequences']:,} conversations, "
+                    f"{meta['bytes'] / 2**20:.1f} MiB, built in {meta['build_seconds']:.1f} s")
+            return collected(s, f"retrieval-{which}", *bench_flags(s.out, "*-*"), more=more)
         return out + [Step("collect", collect, writes_result=True)]
     return steps
 
@@ -550,6 +590,10 @@ SUITES: dict[str, Suite] = {
                           {"heads": "medusa=configs/demo/medusa-head=--tree-paths,configs/trees/medusa-demo-32.json "
                                     "hydra=configs/demo/hydra-head=--tree,--tree-depth,4",
                            "seeds": "0 1 2", "k": "4", "temperature": "0.7"}),
+    "retrieval-demo": Suite("REST from the demo target's replies against n-gram lookup, chain and tree -> "
+                            "retrieval_demo.json", "runs/retrieval-demo", retrieval("demo"), {"k": "4"}),
+    "retrieval-smollm2": Suite("REST from SmolLM2's replies against n-gram lookup, MT-bench and held-out questions -> "
+                               "retrieval_smollm2.json", "runs/retrieval-smollm2", retrieval("smollm2"), {"k": "4"}),
     "plan-cpu": Suite("headstart plan against measured peaks (after new-heads-demo) -> plan_vs_measured_cpu.json",
                       "runs/plan-cpu", plan_cpu, {"new_heads": "runs/new-heads-full"}),
     "batch": Suite("plain vs speculative decoding by batch size, every chain drafter -> OUT/table.md", "runs/bench-batch",

@@ -18,6 +18,7 @@ from headstart.decode.drafter import Capabilities
 from headstart.decode.hf_peers import HFSpeculation
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.ngram_store import NgramStore
+from headstart.decode.rest import Datastore, RestDrafter, vocab_fingerprint
 from headstart.models.provenance import check_target
 from headstart.models.target import TargetConfig, load_causal_lm, load_tokenizer
 
@@ -73,6 +74,8 @@ class DraftingMethod:
     """transformers' loop, one call a turn: chains only, greedy, eager, batch 1, no ``--predict``."""
     ngram_store: bool = False
     """It is n-gram lookup: ``--ngram-store`` and ``--ngram-learn`` are its own flags."""
+    datastore: bool = False
+    """It drafts from REST's datastore: ``--datastore DIR`` (``headstart datastore`` builds one) is its flag."""
     head: str | None = None
     """The catalog head whose exports ``--draft`` holds (heads/methods.py); None: not a head's method."""
 
@@ -91,9 +94,10 @@ class DraftingMethod:
         if args.confidence_threshold and not can.confidence:
             return (f"--confidence-threshold: --method {name} has no draft probabilities to stop a chain on (a model "
                     "drafter's chains stop under it)")
-        if args.hybrid_ngram is not None and (can.self_verify or self.own_loop or self.ngram_store):
+        if args.hybrid_ngram is not None and (can.self_verify or self.own_loop or self.ngram_store or self.datastore):
             what = ("verifies its own drafts on the target's runner" if can.self_verify else
-                    "is n-gram lookup already" if self.ngram_store else "runs transformers' own loop")
+                    "is n-gram lookup already" if self.ngram_store else
+                    "drafts by lookup already" if self.datastore else "runs transformers' own loop")
             return f"--hybrid-ngram: n-gram lookup cannot take the rounds of --method {name}, which {what}"
         return None
 
@@ -101,6 +105,22 @@ class DraftingMethod:
 def _ngram(ctx: MethodContext) -> Drafting:
     args = ctx.args
     return Drafting(lambda: NgramDrafter(args.ngram_max, store=ctx.store, learn=args.ngram_learn))
+
+
+def _rest(ctx: MethodContext) -> Drafting:
+    store = load_datastore(ctx.args.datastore, ctx.setup.tokenizer)
+    return Drafting(lambda: RestDrafter(store))
+
+
+def load_datastore(directory: str, tokenizer) -> Datastore:
+    """``--datastore``, refused by name where it was built under another tokenizer (its token ids would mean other
+    words)."""
+    store = Datastore.load(directory)
+    built = store.meta.get("vocab_fingerprint")
+    if built != vocab_fingerprint(tokenizer):
+        raise MethodError(f"--datastore {directory} was built with another tokenizer (vocabulary {built}) than the "
+                          f"target's ({vocab_fingerprint(tokenizer)}); rebuild it with `headstart datastore` for this target")
+    return store
 
 
 def _draft_model(ctx: MethodContext) -> Drafting:
@@ -137,6 +157,8 @@ def _hf(assisted: bool) -> Callable[[MethodContext], Drafting]:
 METHODS: dict[str, DraftingMethod] = {
     "ngram": DraftingMethod("n-gram lookup in the request's own tokens (and --ngram-store's)", _ngram,
                             NgramDrafter.capabilities, ngram_store=True),
+    "rest": DraftingMethod("REST: what followed the context's longest suffix in --datastore (a suffix array)", _rest,
+                           RestDrafter.capabilities, datastore=True),
     "draft-model": DraftingMethod("a small causal LM of the target's vocabulary", _draft_model,
                                   DraftModelDrafter.capabilities, draft="an HF causal LM directory"),
     "hf-assisted": DraftingMethod("transformers' assisted generation with --draft's model (greedy)", _hf(True),

@@ -27,7 +27,61 @@ def likeliest(follow: dict[int, list[int]], topk: int) -> list[tuple[int, float]
     return [(token, seen[0] / total) for token, seen in best]
 
 
-class NgramDrafter(Drafter):
+class CountTree(Drafter):
+    """Trees and chains grown from counts: a subclass gives ``children(path, topk)`` -- the likeliest tokens after the
+    context and a path, with their probabilities -- and ``device``; this grows the likeliest nodes best first (n-gram
+    lookup here; REST's datastore, decode/rest.py)."""
+
+    device: torch.device
+
+    def children(self, path: tuple[int, ...], topk: int) -> list[tuple[int, float]]:
+        raise NotImplementedError
+
+    def scored_chain(self, k: int) -> tuple[torch.Tensor, float]:
+        """Up to k drafts grown token by token from the counts (a tree of one branch; on the host, as ``propose``'s
+        span: the loop moves drafts), and their expected accepted count (``scored_tree``)."""
+        tokens, _, _, score = self._grow(DynamicTree(depth=max(k, 1), topk=1, total_tokens=max(k, 1)), k)
+        return torch.tensor(tokens, dtype=torch.long), score
+
+    def grow_tree(self, spec: DynamicTree, max_depth: int) -> DraftTree:
+        """A draft tree of at most ``spec.total_tokens`` nodes, ``min(spec.depth, max_depth)`` levels and ``spec.topk``
+        children a node: the likeliest nodes (product of their path's probabilities under ``children``), added best
+        first -- a child is never likelier than its parent, so the kept nodes are always a tree, in topological order."""
+        return self.scored_tree(spec, max_depth)[0]
+
+    def scored_tree(self, spec: DynamicTree, max_depth: int) -> tuple[DraftTree, float]:
+        """``grow_tree``'s tree and the drafts it expects accepted: the sum of its nodes' path probabilities under the
+        counts (a node is accepted with its path's probability) -- SuffixDecoding's score of a speculation."""
+        tokens, parents, depths, score = self._grow(spec, max_depth)
+        as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=self.device)  # noqa: E731
+        return DraftTree(as_tensor(tokens), as_tensor(parents), as_tensor(depths), max(depths, default=0)), score
+
+    def _grow(self, spec: DynamicTree, max_depth: int) -> tuple[list[int], list[int], list[int], float]:
+        """``grow_tree``'s nodes as lists -- tokens, parents (-1 = the root), depths -- and ``scored_tree``'s score."""
+        depth = min(spec.depth, max_depth)
+        tokens, parents, paths, logps = [], [], [], []
+        frontier: list[tuple[float, int, int, int]] = []  # (-log p, push order, parent node or -1, token)
+        pushed = itertools.count()  # ties: the likelier sibling, then the shallower node, first
+
+        def push(parent: int) -> None:
+            path, logp = (paths[parent], logps[parent]) if parent >= 0 else ((), 0.0)
+            if len(path) < depth:
+                for token, prob in self.children(path, spec.topk):
+                    heapq.heappush(frontier, (-(logp + math.log(prob)), next(pushed), parent, token))
+
+        push(-1)
+        while frontier and len(tokens) < spec.total_tokens:
+            neg_logp, _, parent, token = heapq.heappop(frontier)
+            tokens.append(token)
+            parents.append(parent)
+            paths.append((paths[parent] if parent >= 0 else ()) + (token,))
+            logps.append(-neg_logp)
+            if len(tokens) < spec.total_tokens:  # a full tree looks nothing more up
+                push(len(tokens) - 1)
+        return tokens, parents, [len(path) for path in paths], sum(math.exp(logp) for logp in logps)
+
+
+class NgramDrafter(CountTree):
     """``store``: a datastore of the target's replies (decode/ngram_store.py), looked up where the request's own
     tokens have no suffix match as long; chains then grow token by token (a tree of one branch)."""
 
@@ -69,12 +123,6 @@ class NgramDrafter(Drafter):
                         return torch.tensor(follow, dtype=torch.long)
         return torch.empty(0, dtype=torch.long)
 
-    def scored_chain(self, k: int) -> tuple[torch.Tensor, float]:
-        """Up to k drafts grown token by token from the counts (a tree of one branch; on the host, as ``propose``'s
-        span: the loop moves drafts), and their expected accepted count (``scored_tree``)."""
-        tokens, _, _, score = self._grow(DynamicTree(depth=max(k, 1), topk=1, total_tokens=max(k, 1)), k)
-        return torch.tensor(tokens, dtype=torch.long), score
-
     def update(self, emitted: list[int], states) -> None:
         self._extend(emitted)
         if self.learn:  # generated tokens, once verified: a request that stops before its first round teaches nothing
@@ -105,40 +153,3 @@ class NgramDrafter(Drafter):
             if found:
                 return found
         return []
-
-    def grow_tree(self, spec: DynamicTree, max_depth: int) -> DraftTree:
-        """A draft tree of at most ``spec.total_tokens`` nodes, ``min(spec.depth, max_depth)`` levels and ``spec.topk``
-        children a node: the likeliest nodes (product of their path's probabilities under ``children``), added best
-        first -- a child is never likelier than its parent, so the kept nodes are always a tree, in topological order."""
-        return self.scored_tree(spec, max_depth)[0]
-
-    def scored_tree(self, spec: DynamicTree, max_depth: int) -> tuple[DraftTree, float]:
-        """``grow_tree``'s tree and the drafts it expects accepted: the sum of its nodes' path probabilities under the
-        counts (a node is accepted with its path's probability) -- SuffixDecoding's score of a speculation."""
-        tokens, parents, depths, score = self._grow(spec, max_depth)
-        as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=self.device)  # noqa: E731
-        return DraftTree(as_tensor(tokens), as_tensor(parents), as_tensor(depths), max(depths, default=0)), score
-
-    def _grow(self, spec: DynamicTree, max_depth: int) -> tuple[list[int], list[int], list[int], float]:
-        """``grow_tree``'s nodes as lists -- tokens, parents (-1 = the root), depths -- and ``scored_tree``'s score."""
-        depth = min(spec.depth, max_depth)
-        tokens, parents, paths, logps = [], [], [], []
-        frontier: list[tuple[float, int, int, int]] = []  # (-log p, push order, parent node or -1, token)
-        pushed = itertools.count()  # ties: the likelier sibling, then the shallower node, first
-
-        def push(parent: int) -> None:
-            path, logp = (paths[parent], logps[parent]) if parent >= 0 else ((), 0.0)
-            if len(path) < depth:
-                for token, prob in self.children(path, spec.topk):
-                    heapq.heappush(frontier, (-(logp + math.log(prob)), next(pushed), parent, token))
-
-        push(-1)
-        while frontier and len(tokens) < spec.total_tokens:
-            neg_logp, _, parent, token = heapq.heappop(frontier)
-            tokens.append(token)
-            parents.append(parent)
-            paths.append((paths[parent] if parent >= 0 else ()) + (token,))
-            logps.append(-neg_logp)
-            if len(tokens) < spec.total_tokens:  # a full tree looks nothing more up
-                push(len(tokens) - 1)
-        return tokens, parents, [len(path) for path in paths], sum(math.exp(logp) for logp in logps)

@@ -135,7 +135,8 @@ def verify_block(
     _, h, residual = block_acceptance(draft_tokens, draft_probs, target_probs, lengths)
     u = torch.rand(B, k, generator=generator, device=draft_tokens.device)
     positions = torch.arange(1, k + 1, device=draft_tokens.device)
-    accepted = torch.where(u < h, positions, torch.zeros_like(positions)).amax(dim=1)  # [B]: the longest kept
+    kept = torch.where(u < h, positions, torch.zeros_like(positions))
+    accepted = torch.cat([kept.new_zeros(B, 1), kept], dim=1).amax(dim=1)  # [B]: the longest kept (0 if none; k may be 0)
     idx = accepted[:, None, None].expand(B, 1, residual.shape[-1])
     chosen = residual.gather(1, idx).squeeze(1)  # [B, V]
     mass = chosen.sum(-1, keepdim=True)

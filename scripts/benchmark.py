@@ -36,6 +36,7 @@ from headstart.decode.measure import Rival, predict_chains, run_benchmark
 from headstart.decode.methods import MethodContext, MethodError
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.ngram_store import NgramStore
+from headstart.decode.rest import Datastore
 from headstart.decode.questions import DecodeSetup, decode_setup, default_dtype, prompt_ids, read_questions
 from headstart.decode.report import (append_section, paired_line, prediction_table, run_mode, run_shape, run_table,
                                      write_results)
@@ -89,6 +90,8 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ngram-store", nargs="+", default=None, metavar="FILE",
                    help="--method ngram or --hybrid-ngram: conversation files (e.g. the target's regenerated replies) whose assistant "
                         "turns n-gram lookup consults where the request's own tokens match a shorter suffix or none (decode/ngram_store.py)")
+    p.add_argument("--datastore", default=None, metavar="DIR",
+                   help="--method rest: REST's datastore (`headstart datastore --config RECIPE --output DIR` builds it)")
     p.add_argument("--compile", action="store_true",
                    help="the target's decode forward and the drafter's step through torch.compile over static KV "
                         "caches (CUDA graphs on a GPU); --max-len then defaults to 1024, as every forward attends over "
@@ -167,6 +170,10 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error("--ngram-store is n-gram lookup's datastore: use it with --method ngram or --hybrid-ngram")
     if args.ngram_learn and not m.ngram_store and args.hybrid_ngram is None:
         p.error("--ngram-learn grows n-gram lookup's datastore: use it with --method ngram or --hybrid-ngram")
+    if args.datastore and not m.datastore:
+        p.error(f"--datastore is REST's datastore: use it with --method rest, not --method {args.method}")
+    if m.datastore and not args.datastore:
+        p.error(f"--method {args.method} drafts from a datastore: add --datastore DIR (`headstart datastore` builds one)")
     if args.ngram_learn and args.batch_size > 1:
         p.error("--ngram-learn learns from one sequence at a time: use --batch-size 1")
     if args.hybrid_ngram is not None and (args.tree_paths or args.batch_size > 1 or args.predict or args.hybrid_ngram < 0):
@@ -245,6 +252,8 @@ def check_inputs(args: argparse.Namespace) -> None:
             print(f"warning: {'--tree-depth' if args.tree else '--num-speculative-tokens'} {k} is more than the {depth} "
                   f"drafts per round the head in {args.draft} was made for (its config.json): drafts past them are "
                   "rarely accepted, and each costs a draft step", file=sys.stderr)
+    if args.datastore is not None:
+        Datastore.load(args.datastore)  # its files whole, before the target loads (its tokenizer: when the method builds)
     if args.questions is not None:
         read_questions(args.questions)
     if vars(args).get("out") is not None:
@@ -253,7 +262,7 @@ def check_inputs(args: argparse.Namespace) -> None:
 
 def inputs_of(args: argparse.Namespace) -> list[str]:
     """What a run reads, which its ``--out`` may not be, hold or lie inside."""
-    return [path for path in (args.target, args.draft, args.questions, args.tree_paths) if path]
+    return [path for path in (args.target, args.draft, args.questions, args.tree_paths, args.datastore) if path]
 
 
 def versus_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:

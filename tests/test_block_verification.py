@@ -204,3 +204,11 @@ def test_the_flag_is_refused_by_name_where_it_has_no_meaning_and_named_in_the_ru
         Verification("block").check(tree=True)
     with pytest.raises(ValueError, match="unknown verification 'blocks'"):
         Verification("blocks")
+
+
+def test_a_round_with_no_drafts_samples_the_next_token_from_the_target():
+    """The last rounds of a request draft nothing (the length limit): the rule then draws from p, as token
+    verification does."""
+    p = torch.tensor([[[0.0, 1.0, 0.0]]]).expand(5, 1, 3)
+    accepted, nxt = verify_block(torch.zeros(5, 0, dtype=torch.long), torch.zeros(5, 0, 3), p)
+    assert accepted.tolist() == [0] * 5 and nxt.tolist() == [1] * 5

@@ -104,6 +104,8 @@ def test_speculative_samples_follow_the_target(world, drafter, verification):
     assert stat < critical
 
 
+@pytest.mark.slow  # 65 s here (2,500 requests); the default suite checks block verification exactly
+# (tests/test_block_verification.py) and through the batched loop (tests/test_batch_generate.py)
 def test_block_verified_chains_follow_the_target(world):
     """Block verification through the loop (decode/generate.py), with a head that draws its drafts from q: the joint of
     the 2nd and 3rd sampled tokens is the target's, by the chi-square test (every head: tests/test_catalog.py)."""

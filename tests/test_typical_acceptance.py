@@ -55,14 +55,14 @@ def test_typical_acceptance_is_caught_as_not_lossless_and_moves_the_texts_likeli
     the target than plain sampling's, which the quality measure shows."""
     model, runner, head = world
     rule = Verification("typical")
-    pairs = sample_pairs(runner, lambda: Eagle3Drafter(head, 32), 400, seed=0, verification=rule)
+    pairs = sample_pairs(runner, lambda: Eagle3Drafter(head, 32), 200, seed=0, verification=rule)
     stat, critical = chi2_vs(pairs, exact_joint(model))
     assert stat > 3 * critical
     from test_sampling_loop import PROMPT
 
     g = torch.Generator().manual_seed(0)
     typical_lp, plain_lp = [0.0, 0], [0.0, 0]
-    for _ in range(40):
+    for _ in range(20):
         out = speculative_generate(runner, Eagle3Drafter(head, 32), PROMPT, 8, set(), k=3, sampling=SAMPLING, generator=g,
                                    verification=rule)
         plain = torch.multinomial(SAMPLING.probs(model(PROMPT).logits[:, -1]), 1, generator=g)  # 1 token: cheap
