@@ -172,7 +172,7 @@ def test_a_paired_table_lists_each_baseline_once_and_only_the_commands_its_rows_
     text = results_page.render(results_page.load(tmp_path))
     shown = base.replace("python scripts/benchmark.py", "headstart bench")
     assert f"Every table below decoded {first['conditions']}, greedy: `{shown} FLAGS`." in text
-    assert text.count("| eagle3 | `h` | chain k=4 | 2.00 |") == 1 and "| k4: 1.10x (1.30x); tree: 1.30x (1.30x) |" in text
+    assert text.count("| eagle3 | `h` | chain k=4 | 2.00 |") == 1 and "| 1.10-1.30x (2 pairs) |" in text
     assert "| k4 | ngram | `-` | chain k=4 | 2.00 | 0.50 0.25 | 0.1 / 0.0 / 5.0 | 1.25x (1.30x) | 0.90x |" in text
     assert ("Commands: FLAGS as the rows say, but:\n\n- tree: `--method ngram --tree --versus '--method eagle3 --draft h "
             "--tree'`") in text
