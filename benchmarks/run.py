@@ -128,6 +128,8 @@ ALL_DRAFTS = ("Every trained draft of {}, and the drafters that need no training
               "head's card records it, timed where a result file timed the run it was published from")
 NEW_HEADS = ("One recipe ({}, Muon lr 3e-3, linear decay) with each head's options; "
              + PAIRED.format("the committed EAGLE-3 head {} (its card's training row)"))
+RETRIEVAL_PAIRED = ("each decoded paired in one process (--versus) with n-gram lookup of the request's own tokens "
+                    "(--method ngram) in the same chain or tree")
 COLLECTED = {  # suite: its result file in benchmarks/results/, the page's title for it, what it compares (data, steps, batch)
     "heads-demo": ("demo_all_drafts.json", "All trained drafts side by side", ALL_DRAFTS.format("the demo target")),
     "heads-smollm2": ("smollm2_all_drafts.json", "All trained drafts side by side",
@@ -162,12 +164,11 @@ COLLECTED = {  # suite: its result file in benchmarks/results/, the page's title
                    "name); " + PAIRED.format("configs/smollm2/eagle3-head (450 steps of the same data)")),
     "retrieval-demo": ("retrieval_demo.json", "REST against n-gram lookup",
                        "REST (--method rest) from a datastore of the demo target's own replies to 2,000 demo questions "
-                       "(headstart datastore on configs/demo/eagle3_regenerated.yaml), "
-                       + PAIRED.format("n-gram lookup of the request's own tokens (--method ngram) at the same shape")),
+                       "(headstart datastore on configs/demo/eagle3_regenerated.yaml), " + RETRIEVAL_PAIRED),
     "retrieval-smollm2": ("retrieval_smollm2.json", "REST against n-gram lookup",
                           "REST (--method rest) from a datastore of SmolLM2's own replies to 1,000 demo questions "
-                          "(headstart datastore on configs/smollm2/eagle3.yaml), on MT-bench and the held-out questions; "
-                          + PAIRED.format("n-gram lookup of the request's own tokens (--method ngram) at the same shape")),
+                          "(headstart datastore on configs/smollm2/eagle3.yaml), on MT-bench and the held-out questions, "
+                          + RETRIEVAL_PAIRED),
 }
 
 
