@@ -65,9 +65,10 @@ def append_section(path: str | Path, title: str, body: str, measured_on: str | N
     """``measured_on``: the machine that made the numbers, where another than this one (runs' results.json files
     made elsewhere)."""
     path = Path(path)
-    if path.resolve() == Path(__file__).resolve().parents[1] / "BENCHMARKS.md":
-        raise ValueError("BENCHMARKS.md is generated from benchmarks/results/ by benchmarks/results_page.py: write the run's "
-                         "result file there (benchmarks/collect.py) and regenerate it, or name another file")
+    root = Path(__file__).resolve().parents[1]
+    if path.resolve() == root / "BENCHMARKS.md" or path.resolve().parent == root / "benchmarks" / "pages":
+        raise ValueError(f"{path} is generated from benchmarks/results/ by benchmarks/results_page.py: write the run's "
+                         "result file there (benchmarks/run.py collects it) and regenerate the pages, or name another file")
     header = "" if path.exists() else "# Benchmarks\n\nEvery section is written by the script named in it; newest last.\n"
     stamp = datetime.date.today().isoformat()
     section = f"\n## {title}\n\n- date: {stamp}\n- machine: {measured_on or machine()}\n- command: `{command()}`\n\n{body.rstrip()}\n"

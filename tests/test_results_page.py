@@ -14,14 +14,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_benchmarks_md_is_generated_from_the_result_files() -> None:
-    text = results_page.render(results_page.load())
-    assert (ROOT / "BENCHMARKS.md").read_text() == text, "run: python benchmarks/results_page.py"
-    assert len(text.encode()) <= 30 * 1024  # current figures only: repeated baselines folded, shared command words said once
+    pages = results_page.pages(results_page.load())
+    for name, text in pages.items():
+        assert (ROOT / name).read_text() == text, f"{name}: run python benchmarks/results_page.py"
+        # current figures only: repeated baselines folded, shared command words said once
+        assert len(text.encode()) <= 30 * 1024, name
+    assert sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "benchmarks" / "pages").glob("*.md")) == sorted(
+        name for name in pages if name != "BENCHMARKS.md")  # no page left from a target that has none now
+    assert all(f"]({name})" in pages["BENCHMARKS.md"] for name in pages if name != "BENCHMARKS.md")
     assert results_page.main(["--check"]) == 0
 
 
 def test_user_docs_name_no_issue_and_hold_no_todo_list() -> None:
-    pages = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    pages = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").rglob("*.md")),
+             *sorted((ROOT / "benchmarks" / "pages").glob("*.md"))]
     for page in pages:
         text = page.read_text()
         assert not re.search(r"issue [0-9]+", text, re.I), page
@@ -39,9 +45,9 @@ def readme_figures() -> list[str]:
 def test_readme_figures_are_quoted_from_the_results_page() -> None:
     figures = readme_figures()
     assert len(figures) >= 4
-    page = (ROOT / "BENCHMARKS.md").read_text()
+    page = results_page.render(results_page.load())  # BENCHMARKS.md and the comparisons pages
     missing = [f for f in figures if f not in page]
-    assert not missing, f"README.md quotes figures BENCHMARKS.md does not have: {missing}"
+    assert not missing, f"README.md quotes figures the results pages do not have: {missing}"
 
 
 def bench_record(target: str, tau: float) -> dict:
@@ -55,14 +61,16 @@ def bench_record(target: str, tau: float) -> dict:
 
 
 def test_the_page_groups_by_target_and_machine_and_shows_each_figure(tmp_path: Path) -> None:
-    (tmp_path / "a.json").write_text(json.dumps(bench_record("targets/A", 1.875)))
-    (tmp_path / "b.json").write_text(json.dumps(bench_record("targets/B", 2.125)))
+    (tmp_path / "a_all_drafts.json").write_text(json.dumps(bench_record("targets/A", 1.875)))
+    (tmp_path / "b_all_drafts.json").write_text(json.dumps(bench_record("targets/B", 2.125)))
     text = results_page.render(results_page.load(tmp_path))
     assert text.index("## `targets/A` on CPU") < text.index("1.88") < text.index("## `targets/B` on CPU") < text.index("2.12")
     # shown as headstart bench, whichever launcher a result file recorded
     assert "`headstart bench --method ngram`" in text and "commit `abc`, 2026-11-28" in text
     out = tmp_path / "page.md"
-    out.write_text(text + "edited by hand\n")
+    assert results_page.main(["--results", str(tmp_path), "--out", str(out)]) == 0
+    assert results_page.main(["--check", "--results", str(tmp_path), "--out", str(out)]) == 0
+    out.write_text(out.read_text() + "edited by hand\n")
     assert results_page.main(["--check", "--results", str(tmp_path), "--out", str(out)]) == 1
 
 
@@ -208,3 +216,24 @@ def test_two_verification_rules_render_head_by_head_with_the_gain_over_seeds(tmp
     assert "Command (M, D: a row's drafter and head; S: its seed): `headstart bench --seed S`." in text
     with pytest.raises(SystemExit, match="one head under two rules"):
         head_rows({"x@0": run(2.0, 2.0, 1.0) | {"second": {**run(2.0, 2.0, 1.0)["second"], "draft": "other"}}})
+
+
+def test_each_target_shows_its_drafts_side_by_side_and_links_its_comparisons_page(tmp_path: Path) -> None:
+    headline, study = bench_record("targets/A", 1.5), bench_record("targets/A", 2.25)
+    headline["title"], study["title"] = "All trained drafts side by side", "n-gram at two budgets"
+    (tmp_path / "a_all_drafts.json").write_text(json.dumps(headline))
+    (tmp_path / "budgets.json").write_text(json.dumps(study))
+    pages = results_page.pages(results_page.load(tmp_path))
+    assert list(pages) == ["BENCHMARKS.md", "benchmarks/pages/targets-a-cpu.md"]
+    front, comparisons = pages.values()
+    assert "1.50" in front and "2.25" not in front and "n-gram at two budgets" in front
+    assert "](benchmarks/pages/targets-a-cpu.md)" in front
+    assert comparisons.startswith("# Comparisons: `targets/A` on CPU") and "2.25" in comparisons and "1.50" not in comparisons
+
+
+def test_a_run_cannot_append_its_table_to_a_generated_page() -> None:
+    from headstart.decode.report import append_section
+
+    for page in (ROOT / "BENCHMARKS.md", ROOT / "benchmarks" / "pages" / "any.md"):
+        with pytest.raises(ValueError, match="is generated from benchmarks/results/"):
+            append_section(page, "title", "body")
