@@ -120,3 +120,41 @@ class ChainRows(ChainDrafter):
         q = self.on_target_vocab(torch.stack(q_steps, dim=1)) if q_steps else \
             torch.zeros(drafts.shape[0], 0, self.target_vocab_size, device=self.device)
         return [drafts[b, :k] for b, k in enumerate(budgets)], [q[b, :k] for b, k in enumerate(budgets)]
+
+
+class SelfDraftChain(ChainDrafter):
+    """A chain the target drafts for itself on its own runner and KV cache (``attach``; self-speculation: early exit,
+    layer skipping): each round starts from the bonus token at the first uncommitted slot, which the loop's
+    ``verify`` must find unchanged. A subclass's ``chain_room`` calls ``start_round``."""
+
+    runner = None
+    bonus = 0
+    _start = 0
+    what = "this drafter"
+    """How the refusals name it."""
+
+    def attach(self, runner) -> None:
+        self.runner = runner
+
+    def begin(self, prompt_ids: torch.Tensor, states, next_token: int) -> None:
+        if self.runner is None:
+            raise ValueError(f"{self.what} drafts on the target's runner: the loop must attach it first")
+        self.bonus = int(next_token)
+
+    def update(self, emitted: list[int], states) -> None:
+        self.bonus = int(emitted[-1])
+
+    @property
+    def device(self) -> torch.device:
+        return self.runner.device
+
+    def start_round(self, k: int) -> int:
+        """The round's first slot recorded; how many of k drafts fit (verification writes the bonus token and them)."""
+        self._start = self.runner.length
+        return max(min(k, self.runner.max_len - self._start - 1), 0)
+
+    def check_slot(self) -> None:
+        """``verify``'s block must sit where this round drafted from (the loop verifies right after proposing)."""
+        if self._start != self.runner.length:
+            raise ValueError(f"{self.what} verify: the block is not at the slot it just drafted from ({self._start}; "
+                             f"the runner's committed length is {self.runner.length})")

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import torch
 
-from headstart.decode.chain import ChainDrafter
+from headstart.decode.chain import SelfDraftChain
 from headstart.decode.drafter import Capabilities
 from headstart.heads.early_exit.module import EarlyExitAdapter
 from headstart.models.target import TargetOutput
 
 
-class EarlyExitDrafter(ChainDrafter):
+class EarlyExitDrafter(SelfDraftChain):
     # Chains on the target's own runner and cache (no trees, no batch, nothing compiled), verified by itself; it
     # runs the target's first layers, so the runner builds no aux states.
     capabilities = Capabilities(sampled=True, confidence=True, self_verify=True)
@@ -30,11 +30,9 @@ class EarlyExitDrafter(ChainDrafter):
         self.head = head.eval()
         self.exit_layer = head.config.exit_layer
         self.target_vocab_size = head.config.vocab_size
-        self.runner = None
-        self.bonus = 0
+        self.what = "the early-exit drafter"
         self.confidence_threshold = 0.0
         self._entered: list[torch.Tensor] = []  # this round's hidden states at layer E, one [1, H] per chain input
-        self._start = 0  # the slot of x
 
     def attach(self, runner) -> None:
         """The target's runner, whose first E layers and KV cache the drafts use (the loop calls this first)."""
@@ -42,27 +40,15 @@ class EarlyExitDrafter(ChainDrafter):
         if layers != self.head.config.target_num_layers:
             raise ValueError(f"this adapter was trained for a target of {self.head.config.target_num_layers} layers; "
                              f"the runner's has {layers}")
-        self.runner = runner
+        super().attach(runner)
 
     def precompile(self, max_block: int = 1, trees: bool = True) -> None:
         """Nothing is compiled: the drafts run the target's first layers eagerly."""
 
-    def begin(self, prompt_ids: torch.Tensor, states: TargetOutput, next_token: int) -> None:
-        if self.runner is None:
-            raise ValueError("the early-exit drafter drafts on the target's runner: the loop must attach it first")
-        self.bonus = int(next_token)
-
-    def update(self, emitted: list[int], states: TargetOutput) -> None:
-        self.bonus = int(emitted[-1])
-
     # -- chains (decode/chain.py): draft i runs draft i-1 (the bonus token first) through layers 0..E-1 -----------
-    @property
-    def device(self) -> torch.device:
-        return self.runner.device
-
     def chain_room(self, k: int) -> int:
-        self._entered, self._start = [], self.runner.length
-        return max(min(k, self.runner.max_len - self._start - 1), 0)  # verification writes the bonus token and k drafts
+        self._entered = []
+        return self.start_round(k)
 
     def chain_logits(self, i: int, previous: torch.Tensor | None) -> torch.Tensor:
         token = torch.tensor([[self.bonus]], device=self.device) if previous is None else previous.view(1, 1)
@@ -78,9 +64,7 @@ class EarlyExitDrafter(ChainDrafter):
         n, have = block.shape[1], min(len(self._entered), block.shape[1])
         # The loop verifies [bonus, drafts...] right after propose: the block's tokens are the chain's inputs, so they
         # are not compared here (a host sync a round); the slot is, for free.
-        if self._start != self.runner.length:
-            raise ValueError("early-exit verify: the block is not at the slot this drafter just drafted from "
-                             f"({self._start}; the runner's committed length is {self.runner.length})")
+        self.check_slot()
         parts = self._entered[:have]
         if have < n:
             parts.append(self.runner.forward_layers(block[:, have:], self.exit_layer, self._start + have)[0])
