@@ -16,9 +16,11 @@ from headstart.decode.confidence import with_threshold
 from headstart.decode.draft_model import DraftModelDrafter, draft_model_runner
 from headstart.decode.drafter import Capabilities
 from headstart.decode.hf_peers import HFSpeculation
+from headstart.decode.layer_skip import LayerSkipDrafter, parse_skip
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.ngram_store import NgramStore
 from headstart.decode.rest import Datastore, RestDrafter, vocab_fingerprint
+from headstart.decode.suffix import SuffixCache, SuffixDrafter, SuffixParams
 from headstart.models.provenance import check_target
 from headstart.models.target import TargetConfig, load_causal_lm, load_tokenizer
 
@@ -56,6 +58,10 @@ class Drafting:
     make_batch: Callable[[int], object] | None = None
     own_loop: HFSpeculation | None = None
     compiled: bool = False
+    forget: Callable[[], None] | None = None
+    """Undo what the untimed warm-up taught a drafter that learns from what it serves (None: it learns nothing)."""
+    describe: Callable[[], str] | None = None
+    """What only the run knows about the drafter (what it learned), for the run's mode."""
 
 
 @dataclass(frozen=True)
@@ -74,8 +80,14 @@ class DraftingMethod:
     """transformers' loop, one call a turn: chains only, greedy, eager, batch 1, no ``--predict``."""
     ngram_store: bool = False
     """It is n-gram lookup: ``--ngram-store`` and ``--ngram-learn`` are its own flags."""
-    datastore: bool = False
-    """It drafts from REST's datastore: ``--datastore DIR`` (``headstart datastore`` builds one) is its flag."""
+    datastore: str | None = None
+    """"required": it drafts from REST's datastore, ``--datastore DIR`` (``headstart datastore`` builds one);
+    "optional": it reads one where given; None: it takes none."""
+    flags: tuple[str, ...] = ()
+    """Flags (argparse dests) that are this method's own: refused, by name, with any other method."""
+    check: Callable[[argparse.Namespace], str | None] | None = None
+    """Why its own flags' values cannot run (naming the flag; ``headstart bench`` checks it before any weight loads);
+    None: they can."""
     head: str | None = None
     """The catalog head whose exports ``--draft`` holds (heads/methods.py); None: not a head's method."""
 
@@ -94,10 +106,10 @@ class DraftingMethod:
         if args.confidence_threshold and not can.confidence:
             return (f"--confidence-threshold: --method {name} has no draft probabilities to stop a chain on (a model "
                     "drafter's chains stop under it)")
-        if args.hybrid_ngram is not None and (can.self_verify or self.own_loop or self.ngram_store or self.datastore):
+        if args.hybrid_ngram is not None and (can.self_verify or self.own_loop or self.draft is None):
             what = ("verifies its own drafts on the target's runner" if can.self_verify else
                     "is n-gram lookup already" if self.ngram_store else
-                    "drafts by lookup already" if self.datastore else "runs transformers' own loop")
+                    "drafts by lookup already" if self.draft is None else "runs transformers' own loop")
             return f"--hybrid-ngram: n-gram lookup cannot take the rounds of --method {name}, which {what}"
         return None
 
@@ -110,6 +122,47 @@ def _ngram(ctx: MethodContext) -> Drafting:
 def _rest(ctx: MethodContext) -> Drafting:
     store = load_datastore(ctx.args.datastore, ctx.setup.tokenizer)
     return Drafting(lambda: RestDrafter(store))
+
+
+def suffix_params(args: argparse.Namespace) -> SuffixParams:
+    return SuffixParams(args.suffix_max_depth, args.suffix_spec_factor, args.suffix_spec_offset, args.suffix_min_prob,
+                        args.suffix_max_cached)
+
+
+def _check_suffix(args: argparse.Namespace) -> str | None:
+    try:
+        suffix_params(args)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def _suffix(ctx: MethodContext) -> Drafting:
+    args = ctx.args
+    params = suffix_params(args)
+    store = load_datastore(args.datastore, ctx.setup.tokenizer) if args.datastore else None
+    cache = SuffixCache(params, store)  # the global tree: every request of the run shares it
+    return Drafting(lambda: SuffixDrafter(cache), forget=cache.forget, describe=cache.describe)
+
+
+SUFFIX_FLAGS = ("suffix_max_depth", "suffix_spec_factor", "suffix_spec_offset", "suffix_min_prob", "suffix_max_cached")
+
+
+def _layer_skip(ctx: MethodContext) -> Drafting:
+    try:
+        skip = parse_skip(ctx.args.skip_layers, ctx.setup.target.num_layers)
+    except ValueError as err:
+        raise MethodError(str(err)) from None
+    return Drafting(lambda: LayerSkipDrafter(skip))
+
+
+def _check_layer_skip(args: argparse.Namespace) -> str | None:
+    if not args.skip_layers:
+        return ("--method layer-skip needs --skip-layers (the target's layers its drafts leave out; `headstart "
+                "layer-skip --config RECIPE` searches for them)")
+    if args.compile:
+        return "--compile: --method layer-skip drafts on the eager target runner (its graphs run every layer)"
+    return None
 
 
 def load_datastore(directory: str, tokenizer) -> Datastore:
@@ -158,7 +211,14 @@ METHODS: dict[str, DraftingMethod] = {
     "ngram": DraftingMethod("n-gram lookup in the request's own tokens (and --ngram-store's)", _ngram,
                             NgramDrafter.capabilities, ngram_store=True),
     "rest": DraftingMethod("REST: what followed the context's longest suffix in --datastore (a suffix array)", _rest,
-                           RestDrafter.capabilities, datastore=True),
+                           RestDrafter.capabilities, datastore="required"),
+    "suffix": DraftingMethod("suffix decoding: the request's own suffix tree and a global one of the replies served "
+                             "(and --datastore's, where given), with adaptive draft lengths", _suffix,
+                             SuffixDrafter.capabilities, datastore="optional", flags=SUFFIX_FLAGS,
+                             check=_check_suffix),
+    "layer-skip": DraftingMethod("Draft & Verify: the target itself with --skip-layers left out drafts, all layers verify",
+                                 _layer_skip, LayerSkipDrafter.capabilities, flags=("skip_layers",),
+                                 check=_check_layer_skip),
     "draft-model": DraftingMethod("a small causal LM of the target's vocabulary", _draft_model,
                                   DraftModelDrafter.capabilities, draft="an HF causal LM directory"),
     "hf-assisted": DraftingMethod("transformers' assisted generation with --draft's model (greedy)", _hf(True),

@@ -128,10 +128,10 @@ class Datastore:
                 break
         return lo, hi
 
-    def followers(self, lo: int, hi: int, offset: int, topk: int) -> list[tuple[int, float]]:
-        """The ``topk`` tokens found ``offset`` after the starts of suffixes ``[lo, hi)`` with their share of the
-        counts (a separator -- the sequence ended -- counts toward none); ties: the smaller id first."""
-        positions = self.order[lo:hi] + offset
+    def followers(self, lo: int, hi: int, offset: int, topk: int, step: int = 1) -> list[tuple[int, float]]:
+        """The ``topk`` tokens found ``offset`` after the starts of suffixes ``[lo, hi)`` (every ``step``-th) with their
+        share of the counts (a separator -- the sequence ended -- counts toward none); ties: the smaller id first."""
+        positions = self.order[lo:hi:step] + offset
         found = self.tokens[positions[positions < len(self.tokens)]]
         found = found[found != SEPARATOR]
         if not len(found):
@@ -139,6 +139,50 @@ class Datastore:
         values, counts = np.unique(found, return_counts=True)  # by token id, so a stable sort by count ranks ties by id
         best = np.argsort(-counts, kind="stable")[:topk]
         return [(int(values[i]), float(counts[i]) / len(found)) for i in best]
+
+    def longest(self, tail: list[int]) -> tuple[int, int, int]:
+        """The longest suffix of ``tail`` found: its range and length ((0, 0, 0): none). A suffix found means every
+        shorter one is too, so the length is bisected: a few lookups, not one per length."""
+        best, a, b = (0, 0, 0), 1, len(tail)
+        while a <= b:
+            n = (a + b) // 2
+            lo, hi = self.find(tail[-n:])
+            if lo < hi:
+                best, a = (lo, hi, n), n + 1
+            else:
+                b = n - 1
+        return best
+
+    def index(self) -> DatastoreIndex:
+        """This datastore as suffix decoding reads a suffix tree (decode/suffix_tree.py)."""
+        return DatastoreIndex(self)
+
+
+class DatastoreIndex:
+    """A ``SuffixIndex`` over a datastore: a node is a range of the suffix array and the length its suffixes share, so
+    a node's count is the range's size and a child's range is its parent's narrowed by one token. A range of more than
+    ``sample`` suffixes picks its commonest next tokens at ``sample`` evenly spaced suffixes (they are sorted by that
+    token, so each token's share is right to 1/``sample``); their counts are then exact."""
+
+    def __init__(self, store: Datastore, sample: int = 4096) -> None:
+        self.store, self.sample = store, sample
+
+    def longest(self, pattern: list[int]) -> int:
+        return self.store.longest(pattern)[2]
+
+    def locate(self, pattern: list[int]) -> tuple[int, int, int] | None:
+        lo, hi = self.store.find(pattern)
+        return (lo, hi, len(pattern)) if lo < hi else None
+
+    def total(self, node: tuple[int, int, int]) -> int:
+        return node[1] - node[0]
+
+    def branches(self, node: tuple[int, int, int], topk: int) -> list[tuple[int, int, tuple[int, int, int]]]:
+        lo, hi, n = node
+        step = max(1, (hi - lo) // self.sample)
+        found = [(token, *self.store.narrow(lo, hi, n, token)) for token, _ in
+                 self.store.followers(lo, hi, n, topk, step=step)]
+        return sorted(((token, b - a, (a, b, n + 1)) for token, a, b in found), key=lambda x: (-x[1], x[0]))
 
 
 def vocab_fingerprint(tokenizer) -> str:
@@ -173,20 +217,7 @@ class RestDrafter(CountTree):
         return self.scored_chain(k)[0]
 
     def _root(self) -> tuple[int, int, int]:
-        return self._longest(self.context[-self.max_match:])
-
-    def _longest(self, tail: list[int]) -> tuple[int, int, int]:
-        """The longest suffix of ``tail`` found in the store: its range and length ((0, 0, 0): none). A suffix found
-        means every shorter one is too, so the length is bisected: a few lookups, not one per length."""
-        best, a, b = (0, 0, 0), 1, len(tail)
-        while a <= b:
-            n = (a + b) // 2
-            lo, hi = self.store.find(tail[-n:])
-            if lo < hi:
-                best, a = (lo, hi, n), n + 1
-            else:
-                b = n - 1
-        return best
+        return self.store.longest(self.context[-self.max_match:])
 
     def _match(self, path: tuple[int, ...]) -> tuple[int, int, int]:
         """The matches of context + ``path``: the parent's narrowed by the last token (a fresh lookup of the last
@@ -201,7 +232,7 @@ class RestDrafter(CountTree):
             if lo < hi:
                 found = (lo, hi, n + 1)
             else:
-                found = self._longest((self.context + list(path))[-self.max_match:])
+                found = self.store.longest((self.context + list(path))[-self.max_match:])
         self._matches[path] = found
         return found
 

@@ -170,6 +170,16 @@ class TargetRunner:
         return self.target.first_layers(input_ids, layers, mask, positions, self.cache)
 
     @torch.no_grad()
+    def forward_skipping(self, input_ids: torch.Tensor, skip: frozenset[int], start: int | None = None) -> torch.Tensor:
+        """The target without its decoder layers ``skip`` over a causal block [1, n] at slot ``start`` (default: right
+        after the committed tokens) -> logits [1, n, V]. The layers run write their K/V there, uncommitted, where the
+        full forward verifying the drafts overwrites them (Draft & Verify). Eager runners only."""
+        if self._compiled is not None:
+            raise ValueError("forward_skipping runs on an eager runner (compile=False)")
+        mask, positions = self._causal_block(input_ids.shape[1], start, input_ids.device)
+        return self.target.logits(self.target.skipping_layers(input_ids, skip, mask, positions, self.cache))
+
+    @torch.no_grad()
     def forward_from(self, hidden: torch.Tensor, layer: int, start: int | None = None) -> tuple[torch.Tensor, TargetOutput]:
         """The target's layers from ``layer`` on over a causal block at slot ``start`` (default: right after the
         committed tokens), given the hidden state entering that layer [1, n, H] (``forward_layers(ids, layer)``'s)

@@ -259,14 +259,22 @@ class Target(nn.Module):
         finally:
             hook.remove()
 
-    def _run_layers(self, which: slice, input_ids: torch.Tensor, attention_mask, position_ids: torch.Tensor,
+    def skipping_layers(self, input_ids: torch.Tensor, skip: frozenset[int], attention_mask, position_ids: torch.Tensor,
+                        past_key_values=None) -> torch.Tensor:
+        """The model's own forward with the decoder layers ``skip`` left out (Draft & Verify's self-drafting) -> its
+        final hidden state, normed [B, T, H]. The layers run write their K/V to their own cache layers."""
+        return self._run_layers([i for i in range(self.num_layers) if i not in skip], input_ids, attention_mask,
+                                position_ids, past_key_values)
+
+    def _run_layers(self, which: slice | list[int], input_ids: torch.Tensor, attention_mask, position_ids: torch.Tensor,
                     past_key_values) -> torch.Tensor:
-        """The base model's forward over the decoder layers ``which`` only -> its last hidden state (final norm on).
-        The cut is the config's layer count, which transformers' decoders loop over, and the layer list, both set
-        for this call only; each layer keeps its ``layer_idx``, so its K/V go to its own cache layer."""
+        """The base model's forward over the decoder layers ``which`` (a slice or their indices) only -> its last hidden
+        state (final norm on). The cut is the config's layer count, which transformers' decoders loop over, and the
+        layer list, both set for this call only; each layer keeps its ``layer_idx``, so its K/V go to its own cache
+        layer."""
         text = self.model.config.get_text_config()
         full, base_layers = text.num_hidden_layers, self.base.layers
-        kept = list(base_layers)[which]
+        kept = list(base_layers)[which] if isinstance(which, slice) else [base_layers[i] for i in which]
         try:
             text.num_hidden_layers = len(kept)
             self.base.layers = nn.ModuleList(kept)  # a decoder that loops over all of them

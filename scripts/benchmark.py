@@ -37,6 +37,7 @@ from headstart.decode.methods import MethodContext, MethodError
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.ngram_store import NgramStore
 from headstart.decode.rest import Datastore
+from headstart.decode.suffix import SuffixParams
 from headstart.decode.questions import DecodeSetup, decode_setup, default_dtype, prompt_ids, read_questions
 from headstart.decode.report import (append_section, paired_line, prediction_table, run_mode, run_shape, run_table,
                                      write_results)
@@ -91,7 +92,24 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
                    help="--method ngram or --hybrid-ngram: conversation files (e.g. the target's regenerated replies) whose assistant "
                         "turns n-gram lookup consults where the request's own tokens match a shorter suffix or none (decode/ngram_store.py)")
     p.add_argument("--datastore", default=None, metavar="DIR",
-                   help="--method rest: REST's datastore (`headstart datastore --config RECIPE --output DIR` builds it)")
+                   help="--method rest (or suffix: a source besides its trees): REST's datastore (`headstart datastore "
+                        "--config RECIPE --output DIR` builds it)")
+    suffix = SuffixParams()
+    p.add_argument("--suffix-max-depth", type=int, default=suffix.max_depth,
+                   help="--method suffix: the suffix trees' depth, longest match plus draft (vLLM's max_tree_depth)")
+    p.add_argument("--suffix-spec-factor", type=float, default=suffix.spec_factor,
+                   help="--method suffix: drafts per matched token, at most k (vLLM's max_spec_factor)")
+    p.add_argument("--suffix-spec-offset", type=float, default=suffix.spec_offset,
+                   help="--method suffix: drafts granted besides them")
+    p.add_argument("--suffix-min-prob", type=float, default=suffix.min_prob,
+                   help="--method suffix: a draft whose estimated probability is under this ends the drafts "
+                        "(vLLM's min_token_prob)")
+    p.add_argument("--suffix-max-cached", type=int, default=suffix.max_cached,
+                   help="--method suffix: replies the global tree holds, oldest out first; 0: none (vLLM's "
+                        "max_cached_requests)")
+    p.add_argument("--skip-layers", default=None, metavar="LIST",
+                   help="--method layer-skip: the target's decoder layers the drafts leave out, e.g. 3,5,7-12 "
+                        "(`headstart layer-skip --config RECIPE` searches for a set)")
     p.add_argument("--compile", action="store_true",
                    help="the target's decode forward and the drafter's step through torch.compile over static KV "
                         "caches (CUDA graphs on a GPU); --max-len then defaults to 1024, as every forward attends over "
@@ -166,13 +184,21 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     refused = m.unsupported(args.method, args)  # what the method's drafter does not declare, before any weight loads
     if refused:
         p.error(refused)
+    refused = m.check(args) if m.check is not None else None  # its own flags' values
+    if refused:
+        p.error(refused)
     if args.ngram_store and not m.ngram_store and args.hybrid_ngram is None:
         p.error("--ngram-store is n-gram lookup's datastore: use it with --method ngram or --hybrid-ngram")
     if args.ngram_learn and not m.ngram_store and args.hybrid_ngram is None:
         p.error("--ngram-learn grows n-gram lookup's datastore: use it with --method ngram or --hybrid-ngram")
     if args.datastore and not m.datastore:
-        p.error(f"--datastore is REST's datastore: use it with --method rest, not --method {args.method}")
-    if m.datastore and not args.datastore:
+        p.error(f"--datastore is REST's datastore: use it with --method rest or suffix, not --method {args.method}")
+    for other in drafting_methods().values():  # a method's own flags, set for another
+        for dest in other.flags:
+            if dest not in m.flags and getattr(args, dest) != p.get_default(dest):
+                p.error(f"--{dest.replace('_', '-')} is another method's flag: --method {args.method} takes none of "
+                        f"{', '.join('--' + d.replace('_', '-') for d in other.flags)}")
+    if m.datastore == "required" and not args.datastore:
         p.error(f"--method {args.method} drafts from a datastore: add --datastore DIR (`headstart datastore` builds one)")
     if args.ngram_learn and args.batch_size > 1:
         p.error("--ngram-learn learns from one sequence at a time: use --batch-size 1")
@@ -299,10 +325,14 @@ class Method:
     hybrids: list[HybridDrafter]
     compiled_drafter: bool
     pads: dict[int, int] | None
+    forget: Callable[[], None] | None
+    """Undo what the untimed warm-up taught a drafter that learns as it serves."""
+    learned: Callable[[], str] | None
+    """What the drafter learned, for the run's mode."""
 
     def rival(self) -> Rival:
-        return Rival(self.runner, self.make, self.args.num_speculative_tokens, self.tree, self.own_loop,
-                     self.store.forget if self.args.ngram_learn else None, verification_of(self.args))
+        return Rival(self.runner, self.make, self.args.num_speculative_tokens, self.tree, self.own_loop, self.forget,
+                     verification_of(self.args))
 
 
 def build_method(p: argparse.ArgumentParser, args: argparse.Namespace, setup: DecodeSetup) -> Method:
@@ -343,7 +373,9 @@ def build_method(p: argparse.ArgumentParser, args: argparse.Namespace, setup: De
                                          args.hybrid_ngram, max_flush=block if args.compile else None,
                                          model_tree=model_tree))
             return hybrids[-1]
-    return Method(args, runner, make, built.make_batch, built.own_loop, tree, store, hybrids, built.compiled, pads)
+    forget = store.forget if args.ngram_learn else built.forget
+    return Method(args, runner, make, built.make_batch, built.own_loop, tree, store, hybrids, built.compiled, pads,
+                  forget, built.describe)
 
 
 def describe(method: Method, report: dict, setup: DecodeSetup) -> tuple[str, str]:
@@ -355,6 +387,8 @@ def describe(method: Method, report: dict, setup: DecodeSetup) -> tuple[str, str
     mode = run_mode(args, setup.dtype, default_dtype(setup.device), method.compiled_drafter,
                     method.store.learned_tokens if args.ngram_learn else None, rounds,
                     method.pads if args.tune_blocks else None)
+    if method.learned is not None:
+        mode += f", {method.learned()}"
     return run_shape(args.num_speculative_tokens, method.tree), mode
 
 

