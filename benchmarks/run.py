@@ -169,6 +169,19 @@ COLLECTED = {  # suite: its result file in benchmarks/results/, the page's title
                           "REST (--method rest) from a datastore of SmolLM2's own replies to 1,000 demo questions "
                           "(headstart datastore on configs/smollm2/eagle3.yaml), on MT-bench and the held-out questions, "
                           + RETRIEVAL_PAIRED),
+    "suffix-demo": ("suffix_demo.json", "Suffix decoding against n-gram lookup",
+                    "Suffix decoding (--method suffix: vLLM's defaults, trees of depth 24, one draft per matched token, "
+                    "min p 0.1; the global tree empty at the start and learning every reply; '-store': REST's datastore "
+                    "of the demo target's own replies to 2,000 demo questions read besides), " + RETRIEVAL_PAIRED),
+    "suffix-smollm2": ("suffix_smollm2.json", "Suffix decoding against n-gram lookup",
+                       "Suffix decoding (--method suffix: vLLM's defaults, trees of depth 24, one draft per matched "
+                       "token, min p 0.1; the global tree empty at the start and learning every reply; '-store': REST's "
+                       "datastore of SmolLM2's own replies to 1,000 demo questions read besides), on MT-bench and the "
+                       "held-out questions, " + RETRIEVAL_PAIRED),
+    "layer-skip": ("layer_skip_smollm2.json", "Draft & Verify (layer skipping) against early exit on SmolLM2-135M-Instruct",
+                   "The target itself drafting with the layers in each row's name skipped (--method layer-skip, no "
+                   "training; the set from `headstart layer-skip` on SmolLM2's own replies to training prompts), "
+                   + PAIRED.format("the committed early-exit head (configs/smollm2/early-exit-head) at the same k")),
 }
 
 
@@ -197,7 +210,8 @@ def all_drafts(which: str) -> Callable[[Settings], list[Step]]:
                run("medusa-chain", "--method", "medusa", "--draft", f"{h}/medusa-head", *k(4)),
                run("medusa-tree", "--method", "medusa", "--draft", f"{h}/medusa-head", "--tree-paths", medusa_tree),
                run("mtp-chain", "--method", "mtp", "--draft", f"{h}/mtp-head", *k(4)),
-               run("ngram-chain", "--method", "ngram", *k(4))]
+               run("ngram-chain", "--method", "ngram", *k(4)),
+               run("suffix-chain", "--method", "suffix", *k(4))]
         if demo:
             out += [run("draft-model-chain", "--method", "draft-model", "--draft", "configs/demo/draft-model", *k(4)),
                     run("distilled-draft-model-chain", "--method", "draft-model", "--draft",
@@ -361,6 +375,62 @@ def retrieval(which: str) -> Callable[[Settings], list[Step]]:
             return collected(s, f"retrieval-{which}", *bench_flags(s.out, "*-*"), more=more)
         return out + [Step("collect", collect, writes_result=True)]
     return steps
+
+
+def suffix(which: str) -> Callable[[Settings], list[Step]]:
+    """Suffix decoding paired with n-gram lookup: its own trees only (the global tree starts empty and learns each
+    reply), and with REST's datastore of the target's replies as its earlier traffic; chains of up to k drafts (its
+    adaptive length decides how many) and a tree, on MT-bench (and SmolLM2's held-out questions)."""
+    def steps(s: Settings) -> list[Step]:
+        demo = which == "demo"
+        target, recipe = (DEMO, "configs/demo/eagle3_regenerated.yaml") if demo else (SMOLLM2, "configs/smollm2/eagle3.yaml")
+        store = f"runs/datastore-{which}"
+        out = [demo_regenerated()] if demo else []
+        out.append(Step("datastore", [PY, "-m", "headstart.scripts.cli", "datastore", "--config", recipe, "--output", store],
+                        skip_if=store))
+        tree = ["--tree", "--tree-depth", "4", "--tree-topk", "4", "--tree-total-tokens", "16"]
+        sets = {"mt": MT_BENCH} if demo else {"mt": MT_BENCH, "heldout": HELDOUT}
+        runs = {f"{where}-{shape}{'-store' if seeded else ''}": (questions, flags, seeded)
+                for where, questions in sets.items() for shape, flags in (("chain", k(s["k"])), ("tree", tree))
+                for seeded in (False, True) if f"{where}-{shape}{'-store' if seeded else ''}" in s.words("runs")}
+        for name, (questions, flags, seeded) in runs.items():
+            store_flags = ["--datastore", store] if seeded else []
+            out.append(bench(name, target, s.out / name, "--method", "suffix", *store_flags, *flags,
+                             *versus("ngram", None, *flags), questions=questions))
+        return out + [Step("collect", lambda: collected(s, f"suffix-{which}", *bench_flags(s.out, "*-*")),
+                           writes_result=True)]
+    return steps
+
+
+# -- Draft & Verify ---------------------------------------------------------------------------------------------------
+
+def layer_skip(s: Settings) -> list[Step]:
+    """The skip set searched on SmolLM2's own replies to training prompts (timed), to the most layers of the sweep;
+    each count's set (the search's path) decoded paired with the committed early-exit head at the same k."""
+    x, counts = s.out, [int(c) for c in s.words("skips")]
+    found = x / "search.json"
+    out = [Step("search", [PY, "-m", "headstart.scripts.cli", "layer-skip", "--config", "configs/smollm2/eagle3.yaml",
+                           "--data", s["data"], "--skip", str(max(counts)), "--output", str(found), "--overwrite"],
+                timed=True)]
+
+    def skipped(count: int) -> str:
+        path = json.loads(found.read_text())["path"]
+        return ",".join(map(str, path[count - 1]["skip"]))
+
+    for count in counts:
+        out.append(Step(f"skip{count}-k{s['k']}", lambda count=count: bench(
+            f"skip{count}", SMOLLM2, x / f"skip{count}-k{s['k']}", "--method", "layer-skip", "--skip-layers",
+            skipped(count), *k(s["k"]), *versus("early-exit", "configs/smollm2/early-exit-head", *k(s["k"]))).argv,
+            needs=(str(found),)))
+
+    def collect() -> list[str]:
+        search = json.loads(found.read_text())
+        more = (f"; the search: greedy, {search['forwards']} forwards of the target over {search['tokens']:,} tokens of "
+                f"{search['conversations']} conversations ({s['data']}), {search['seconds']:.0f} s; the sets by count: "
+                + "; ".join(f"{len(step['skip'])}: {','.join(map(str, step['skip']))} (agreement {step['agreement']:.3f})"
+                            for step in search["path"] if len(step["skip"]) in counts))
+        return collected(s, "layer-skip", *bench_flags(x, "skip*"), more=more)
+    return out + [Step("collect", collect, writes_result=True)]
 
 
 # -- distilled draft models ------------------------------------------------------------------------------------------
@@ -595,6 +665,15 @@ SUITES: dict[str, Suite] = {
                             "retrieval_demo.json", "runs/retrieval-demo", retrieval("demo"), {"k": "4"}),
     "retrieval-smollm2": Suite("REST from SmolLM2's replies against n-gram lookup, MT-bench and held-out questions -> "
                                "retrieval_smollm2.json", "runs/retrieval-smollm2", retrieval("smollm2"), {"k": "4"}),
+    "suffix-demo": Suite("suffix decoding against n-gram lookup on the demo target, chain and tree, with and without "
+                         "REST's datastore -> suffix_demo.json", "runs/suffix-demo", suffix("demo"),
+                         {"k": "4", "runs": "mt-chain mt-tree mt-chain-store"}),
+    "suffix-smollm2": Suite("suffix decoding against n-gram lookup on SmolLM2, MT-bench and held-out questions -> "
+                            "suffix_smollm2.json", "runs/suffix-smollm2", suffix("smollm2"),
+                            {"k": "4", "runs": "mt-chain heldout-chain heldout-tree heldout-chain-store"}),
+    "layer-skip": Suite("Draft & Verify on SmolLM2: the skip set searched, then decoded by count paired with early exit "
+                        "-> layer_skip_smollm2.json", "runs/layer-skip-smollm2", layer_skip,
+                        {"skips": "8 12", "k": "4", "data": "configs/smollm2/data/regenerated.jsonl[0:4]"}),
     "plan-cpu": Suite("headstart plan against measured peaks (after new-heads-demo) -> plan_vs_measured_cpu.json",
                       "runs/plan-cpu", plan_cpu, {"new_heads": "runs/new-heads-full"}),
     "batch": Suite("plain vs speculative decoding by batch size, every chain drafter -> OUT/table.md", "runs/bench-batch",
