@@ -83,7 +83,7 @@ class SuffixCache:
         self.tree, self._held = SuffixTree(self.params.max_depth), deque()
 
     def describe(self) -> str:
-        return (f"suffix trees depth {self.params.max_depth}, {self.params.spec_factor:g} drafts per matched token"
+        return (f"suffix trees depth {self.params.max_depth}, drafts per matched token {self.params.spec_factor:g}"
                 + (f" + {self.params.spec_offset:g}" if self.params.spec_offset else "")
                 + f", min p {self.params.min_prob:g}, global tree of {self.tree.sequences} replies ({self.tree.tokens} "
                 f"tokens)" + (", a REST datastore" if self.datastore is not None else ""))
