@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from headstart.decode.questions import DecodeSetup
 from headstart.decode.confidence import with_threshold
@@ -106,6 +106,9 @@ class DraftingMethod:
         if args.confidence_threshold and not can.confidence:
             return (f"--confidence-threshold: --method {name} has no draft probabilities to stop a chain on (a model "
                     "drafter's chains stop under it)")
+        if args.compile and can.self_verify:
+            return (f"--compile: --method {name} drafts on the target's own eager runner (a compiled runner's graphs run "
+                    "every layer)")
         if args.hybrid_ngram is not None and (can.self_verify or self.own_loop or self.draft is None):
             what = ("verifies its own drafts on the target's runner" if can.self_verify else
                     "is n-gram lookup already" if self.ngram_store else
@@ -124,9 +127,12 @@ def _rest(ctx: MethodContext) -> Drafting:
     return Drafting(lambda: RestDrafter(store))
 
 
+SUFFIX_FLAGS = tuple(f"suffix_{f.name}" for f in fields(SuffixParams))
+"""--suffix-max-depth, ...: one flag a setting of vLLM's."""
+
+
 def suffix_params(args: argparse.Namespace) -> SuffixParams:
-    return SuffixParams(args.suffix_max_depth, args.suffix_spec_factor, args.suffix_spec_offset, args.suffix_min_prob,
-                        args.suffix_max_cached)
+    return SuffixParams(**{f.name: getattr(args, f"suffix_{f.name}") for f in fields(SuffixParams)})
 
 
 def _check_suffix(args: argparse.Namespace) -> str | None:
@@ -145,9 +151,6 @@ def _suffix(ctx: MethodContext) -> Drafting:
     return Drafting(lambda: SuffixDrafter(cache), forget=cache.forget, describe=cache.describe)
 
 
-SUFFIX_FLAGS = ("suffix_max_depth", "suffix_spec_factor", "suffix_spec_offset", "suffix_min_prob", "suffix_max_cached")
-
-
 def _layer_skip(ctx: MethodContext) -> Drafting:
     try:
         skip = parse_skip(ctx.args.skip_layers, ctx.setup.target.num_layers)
@@ -160,8 +163,6 @@ def _check_layer_skip(args: argparse.Namespace) -> str | None:
     if not args.skip_layers:
         return ("--method layer-skip needs --skip-layers (the target's layers its drafts leave out; `headstart "
                 "layer-skip --config RECIPE` searches for them)")
-    if args.compile:
-        return "--compile: --method layer-skip drafts on the eager target runner (its graphs run every layer)"
     return None
 
 

@@ -167,9 +167,6 @@ class DatastoreIndex:
     def __init__(self, store: Datastore, sample: int = 4096) -> None:
         self.store, self.sample = store, sample
 
-    def longest(self, pattern: list[int]) -> int:
-        return self.store.longest(pattern)[2]
-
     def locate(self, pattern: list[int]) -> tuple[int, int, int] | None:
         lo, hi = self.store.find(pattern)
         return (lo, hi, len(pattern)) if lo < hi else None

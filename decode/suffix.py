@@ -19,7 +19,7 @@ import torch
 
 from headstart.decode.drafter import Capabilities, Drafter
 from headstart.decode.rest import Datastore
-from headstart.decode.suffix_tree import Speculation, SuffixTree, speculate
+from headstart.decode.suffix_tree import Speculation, SuffixTree, from_match, speculate
 from headstart.decode.tree import DraftTree, DynamicTree
 
 
@@ -135,9 +135,9 @@ class SuffixDrafter(Drafter):
             best = found if found.score > best.score else best
         index = self.cache.index
         if index is not None:
-            longest = index.longest(pattern)
-            if longest:
-                found = speculate(index, pattern, budget, lengths=[longest], **shape)
+            lo, hi, m = index.store.longest(pattern)  # its longest match only: a short one's range can be most of it
+            if m:
+                found = from_match(index, (lo, hi, m), m, budget, **shape)
                 best = found if found.score > best.score else best
         return best
 

@@ -144,24 +144,28 @@ class Speculation:
 
 
 def speculate(index: SuffixIndex, context: list[int], budget: int, spec_factor: float = 1.0, spec_offset: float = 0.0,
-              min_prob: float = 0.1, topk: int = 1, levels: int | None = None, lengths: list[int] | None = None
-              ) -> Speculation:
-    """The best-scoring speculation from ``index`` continuing ``context``: over each suffix length found (``lengths``,
-    default every one from 1 up; the first not found ends the search: a longer suffix holds it), at most
-    ``min(budget, length * spec_factor + spec_offset)`` nodes of at most ``topk`` children a node and ``levels``
-    levels. Ties go to the longer match."""
+              min_prob: float = 0.1, topk: int = 1, levels: int | None = None) -> Speculation:
+    """The best-scoring speculation from ``index`` continuing ``context``: over each suffix length found, from 1 up
+    (the first not found ends the search: a longer suffix holds it), ``from_match``'s. Ties go to the longer match."""
     best = Speculation()
-    for m in lengths if lengths is not None else range(1, len(context) + 1):
+    for m in range(1, len(context) + 1):
         node = index.locate(context[len(context) - m:])
         if node is None:
             break
-        limit = min(budget, int(m * spec_factor + spec_offset + 1e-6))
-        if limit > 0:
-            found = grow(index, node, limit, min_prob, topk, levels)
-            found.match = m
-            if found.tokens and found.score >= best.score:
-                best = found
+        found = from_match(index, node, m, budget, spec_factor, spec_offset, min_prob, topk, levels)
+        if found.tokens and found.score >= best.score:
+            best = found
     return best
+
+
+def from_match(index: SuffixIndex, node: object, m: int, budget: int, spec_factor: float = 1.0,
+               spec_offset: float = 0.0, min_prob: float = 0.1, topk: int = 1, levels: int | None = None) -> Speculation:
+    """The speculation under ``node``, a match of ``m`` tokens: at most ``min(budget, m * spec_factor + spec_offset)``
+    nodes of at most ``topk`` children a node and ``levels`` levels (``grow``)."""
+    limit = min(budget, int(m * spec_factor + spec_offset + 1e-6))
+    found = grow(index, node, limit, min_prob, topk, levels) if limit > 0 else Speculation()
+    found.match = m
+    return found
 
 
 def grow(index: SuffixIndex, node: object, limit: int, min_prob: float, topk: int, levels: int | None) -> Speculation:

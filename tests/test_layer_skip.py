@@ -87,7 +87,9 @@ def test_bench_refuses_layer_skip_without_a_set_and_the_flag_elsewhere(capsys):
     for flags, said in ((["--method", "layer-skip"], "--method layer-skip needs --skip-layers"),
                         (["--method", "ngram", "--skip-layers", "3"], "--skip-layers is another method's flag"),
                         (["--method", "layer-skip", "--skip-layers", "3", "--tree"], "--tree: --method layer-skip"),
-                        (["--method", "layer-skip", "--skip-layers", "3", "--batch-size", "2"], "--batch-size 2")):
+                        (["--method", "layer-skip", "--skip-layers", "3", "--batch-size", "2"], "--batch-size 2"),
+                        (["--method", "layer-skip", "--skip-layers", "3", "--compile"], "--compile: --method layer-skip"),
+                        (["--method", "early-exit", "--draft", "d", "--compile"], "--compile: --method early-exit")):
         with pytest.raises(SystemExit) as stop:
             benchmark.main([*base, *flags])
         assert stop.value.code == 2 and said in capsys.readouterr().err
