@@ -19,9 +19,11 @@ from headstart.decode.tree import DraftTree, DynamicTree, expand_dynamic_tree
 from headstart.decode.verify import Sampling
 from headstart.models.target import TargetOutput
 
-TREE_KINDS = ("dynamic", "static")
+TREE_KINDS = ("dynamic", "static", "own")
 """``dynamic``: an EAGLE-2 tree of ``--tree-depth/--tree-topk/--tree-total-tokens`` (grown by the drafter's
-``grow_tree``); ``static``: a fixed tree of rank paths (``--tree-paths``), which needs ranked candidates."""
+``grow_tree``); ``static``: a fixed tree of rank paths (``--tree-paths``), which needs ranked candidates; ``own``: a
+tree of the drafter's own shape every round, set by its method's flags (Lookahead's window and guesses: its catalog
+entry gives the loop an ``OwnTree``), with no ``--tree``."""
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,8 @@ class Capabilities:
 
     trees: tuple[str, ...] = ()
     """The tree kinds it drafts (of ``TREE_KINDS``); () = chains only."""
+    chains: bool = True
+    """It drafts chains of ``--num-speculative-tokens``; False: every round is its own tree (``trees`` holds "own")."""
     batches: bool = False
     """Decodes a batch of sequences (``--batch-size > 1``), by a batch drafter of its own or row by row."""
     sampled: bool = False
@@ -50,6 +54,8 @@ class Capabilities:
         unknown = [k for k in self.trees if k not in TREE_KINDS]
         if unknown:
             raise ValueError(f"unknown tree kind(s) {unknown}; the kinds are {list(TREE_KINDS)}")
+        if not self.chains and "own" not in self.trees:
+            raise ValueError("a drafter without chains drafts its own trees: trees=('own',)")
         if self.compiled_batch and not (self.compiled and self.batches):
             raise ValueError("compiled_batch needs compiled and batches")
 
@@ -123,6 +129,12 @@ class Drafter:
         """Self-speculative drafters: the target's forward over a chain's block [1, 1 + k'] -> (logits, states),
         reusing what drafting computed (the loop calls it in place of ``runner.forward``)."""
         raise NotImplementedError(f"{type(self).__name__} does not verify its own drafts")
+
+    def observed(self, choices: torch.Tensor) -> None:
+        """A tree round, verified: the target's token at every position of the block [1 + n] (the root's first, then
+        the nodes', kept or not: its argmax, or its one sample), before ``update``. A drafter whose next drafts come
+        from what the target makes of this round's guesses reads it (Lookahead's lookahead branch); the others have
+        nothing to do."""
 
     def finish(self, emitted: list[int]) -> None:
         """The request's last round, as far as the output keeps it: a drafter that learns what it serves (n-gram

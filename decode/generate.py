@@ -199,6 +199,7 @@ def _tree_round(runner, drafter, tree, tokens, max_new_tokens, eos_ids, sampling
     else:  # one sample of the warped target per node: lossless for deterministic children (verify_tree)
         choice = torch.multinomial(sampling.probs(logits[0]), 1, generator=generator).squeeze(1)
     path, emitted = verify_tree(draft, choice, block, kept)
+    drafter.observed(choice)
     before = len(tokens)
     runner.keep(path)
     out.target_forwards += 1

@@ -21,6 +21,7 @@ from headstart.decode.ngram import NgramDrafter
 from headstart.decode.ngram_store import NgramStore
 from headstart.decode.rest import Datastore, RestDrafter, vocab_fingerprint
 from headstart.decode.suffix import SuffixCache, SuffixDrafter, SuffixParams
+from headstart.decode.tree import OwnTree
 from headstart.models.provenance import check_target
 from headstart.models.target import TargetConfig, load_causal_lm, load_tokenizer
 
@@ -62,6 +63,9 @@ class Drafting:
     """Undo what the untimed warm-up taught a drafter that learns from what it serves (None: it learns nothing)."""
     describe: Callable[[], str] | None = None
     """What only the run knows about the drafter (what it learned), for the run's mode."""
+    tree: OwnTree | None = None
+    """The tree every round drafts where the method's flags ask for its drafter's own (``Capabilities.trees`` "own":
+    Lookahead always, staged drafting with ``--staged-tree``); None: chains, or ``--tree``'s."""
 
 
 @dataclass(frozen=True)
@@ -95,7 +99,13 @@ class DraftingMethod:
         """Why ``--method name`` cannot run with these flags, naming the flag and what the method declares; None: it
         can. Only what the method's capabilities decide (flags that clash with each other are the command's)."""
         can = self.capabilities
-        trees = f"its drafter drafts {' and '.join(can.trees)} trees" if can.trees else "its drafter drafts chains only"
+        kinds = " and ".join("its own" if kind == "own" else kind for kind in can.trees)
+        trees = f"its drafter drafts {kinds} trees" if can.trees else "its drafter drafts chains only"
+        if not can.chains and vars(args).get("predict"):
+            return f"--predict: --method {name} drafts a tree of its own every round; --predict models chains"
+        if not can.chains and args.verification == "block":
+            return (f"--verification block: --method {name} drafts a tree of its own every round, verified node by node "
+                    "(block verification verifies a chain)")
         if args.tree and not args.tree_paths and "dynamic" not in can.trees:
             return f"--tree: --method {name} cannot draft a dynamic tree ({trees})"
         if args.tree_paths and "static" not in can.trees:

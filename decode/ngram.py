@@ -27,6 +27,20 @@ def likeliest(follow: dict[int, list[int]], topk: int) -> list[tuple[int, float]
     return [(token, seen[0] / total) for token, seen in best]
 
 
+def prompt_lookup(context: list[int], k: int, max_ngram: int, min_ngram: int = 1) -> list[int]:
+    """Up to k tokens (possibly none) that followed the latest earlier occurrence of the context's longest suffix of
+    ``min_ngram``..``max_ngram`` tokens."""
+    for n in range(min(max_ngram, len(context) - 1), min_ngram - 1, -1):
+        suffix = context[-n:]
+        # Latest earlier occurrence first: recent text predicts best.
+        for start in range(len(context) - n - 1, -1, -1):
+            if context[start : start + n] == suffix:
+                follow = context[start + n : start + n + k]
+                if follow:
+                    return follow
+    return []
+
+
 class CountTree(Drafter):
     """Trees and chains grown from counts: a subclass gives ``children(path, topk)`` -- the likeliest tokens after the
     context and a path, with their probabilities -- and ``device``; this grows the likeliest nodes best first (n-gram
@@ -112,16 +126,7 @@ class NgramDrafter(CountTree):
         """Up to k draft tokens (possibly none) continuing ``self.context``."""
         if self.store is not None:
             return self.scored_chain(k)[0]
-        ctx = self.context
-        for n in range(min(self.max_ngram, len(ctx) - 1), self.min_ngram - 1, -1):
-            suffix = ctx[-n:]
-            # Latest earlier occurrence first: recent text predicts best.
-            for start in range(len(ctx) - n - 1, -1, -1):
-                if ctx[start : start + n] == suffix:
-                    follow = ctx[start + n : start + n + k]
-                    if follow:
-                        return torch.tensor(follow, dtype=torch.long)
-        return torch.empty(0, dtype=torch.long)
+        return torch.tensor(prompt_lookup(self.context, k, self.max_ngram, self.min_ngram), dtype=torch.long)
 
     def update(self, emitted: list[int], states) -> None:
         self._extend(emitted)

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from headstart.decode.hybrid import ngram_share
-from headstart.decode.tree import DynamicTree, StaticTree
+from headstart.decode.tree import DynamicTree, OwnTree, StaticTree
 from headstart.decode.verify import Verification
 
 
@@ -192,6 +192,8 @@ def run_shape(k: int, tree: DynamicTree | StaticTree | None) -> str:
         return f"chain k={k}"
     if isinstance(tree, StaticTree):
         return f"static tree of {len(tree.paths)} paths"
+    if isinstance(tree, OwnTree):
+        return tree.about
     return f"dynamic tree depth {tree.depth} top-k {tree.topk} {tree.total_tokens} tokens"
 
 

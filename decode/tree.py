@@ -87,6 +87,15 @@ class DynamicTree:
 
 
 @dataclass(frozen=True)
+class OwnTree(DynamicTree):
+    """The tree a drafter grows every round in a shape of its own (``Capabilities.trees`` "own": Lookahead's window and
+    guesses), which its method's flags set: ``depth`` and ``total_tokens`` bound its nodes' depth and count (the
+    acceptance table's positions, the compiled verify block), ``about`` names the shape in tables."""
+
+    about: str = ""
+
+
+@dataclass(frozen=True)
 class StaticTree:
     """Medusa-style: a fixed list of paths of per-level ranks ([0, 1] = top-1 then its top-2)."""
 
@@ -260,6 +269,39 @@ def build_static_tree(drafter: TreeDrafter, spec: StaticTree, max_depth: int) ->
     parents_out = torch.tensor([index[p[:-1]] if len(p) > 1 else -1 for p in paths], device=device)
     depths = torch.tensor([len(p) for p in paths], device=device)
     return DraftTree(drafter.to_target(draft_ids), parents_out, depths, depth)
+
+
+class Trie:
+    """A round's nodes as a trie of token paths (a drafter that merges several proposals: Lookahead's window and
+    guesses, staged drafting's two chains): a path is one node however often it is added, parents before children, so
+    siblings are distinct tokens, as ``verify_tree`` needs."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.parents: list[int] = []
+        self.depths: list[int] = []
+        self.index: dict[tuple[int, int], int] = {}
+
+    def child(self, node: int, token: int) -> int:
+        """The node for ``token`` below ``node`` (-1: the root), added where it is new."""
+        found = self.index.get((node, token))
+        if found is None:
+            found = self.index[(node, token)] = len(self.tokens)
+            self.tokens.append(token)
+            self.parents.append(node)
+            self.depths.append(self.depths[node] + 1 if node >= 0 else 1)
+        return found
+
+    def add(self, path: list[int] | tuple[int, ...]) -> int:
+        """The node at the end of ``path`` from the root, its nodes added where new."""
+        node = -1
+        for token in path:
+            node = self.child(node, token)
+        return node
+
+    def tree(self, device: torch.device) -> DraftTree:
+        as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=device)  # noqa: E731
+        return DraftTree(as_tensor(self.tokens), as_tensor(self.parents), as_tensor(self.depths), max(self.depths, default=0))
 
 
 def verify_tree(tree: DraftTree, choice: torch.Tensor, block_tokens: torch.Tensor,

@@ -353,8 +353,6 @@ def build_method(p: argparse.ArgumentParser, args: argparse.Namespace, setup: De
     tree = draft_tree(args.tree_paths, args.tree, args.tree_depth, args.tree_topk, args.tree_total_tokens)
     model_tree = DynamicTree(*args.hybrid_model_tree) if args.hybrid_model_tree else None
     block = compiled_block(k, tree, model_tree)
-    if not batched:  # the batched loop compiles each batch size it runs (decode/measure.py)
-        precompile_runner(runner, k, tree)
     store = ngram_store_from_conversations(args.ngram_store, tokenizer) if args.ngram_store else None
     if args.ngram_learn and store is None:
         store = NgramStore()  # learning only: SuffixDecoding's global tree from nothing
@@ -362,7 +360,9 @@ def build_method(p: argparse.ArgumentParser, args: argparse.Namespace, setup: De
         built = method.build(MethodContext(args, setup, max_len, block, store))
     except MethodError as err:
         p.error(str(err))
-    make = built.make
+    make, tree = built.make, built.tree or tree  # a drafter of its own trees: its method's shape, every round
+    if not batched:  # the batched loop compiles each batch size it runs (decode/measure.py)
+        precompile_runner(runner, k, tree)
     hybrids: list[HybridDrafter] = []
     if args.hybrid_ngram is not None:
         model_drafter = make

@@ -134,6 +134,8 @@ def test_capabilities_are_checked_when_declared():
         Capabilities(trees=("beam",))
     with pytest.raises(ValueError, match="compiled_batch needs compiled and batches"):
         Capabilities(compiled_batch=True)
+    with pytest.raises(ValueError, match="drafts its own trees"):
+        Capabilities(chains=False)  # no chains: every round is its own tree, which it must declare
 
 
 def test_shared_code_names_no_head():
