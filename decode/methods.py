@@ -17,9 +17,11 @@ from headstart.decode.draft_model import DraftModelDrafter, draft_model_runner
 from headstart.decode.drafter import Capabilities
 from headstart.decode.hf_peers import HFSpeculation
 from headstart.decode.layer_skip import LayerSkipDrafter, parse_skip
+from headstart.decode.lookahead import LookaheadDrafter, LookaheadParams
 from headstart.decode.ngram import NgramDrafter
 from headstart.decode.ngram_store import NgramStore
 from headstart.decode.rest import Datastore, RestDrafter, vocab_fingerprint
+from headstart.decode.staged import StageCounts, StagedDrafter, staged_tree
 from headstart.decode.suffix import SuffixCache, SuffixDrafter, SuffixParams
 from headstart.decode.tree import OwnTree
 from headstart.models.provenance import check_target
@@ -176,6 +178,34 @@ def _check_layer_skip(args: argparse.Namespace) -> str | None:
     return None
 
 
+LOOKAHEAD_FLAGS = tuple(f"lookahead_{f.name}" for f in fields(LookaheadParams))
+"""--lookahead-window, --lookahead-ngram, --lookahead-guesses, --lookahead-from-context."""
+
+
+def lookahead_params(args: argparse.Namespace) -> LookaheadParams:
+    return LookaheadParams(**{f.name: getattr(args, f"lookahead_{f.name}") for f in fields(LookaheadParams)})
+
+
+def _check_lookahead(args: argparse.Namespace) -> str | None:
+    try:
+        params = lookahead_params(args)
+    except ValueError as err:
+        return str(err)
+    if args.max_len is not None and params.nodes + 2 > args.max_len:
+        return (f"--lookahead-window {params.window} --lookahead-ngram {params.ngram} --lookahead-guesses "
+                f"{params.guesses}: a round's tree of up to {params.nodes} nodes does not fit --max-len {args.max_len} "
+                "with its context")
+    return None
+
+
+def _lookahead(ctx: MethodContext) -> Drafting:
+    params = lookahead_params(ctx.args)
+    if params.nodes + 2 > ctx.max_len:
+        raise MethodError(f"--lookahead-window {params.window}: a round's tree of up to {params.nodes} nodes does not "
+                          f"fit the KV cache of {ctx.max_len} tokens with its context")
+    return Drafting(lambda: LookaheadDrafter(params, seed=ctx.args.seed), tree=params.tree())
+
+
 def load_datastore(directory: str, tokenizer) -> Datastore:
     """``--datastore``, refused by name where it was built under another tokenizer (its token ids would mean other
     words)."""
@@ -194,6 +224,24 @@ def _draft_model(ctx: MethodContext) -> Drafting:
     make = with_threshold(lambda: DraftModelDrafter(runner, ctx.max_len, ctx.vocab_size), args.confidence_threshold)
     # A batch: the same drafter, on a ragged runner of its own over the same model (eager: the graphs are one row's).
     return Drafting(make, lambda _: make(), compiled=args.compile and not ctx.batched)
+
+
+def _staged(ctx: MethodContext) -> Drafting:
+    args = ctx.args
+    runner = draft_model_runner(load_draft_model(ctx), ctx.max_len)  # eager: its blocks are of any length up to k
+    counts = StageCounts()  # every request's: the run's forwards per draft
+    return Drafting(lambda: StagedDrafter(runner, ctx.max_len, ctx.vocab_size, args.ngram_max, counts),
+                    forget=counts.reset, describe=counts.describe,
+                    tree=staged_tree(args.num_speculative_tokens) if args.staged_tree else None)
+
+
+def _check_staged(args: argparse.Namespace) -> str | None:
+    if args.hybrid_ngram is not None:
+        return "--hybrid-ngram: --method staged has n-gram lookup drafting for its draft model already"
+    if args.staged_tree and (vars(args).get("predict") or args.verification == "block"):
+        return ("--staged-tree verifies a tree of both stages' chains: not with --predict or --verification block "
+                "(they are a chain's)")
+    return None
 
 
 def load_draft_model(ctx: MethodContext):
@@ -230,8 +278,14 @@ METHODS: dict[str, DraftingMethod] = {
     "layer-skip": DraftingMethod("Draft & Verify: the target itself with --skip-layers left out drafts, all layers verify",
                                  _layer_skip, LayerSkipDrafter.capabilities, flags=("skip_layers",),
                                  check=_check_layer_skip),
+    "lookahead": DraftingMethod("Lookahead decoding: the target's own Jacobi iterations over a window of guesses and the "
+                                "n-grams they make, both in the verifying forward", _lookahead,
+                                LookaheadDrafter.capabilities, flags=LOOKAHEAD_FLAGS, check=_check_lookahead),
     "draft-model": DraftingMethod("a small causal LM of the target's vocabulary", _draft_model,
                                   DraftModelDrafter.capabilities, draft="an HF causal LM directory"),
+    "staged": DraftingMethod("staged speculative decoding: --draft's draft model, its chain drafted by n-gram lookup "
+                             "(--ngram-max) and checked in one forward of it", _staged, StagedDrafter.capabilities,
+                             draft="an HF causal LM directory", flags=("staged_tree",), check=_check_staged),
     "hf-assisted": DraftingMethod("transformers' assisted generation with --draft's model (greedy)", _hf(True),
                                   Capabilities(confidence=True), draft="an HF causal LM directory", own_loop=True),
     "hf-prompt-lookup": DraftingMethod("transformers' prompt lookup (greedy)", _hf(False), Capabilities(),

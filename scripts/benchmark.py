@@ -32,6 +32,7 @@ from pathlib import Path
 from headstart.decode.generate import Sampling
 from headstart.decode.hf_peers import HFSpeculation
 from headstart.decode.hybrid import HybridDrafter
+from headstart.decode.lookahead import LookaheadParams
 from headstart.decode.measure import Rival, predict_chains, run_benchmark
 from headstart.decode.methods import MethodContext, MethodError
 from headstart.decode.ngram import NgramDrafter
@@ -107,6 +108,21 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suffix-max-cached", type=int, default=suffix.max_cached,
                    help="--method suffix: replies the global tree holds, oldest out first; 0: none (vLLM's "
                         "max_cached_requests)")
+    look = LookaheadParams()
+    p.add_argument("--lookahead-window", type=int, default=look.window,
+                   help="--method lookahead: W, the positions its Jacobi window guesses ahead (the reference's WINDOW_SIZE)")
+    p.add_argument("--lookahead-ngram", type=int, default=look.ngram,
+                   help="--method lookahead: N, the n-grams' length (its window's levels + 1; a guess drafts N - 1 "
+                        "tokens: the reference's LEVEL)")
+    p.add_argument("--lookahead-guesses", type=int, default=look.guesses,
+                   help="--method lookahead: G, the n-grams it verifies a round, of those starting with the last token "
+                        "(the reference's GUESS_SET_SIZE)")
+    p.add_argument("--lookahead-from-context", action="store_true",
+                   help="--method lookahead: its pool also holds the request's own n-grams, the prompt's and the reply's "
+                        "(the reference's POOL_FROM_PROMPT, and the reply's)")
+    p.add_argument("--staged-tree", action="store_true",
+                   help="--method staged: each round the tree of both stages -- the draft model's chain and n-gram "
+                        "lookup's -- verified in one forward (else the draft model's chain, with its q)")
     p.add_argument("--skip-layers", default=None, metavar="LIST",
                    help="--method layer-skip: the target's decoder layers the drafts leave out, e.g. 3,5,7-12 "
                         "(`headstart layer-skip --config RECIPE` searches for a set)")
