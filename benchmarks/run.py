@@ -178,6 +178,22 @@ COLLECTED = {  # suite: its result file in benchmarks/results/, the page's title
                        "token, min p 0.1; the global tree empty at the start and learning every reply; '-store': REST's "
                        "datastore of SmolLM2's own replies to 1,000 demo questions read besides), on MT-bench and the "
                        "held-out questions, " + RETRIEVAL_PAIRED),
+    "lookahead-demo": ("lookahead_demo.json", "Lookahead decoding against n-gram lookup",
+                       "Lookahead decoding (--method lookahead, no training: each row's window W, n-gram size N and "
+                       "guesses G in its name, 'ctx': the pool also holds the request's own n-grams), each decoded "
+                       "paired in one process (--versus) with n-gram lookup of the request's own tokens (--method ngram) "
+                       "in chains of k = 4"),
+    "lookahead-smollm2": ("lookahead_smollm2.json", "Lookahead decoding against n-gram lookup",
+                          "Lookahead decoding (--method lookahead, no training: each row's window W, n-gram size N and "
+                          "guesses G in its name, 'ctx': the pool also holds the request's own n-grams), each decoded "
+                          "paired in one process (--versus) with n-gram lookup of the request's own tokens (--method "
+                          "ngram) in chains of k = 4"),
+    "staged-demo": ("staged_demo.json", "Staged speculative decoding against each of its stages alone",
+                    "Staged speculative decoding (--method staged: configs/demo/draft-model, its chain drafted by n-gram "
+                    "lookup of the request's tokens, --ngram-max 3; '-tree': --staged-tree, the tree of both stages' "
+                    "chains), each decoded paired in one process (--versus) with one of its stages alone -- the draft "
+                    "model ('-vs-draft-model') or n-gram lookup ('-vs-ngram') -- in chains of the same k (in the row's "
+                    "name)"),
     "layer-skip": ("layer_skip_smollm2.json", "Draft & Verify (layer skipping) against early exit on SmolLM2-135M-Instruct",
                    "The target itself drafting with the layers in each row's name skipped (--method layer-skip, no "
                    "training; the set from `headstart layer-skip` on SmolLM2's own replies to training prompts), "
@@ -400,6 +416,36 @@ def suffix(which: str) -> Callable[[Settings], list[Step]]:
         return out + [Step("collect", lambda: collected(s, f"suffix-{which}", *bench_flags(s.out, "*-*")),
                            writes_result=True)]
     return steps
+
+
+# -- Lookahead decoding and staged drafting ----------------------------------------------------------------------------
+
+LOOKAHEAD_SHAPES = {"w7n5g7": [], "w4n3g4": ["--lookahead-window", "4", "--lookahead-ngram", "3", "--lookahead-guesses", "4"],
+                    "w7n5g7-ctx": ["--lookahead-from-context"]}
+"""The reference implementation's defaults, a small window, and the defaults with the request's own n-grams pooled."""
+
+
+def lookahead(which: str) -> Callable[[Settings], list[Step]]:
+    """Lookahead decoding in each shape of ``shapes``, paired with n-gram lookup's chain of k, on MT-bench."""
+    def steps(s: Settings) -> list[Step]:
+        target = DEMO if which == "demo" else SMOLLM2
+        out = [bench(name, target, s.out / name, "--method", "lookahead", *LOOKAHEAD_SHAPES[name],
+                     *versus("ngram", None, *k(s["k"]))) for name in s.words("shapes")]
+        return out + [Step("collect", lambda: collected(s, f"lookahead-{which}", *bench_flags(s.out, "w*")),
+                           writes_result=True)]
+    return steps
+
+
+def staged(s: Settings) -> list[Step]:
+    """Staged drafting at each k (its chain; and the tree of both stages at each k of ``tree_ks``), paired with the
+    draft model alone and with n-gram lookup alone in chains of the same k."""
+    draft = "configs/demo/draft-model"
+    shapes = [(n, False) for n in s.words("ks")] + [(n, True) for n in s.words("tree_ks")]
+    out = [bench(f"k{n}{'-tree' if tree else ''}-vs-{alone}", DEMO, s.out / f"k{n}{'-tree' if tree else ''}-vs-{alone}",
+                 "--method", "staged", "--draft", draft, *k(n), *(["--staged-tree"] if tree else []),
+                 *versus(alone, draft if alone == "draft-model" else None, *k(n)))
+           for n, tree in shapes for alone in ("draft-model", "ngram")]
+    return out + [Step("collect", lambda: collected(s, "staged-demo", *bench_flags(s.out, "k*")), writes_result=True)]
 
 
 # -- Draft & Verify ---------------------------------------------------------------------------------------------------
@@ -674,6 +720,14 @@ SUITES: dict[str, Suite] = {
     "layer-skip": Suite("Draft & Verify on SmolLM2: the skip set searched, then decoded by count paired with early exit "
                         "-> layer_skip_smollm2.json", "runs/layer-skip-smollm2", layer_skip,
                         {"skips": "8 12", "k": "4", "data": "configs/smollm2/data/regenerated.jsonl[0:4]"}),
+    "lookahead-demo": Suite("Lookahead decoding in three shapes against n-gram lookup on the demo target -> "
+                            "lookahead_demo.json", "runs/lookahead-demo", lookahead("demo"),
+                            {"k": "4", "shapes": " ".join(LOOKAHEAD_SHAPES)}),
+    "lookahead-smollm2": Suite("Lookahead decoding in three shapes against n-gram lookup on SmolLM2 -> "
+                               "lookahead_smollm2.json", "runs/lookahead-smollm2", lookahead("smollm2"),
+                               {"k": "4", "shapes": " ".join(LOOKAHEAD_SHAPES)}),
+    "staged-demo": Suite("staged drafting against the draft model alone and n-gram lookup alone, on the demo target -> "
+                         "staged_demo.json", "runs/staged-demo", staged, {"ks": "4 6", "tree_ks": "4"}),
     "plan-cpu": Suite("headstart plan against measured peaks (after new-heads-demo) -> plan_vs_measured_cpu.json",
                       "runs/plan-cpu", plan_cpu, {"new_heads": "runs/new-heads-full"}),
     "batch": Suite("plain vs speculative decoding by batch size, every chain drafter -> OUT/table.md", "runs/bench-batch",
