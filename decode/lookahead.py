@@ -50,6 +50,9 @@ class LookaheadParams:
             raise ValueError(f"--lookahead-ngram {self.ngram}: an n-gram is a token and its drafts, so at least 2")
         if self.guesses < 0:
             raise ValueError(f"--lookahead-guesses {self.guesses}: n-grams verified a round, 0 or more")
+        if self.nodes == 0:
+            raise ValueError(f"--lookahead-window {self.window} --lookahead-ngram {self.ngram} --lookahead-guesses 0 "
+                             "drafts nothing (no window above the last token and no guesses)")
 
     @property
     def depth(self) -> int:

