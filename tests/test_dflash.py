@@ -17,7 +17,7 @@ from headstart.decode.target_runner import RaggedRunner, TargetRunner
 from headstart.decode.tree import DynamicTree
 from headstart.heads.dflash.config import DFlashConfig, DFlashOptions
 from headstart.heads.dflash.drafter import DFlashDrafter
-from headstart.heads.dflash.module import DFlashDraft, build_dflash
+from headstart.heads.dflash.module import BlockDrafts, DFlashDraft, build_dflash
 from headstart.heads.exports import check_head, detect_layout
 from headstart.models.export import export_head
 from headstart.models.head import DraftConfig, Features
@@ -113,7 +113,7 @@ def test_dpace_weights_are_the_expected_accepted_slots_from_each_on(target):
         out = head.blocks(tokens.view(B, -1), (anchors[:, :, None] + torch.arange(Bk)).view(B, -1), context, allowed)
         out = out.view(B, N, Bk, -1)
         trained = [real & (anchors + i < T) for i in range(1, Bk)]
-        got = head.dpace_weights(lambda h: head.logits(h).float(), out, anchors, trained, f)
+        got = head.dpace_weights(lambda h: head.logits(h).float(), BlockDrafts(anchors, out[:, :, 1:], trained), f)
         for n in range(N):
             a = int(anchors[0, n])
             m = [bool(t[0, n]) for t in trained]
@@ -129,7 +129,7 @@ def test_dpace_weights_are_the_expected_accepted_slots_from_each_on(target):
             torch.testing.assert_close(got[0, n], torch.tensor(want), rtol=1e-5, atol=1e-6)
         assert any(not all(bool(t[0, n]) for t in trained) for n in range(N))  # a block cut by the end is covered
         head.dpace_alpha = 1.0
-        counts = head.dpace_weights(lambda h: head.logits(h).float(), out, anchors, trained, f)
+        counts = head.dpace_weights(lambda h: head.logits(h).float(), BlockDrafts(anchors, out[:, :, 1:], trained), f)
         m = torch.stack(trained, -1).float()
         torch.testing.assert_close(counts, m.flip(-1).cumsum(-1).flip(-1) * m)
     # and it trains

@@ -75,16 +75,25 @@ class DFlashDrafter(RowByRow):
         self._commit(states.aux_hidden_states[:, : len(emitted)])
         self.bonus = int(emitted[-1])
 
+    @property
+    def drafts_per_block(self) -> int:
+        return self.head.drafts_per_block
+
     @torch.no_grad()
-    def _block(self) -> torch.Tensor:
-        """The round's block over the whole context: logits of slots 1..B-1 [B-1, V]."""
+    def _block_out(self) -> torch.Tensor:
+        """The round's block over the whole context: the layers' output at its D draft slots [D, H]."""
         head, device = self.head, self.keys[0].device
         tokens = torch.full((1, self.block_size), head.config.mask_token_id, dtype=torch.long, device=device)
         tokens[0, 0] = self.bonus
         positions = torch.arange(self.length, self.length + self.block_size, device=device).unsqueeze(0)
         context = [(k[:, :, : self.length], v[:, :, : self.length]) for k, v in zip(self.keys, self.values)]
         out = self._blocks(tokens, positions, context, None)  # every context position precedes the block
-        return head.logits(out[:, 1:])[0].float()
+        return out[0, head.first_draft_slot:]
+
+    @torch.no_grad()
+    def _block(self) -> torch.Tensor:
+        """The round's drafts' logits [D, V]."""
+        return self.head.logits(self._block_out()).float()
 
     @torch.no_grad()
     def propose(self, k: int) -> torch.Tensor:
@@ -108,11 +117,12 @@ class DFlashDrafter(RowByRow):
 
     def tree_expand(self, parents: torch.Tensor, tokens: torch.Tensor, depth: int) -> torch.Tensor:
         """The children of m nodes at ``depth`` are slot depth+1's candidates, the same for every node."""
-        if depth >= self.block_size - 1:
-            raise ValueError(f"this DFlash head fills blocks of {self.block_size} (drafts {self.block_size - 1} tokens); "
-                             f"a tree deeper than {self.block_size - 1} levels cannot be drafted (lower --tree-depth)")
+        if depth >= self.drafts_per_block:
+            raise ValueError(f"this {self.head.config.variant} head fills blocks of {self.block_size} (drafts "
+                             f"{self.drafts_per_block} tokens); a tree deeper than {self.drafts_per_block} levels cannot "
+                             "be drafted (lower --tree-depth)")
         return self.tree_logits[depth].expand(tokens.numel(), -1)
 
     # -- a batch (decode/batch_generate.py): one drafter per row -------------------------------------
     def row_drafter(self) -> "DFlashDrafter":
-        return DFlashDrafter(self.head, self.max_len, self.compile, self.backend)
+        return type(self)(self.head, self.max_len, self.compile, self.backend)

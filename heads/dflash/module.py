@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -36,6 +37,18 @@ from headstart.models.head import (DraftConfig, FeatureNeeds, Features, StepTall
 from headstart.models.vocab_loss import VocabProjection, chunked_vocab_loss
 
 KV = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class BlockDrafts:
+    """One training step's blocks, as the loss reads them (``DFlashDraft.block_drafts``)."""
+
+    anchors: torch.Tensor
+    """[B, N] each block's anchor a: its slot 0 holds token a, its context is the target's states before a."""
+    drafts: torch.Tensor
+    """[B, N, D, H] the layers' output at each block's draft slots: draft j (1-based) predicts the token at a+j."""
+    trained: list[torch.Tensor]
+    """Per draft j = 1..D: [B, N] whether token a+j is trained (in the sequence, in the loss mask, in a's document)."""
 
 
 class DFlashAttention(nn.Module):
@@ -95,6 +108,10 @@ class DFlashDraft(nn.Module):
     layouts = ("dflash",)  # docs/FORMATS.md section H
     compiled = ("context",)
     """What ``train.compile`` compiles (models/train_compile.py)."""
+    first_draft_slot = 1
+    """The block slot whose output is the first draft. DFlash's slot i (a mask at position a+i) predicts the token at
+    a+i, so slot 0 (the bonus token) drafts nothing and a block drafts B-1 tokens; a variant whose slot i predicts the
+    next token a+i+1, as a causal LM's position does (DSpark), sets 0 and drafts B."""
 
     def __init__(self, config: DFlashConfig, anchors: int = 64, decay_gamma: float = 4.0, weighting: str = "dpace",
                  dpace_alpha: float = 0.5) -> None:
@@ -132,6 +149,11 @@ class DFlashDraft(nn.Module):
         return {f"head activations ({c.num_hidden_layers} layers, {slots} block slots)": layers + 2 * tokens * c.hidden_size * b,
                 "attention scores, one sequence": scores,
                 "loss chunks": loss_chunk_bytes(self.chunk_tokens, c.vocab_size, slots)}
+
+    @property
+    def drafts_per_block(self) -> int:
+        """D: the drafts one block fills (B - ``first_draft_slot``)."""
+        return self.config.block_size - self.first_draft_slot
 
     def set_target(self, target) -> None:
         """Take the target's embedding (copied) and lm_head (shared, as a function)."""
@@ -186,13 +208,13 @@ class DFlashDraft(nn.Module):
         real = ok.gather(1, anchors)
         return anchors, real
 
-    def loss(self, f: Features) -> tuple[torch.Tensor, dict[str, float]]:
-        """Block-wise loss: slot i of each anchor's block against the target's distribution for token a+i (forward KL
-        by default, ``DraftConfig.loss``), weighted exp(-(i-1)/gamma), summed and divided by ``loss_denominator``."""
+    def block_drafts(self, f: Features) -> BlockDrafts:
+        """The backbone's half of a training step: anchors drawn (``pick_anchors``), one block per anchor run over its
+        document's context, and each block's draft slots with the tokens they are trained on."""
         if f.last_hidden_state is None or f.aux_hidden_states is None:
-            raise ValueError("the DFlash head reads the target's aux hidden states and final hidden state")
+            raise ValueError(f"the {type(self).__name__} head reads the target's aux hidden states and final hidden state")
         if self.lm_head is None:
-            raise ValueError("the DFlash head needs the target's lm_head (set_target)")
+            raise ValueError(f"the {type(self).__name__} head needs the target's lm_head (set_target)")
         B, T = f.input_ids.shape
         Bk, device = self.config.block_size, f.input_ids.device
         pos, docs = f.positions(), f.documents()
@@ -210,50 +232,69 @@ class DFlashDraft(nn.Module):
         allowed = torch.cat([ctx_ok.repeat_interleave(Bk, dim=1), own.expand(B, -1, -1)], dim=2)
         context = self.context_kv(self.context(f.aux_hidden_states), pos)
         out = self.blocks(tokens.view(B, N * Bk), block_pos.view(B, N * Bk), context, allowed).view(B, N, Bk, -1)
-
-        weight = getattr(self.lm_head, "linear_weight", None)
-        project = (lambda h: self.logits(h).float()) if weight is None else VocabProjection(
-            lambda h: self.norm(h).to(self.lm_head_dtype), weight)
-        trained = []  # per slot i >= 1: [B, N], the blocks whose token a+i is trained
-        for i in range(1, Bk):
-            label = anchors + i  # [B, N]: the token slot i predicts
+        trained = []  # per draft j >= 1: [B, N], the blocks whose token a+j is trained
+        for j in range(1, self.drafts_per_block + 1):
+            label = anchors + j  # [B, N]: the token draft j predicts
             ok = real & (label < T) & f.loss_mask.gather(1, label.clamp(max=T - 1)).bool()
             if docs is not None:
                 ok = ok & (docs.gather(1, label.clamp(max=T - 1)) == docs.gather(1, anchors))
             trained.append(ok)
-        weights = self.dpace_weights(project, out, anchors, trained, f) if self.weighting == "dpace" else None
+        return BlockDrafts(anchors, out[:, :, self.first_draft_slot:], trained)
+
+    def projection(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """Slot outputs [n, H] -> logits [n, V], as a ``VocabProjection`` where the target's lm_head is one matrix (the
+        fused loss kernels read it so)."""
+        weight = getattr(self.lm_head, "linear_weight", None)
+        return (lambda h: self.logits(h).float()) if weight is None else VocabProjection(
+            lambda h: self.norm(h).to(self.lm_head_dtype), weight)
+
+    def draft_weights(self, project, blocks: BlockDrafts, f: Features) -> torch.Tensor | None:
+        """Each draft's loss weight [B, N, D] (D-PACE), or None: the decay's per-draft constants (``decay``)."""
+        return self.dpace_weights(project, blocks, f) if self.weighting == "dpace" else None
+
+    def decay(self, j: int) -> float:
+        """Draft j's (1-based) constant weight under ``decay``: exp(-(j-1)/gamma), the first draft 1."""
+        return math.exp(-(j - 1) / self.decay_gamma) if self.weighting == "decay" and self.decay_gamma > 0 else 1.0
+
+    def loss(self, f: Features) -> tuple[torch.Tensor, dict[str, float]]:
+        """Block-wise loss: draft j of each anchor's block against the target's distribution for token a+j (forward KL
+        by default, ``DraftConfig.loss``), weighted by D-PACE or exp(-(j-1)/gamma), summed and divided by
+        ``loss_denominator``."""
+        blocks = self.block_drafts(f)
+        B, T = f.input_ids.shape
+        project = self.projection()
+        weights = self.draft_weights(project, blocks, f)
         denominator = loss_denominator(f)
-        total = torch.zeros((), dtype=torch.float32, device=device)
+        total = torch.zeros((), dtype=torch.float32, device=f.input_ids.device)
         tally = StepTally()
-        for i in range(1, Bk):
-            b, n = trained[i - 1].nonzero(as_tuple=True)
-            a = anchors[b, n]
-            w = None if weights is None else weights[b, n, i - 1]
+        for j in range(1, self.drafts_per_block + 1):
+            b, n = blocks.trained[j - 1].nonzero(as_tuple=True)
+            a = blocks.anchors[b, n]
+            w = None if weights is None else weights[b, n, j - 1]
             step_sum, correct, top5, accept = chunked_vocab_loss(
-                project, out[b, n, i], self.lm_head, f.last_hidden_state[b, a + i - 1], f.input_ids[b, a + i], True,
-                self.chunk_tokens, divergence=self.divergence, full_metrics=f.full_metrics, weights=w)
-            # the decay's slot weight; D-PACE's are inside step_sum (its per-slot loss metric is the weighted one)
-            decay = math.exp(-(i - 1) / self.decay_gamma) if weights is None and self.decay_gamma > 0 else 1.0
-            total = total + decay * step_sum / denominator
-            at = torch.zeros(B, T, dtype=torch.bool, device=device)
+                project, blocks.drafts[b, n, j - 1], self.lm_head, f.last_hidden_state[b, a + j - 1], f.input_ids[b, a + j],
+                True, self.chunk_tokens, divergence=self.divergence, full_metrics=f.full_metrics, weights=w)
+            # the decay's draft weight; D-PACE's are inside step_sum (its per-slot loss metric is the weighted one)
+            total = total + self.decay(j) * step_sum / denominator
+            at = torch.zeros(B, T, dtype=torch.bool, device=f.input_ids.device)
             at[b, a] = True
             tally.add(at, b, a, step_sum, correct, top5=top5, accept=accept)
         return total, tally.metrics(f.loss_mask)
 
     @torch.no_grad()
-    def dpace_weights(self, project, out: torch.Tensor, anchors: torch.Tensor, trained: list[torch.Tensor],
-                      f: Features) -> torch.Tensor:
-        """D-PACE's slot weights [B, N, B-1] (speculators' ``dpace_loss_decay``): q_j the draft's probability of the
-        target's argmax at slot j, s_j = (1 - alpha) q_j + alpha (1 where slot j is not trained), P_k the product of
-        s_1..s_k (the chance a greedy chain gets through slot k), w_k = sum_{j >= k} P_j over trained slots, 0 where
-        slot k is not trained."""
+    def dpace_weights(self, project, blocks: BlockDrafts, f: Features) -> torch.Tensor:
+        """D-PACE's draft weights [B, N, D] (speculators' ``dpace_loss_decay``): q_j the draft's probability of the
+        target's argmax at draft j, s_j = (1 - alpha) q_j + alpha (1 where draft j is not trained), P_k the product of
+        s_1..s_k (the chance a greedy chain gets through draft k), w_k = sum_{j >= k} P_j over trained drafts, 0 where
+        draft k is not trained."""
+        anchors, trained = blocks.anchors, blocks.trained
         B, N = anchors.shape
-        q = torch.zeros(B, N, len(trained), device=out.device)
+        q = torch.zeros(B, N, len(trained), device=blocks.drafts.device)
         for j, ok in enumerate(trained):
             b, n = ok.nonzero(as_tuple=True)
             h = f.last_hidden_state[b, anchors[b, n] + j]  # the target's state before token a+j+1
-            for part in torch.arange(len(b), device=out.device).split(self.chunk_tokens):
-                logq = torch.log_softmax(project(out[b[part], n[part], j + 1]).float(), -1)
+            for part in torch.arange(len(b), device=q.device).split(self.chunk_tokens):
+                logq = torch.log_softmax(project(blocks.drafts[b[part], n[part], j]).float(), -1)
                 q[b[part], n[part], j] = logq.gather(1, self.lm_head(h[part]).argmax(-1, keepdim=True)).squeeze(1).exp()
         m = torch.stack(trained, dim=-1).float()
         s = torch.where(m > 0, (1 - self.dpace_alpha) * q + self.dpace_alpha, torch.ones_like(q))
