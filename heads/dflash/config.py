@@ -66,6 +66,8 @@ class DFlashConfig:
     hidden_act: str = "silu"
 
     variant = "DFlash"
+    architecture = ARCHITECTURE
+    """config.json's ``architectures[0]``: what the servers pick their model class by."""
 
     @classmethod
     def from_target(cls, target_config, block_size: int = 16, num_layers: int = 1, aux_layer_ids=None,
@@ -87,7 +89,7 @@ class DFlashConfig:
     def to_hf_dict(self) -> dict:
         """config.json of z-lab's layout: vLLM (``method: dflash``) and SGLang (``DFLASH``) read it as it is."""
         return {
-            "architectures": [ARCHITECTURE],
+            "architectures": [self.architecture],
             "model_type": "qwen3",
             "hidden_size": self.hidden_size,
             "num_hidden_layers": self.num_hidden_layers,
@@ -115,8 +117,8 @@ class DFlashConfig:
 
     @classmethod
     def from_hf_dict(cls, d: dict, where: str = "config.json") -> "DFlashConfig":
-        if d.get("architectures") != [ARCHITECTURE]:
-            raise ValueError(f"{where}: not a DFlash config: architectures={d.get('architectures')}")
+        if d.get("architectures") != [cls.architecture]:
+            raise ValueError(f"{where}: not a {cls.variant} config: architectures={d.get('architectures')}")
         dflash = d.get("dflash_config") or {}
         block = dflash.get("block_size", d.get("block_size"))
         problems = [f"{key} is missing" for key, value in (("block_size", block), ("dflash_config.mask_token_id",
@@ -129,7 +131,7 @@ class DFlashConfig:
         if dflash.get("causal") or d.get("is_causal"):
             problems.append("causal is true: headstart's DFlash layers attend bidirectionally inside the block")
         if problems:
-            raise ValueError(f"{where}: cannot read this DFlash config:\n  " + "\n  ".join(problems))
+            raise ValueError(f"{where}: cannot read this {cls.variant} config:\n  " + "\n  ".join(problems))
         heads = d["num_attention_heads"]
         theta, scaling = float(d.get("rope_theta", 10000.0)), d.get("rope_scaling")
         return cls(hidden_size=d["hidden_size"], num_hidden_layers=d["num_hidden_layers"], num_attention_heads=heads,
@@ -141,7 +143,12 @@ class DFlashConfig:
                    target_num_layers=d["num_target_layers"], block_size=int(block),
                    mask_token_id=int(dflash["mask_token_id"]), rms_norm_eps=d.get("rms_norm_eps", 1e-6),
                    rope_theta=theta, rope_scaling=scaling, max_position_embeddings=d.get("max_position_embeddings", 4096),
-                   hidden_act=d.get("hidden_act", "silu"))
+                   hidden_act=d.get("hidden_act", "silu"), **cls.own_fields(d, where))
+
+    @classmethod
+    def own_fields(cls, d: dict, where: str) -> dict:
+        """A variant's own fields read from its config.json (DFlash has none)."""
+        return {}
 
     @classmethod
     def from_json(cls, path: str | Path) -> "DFlashConfig":
@@ -166,7 +173,7 @@ class DFlashConfig:
         except ValueError as err:
             problems.append(str(err))
         if problems:
-            raise ValueError("the DFlash draft config does not fit the target:\n  " + "\n  ".join(problems))
+            raise ValueError(f"the {self.variant} draft config does not fit the target:\n  " + "\n  ".join(problems))
 
     def qwen3_config(self) -> Qwen3Config:
         """A Qwen3Config for the HF building blocks (RMSNorm, MLP, rotary embedding)."""

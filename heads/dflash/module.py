@@ -20,6 +20,7 @@ exp(-(i-1)/gamma) (``DFlashOptions.weighting``).
 from __future__ import annotations
 
 import json
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,6 +109,8 @@ class DFlashDraft(nn.Module):
     layouts = ("dflash",)  # docs/FORMATS.md section H
     compiled = ("context",)
     """What ``train.compile`` compiles (models/train_compile.py)."""
+    config_class = DFlashConfig
+    """The architecture this class reads from an export's config.json (a variant's own subclass)."""
     first_draft_slot = 1
     """The block slot whose output is the first draft. DFlash's slot i (a mask at position a+i) predicts the token at
     a+i, so slot 0 (the bonus token) drafts nothing and a block drafts B-1 tokens; a variant whose slot i predicts the
@@ -326,8 +329,9 @@ class DFlashDraft(nn.Module):
         """A finished head for ``target`` (a Target or TargetMatrices), refused by name if it does not fit."""
         directory = Path(directory)
         if not (directory / "config.json").is_file() or not (directory / "model.safetensors").is_file():
-            raise FileNotFoundError(f"{directory}: expected config.json and model.safetensors of a DFlash draft")
-        config = DFlashConfig.from_json(directory / "config.json")
+            raise FileNotFoundError(f"{directory}: expected config.json and model.safetensors of a "
+                                    f"{cls.config_class.variant} draft")
+        config = cls.config_class.from_json(directory / "config.json")
         config.check_target(target.config)
         head = cls(config)
         tensors = load_file(str(directory / "model.safetensors"))
@@ -335,27 +339,36 @@ class DFlashDraft(nn.Module):
         missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
         wrong = sorted(k for k in set(expected) & set(tensors) if tensors[k].shape != expected[k].shape)
         if missing or unexpected or wrong:
-            raise ValueError(f"{directory}: tensors do not match the DFlash layout of its config: missing {missing[:6]}, "
+            raise ValueError(f"{directory}: tensors do not match the {config.variant} layout of its config: missing {missing[:6]}, "
                              f"unexpected {unexpected[:6]}, wrong shape {wrong[:6]}")
         head.load_state_dict({k: v.to(expected[k].dtype) for k, v in tensors.items()}, strict=False)
         head.set_target(target)
         return head
 
 
-def build_dflash(draft: DraftConfig, target, token_counts: torch.Tensor | None = None) -> DFlashDraft:
-    """A fresh DFlash head for ``target`` (the token counts are not used: it predicts the target's whole vocab)."""
-    options = draft.options or DFlashOptions()
+def block_config(config_class: type[DFlashConfig], draft: DraftConfig, target, **own) -> DFlashConfig:
+    """The draft's architecture: ``draft.config``'s file, or the recipe's options (``own``: a variant's fields) over
+    the target's shape; refused by name where it does not fit the target or reads other layers than it captures."""
+    options = draft.options
     if options.anchors < 1:
         raise ValueError(f"draft.anchors must be >= 1, got {options.anchors}")
     if draft.config:
-        config = DFlashConfig.from_json(draft.config)
+        config = config_class.from_json(draft.config)
     else:
-        config = DFlashConfig.from_target(target.config, options.block_size, options.num_layers, target.aux_layer_ids,
+        config = config_class.from_target(target.config, options.block_size, options.num_layers, target.aux_layer_ids,
                                           options.mask_token_id)
+        config = dataclasses.replace(config, **own)
     config.check_target(target.config)
     if tuple(config.aux_layer_ids) != tuple(target.aux_layer_ids):
         raise ValueError(f"the draft config reads layers {list(config.aux_layer_ids)} but the target is set "
                          f"to capture {list(target.aux_layer_ids)}; set target.aux_layer_ids to match")
+    return config
+
+
+def build_dflash(draft: DraftConfig, target, token_counts: torch.Tensor | None = None) -> DFlashDraft:
+    """A fresh DFlash head for ``target`` (the token counts are not used: it predicts the target's whole vocab)."""
+    options = draft.options or DFlashOptions()
+    config = block_config(DFlashConfig, dataclasses.replace(draft, options=options), target)
     head = DFlashDraft(config, anchors=options.anchors, decay_gamma=options.decay_gamma, weighting=options.weighting,
                        dpace_alpha=options.dpace_alpha)
     head.chunk_tokens, head.divergence = draft.loss_chunk_tokens, draft.loss
