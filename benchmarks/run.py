@@ -145,6 +145,12 @@ COLLECTED = {  # suite: its result file in benchmarks/results/, the page's title
                      "and both vs EAGLE-3 (1 layer, 7 TTT steps): configs/demo/dflash.yaml and eagle3.yaml (the demo data, "
                      "150 steps, global batch 8 = 4 x 2 CPU ranks, AdamW lr 1e-3); "
                      + PAIRED.format("its baseline (EAGLE-3 at the same k; for dpace_vs_decay_k7, the decay head)")),
+    "dspark-demo": ("dspark_demo.json", "DSpark against DFlash at the committed DFlash head's budget",
+                    "the demo target's own replies to 2,000 demo questions, 1000 steps, global batch 8 in one CPU "
+                    "process, Muon lr 3e-3, 2 layers, 64 blocks per sequence and step: the committed DFlash head "
+                    "configs/demo/dflash-head (blocks of 8, D-PACE; its card's training row) and DSpark (blocks of 7, "
+                    "rank-256 Markov head, confidence head, DeepSpec's loss); both draft 7 tokens a block; each DSpark "
+                    "run paired in one process (--versus), chains"),
     "hydra-demo": ("hydra_vs_medusa_demo.json", "Hydra and Medusa at the Medusa head's budget",
                    "configs/demo/hydra-head and configs/demo/medusa-head (its card's training row): one recipe (the four "
                    "demo files, 1000 steps, global batch 8 = 4 x 2 ranks, AdamW lr 1e-3, 4 heads of 1 ResBlock) with each "
@@ -311,6 +317,25 @@ def dflash_quick(s: Settings) -> list[Step]:
                for f in ("--train", f"{n}={x / d}:{x}/train-{d}.time")]
     collect = collected(s, "dflash-quick", *trained, "--bench", f"k4={x}/dflash-k4", "--bench", f"k7={x}/dflash-k7",
                         "--bench", f"dpace_vs_decay_k7={x}/dflash-dpace-k7")
+    return out + [Step("collect", collect, writes_result=True)]
+
+
+def dspark_demo(s: Settings) -> list[Step]:
+    """DSpark trained at the DFlash head's recipe, paired with it at k=7 and 4, and with itself stopped by its confidence
+    head (--confidence-threshold, each of ``thresholds``)."""
+    x, run = s.out, "runs/demo-dspark-regenerated"
+    dspark = ["--method", "dspark", "--draft", f"{run}/final"]
+    out = [demo_regenerated(),
+           Step("train-dspark", [*ONE, "--config", "configs/demo/dspark_regenerated.yaml", "--train.batch_size=8",
+                                 "--logging.progress=false"], timed=True)]
+    out += [bench(f"dspark-k{n}", DEMO, x / f"dspark-k{n}", *dspark, *k(n),
+                  *versus("dflash", "configs/demo/dflash-head", *k(n)), needs=(f"{run}/final",)) for n in (7, 4)]
+    out += [bench(f"confidence-{t}", DEMO, x / f"confidence-{t}", *dspark, *k(7), "--confidence-threshold", t,
+                  *versus("dspark", f"{run}/final", *k(7)), needs=(f"{run}/final",)) for t in s.words("thresholds")]
+    collect = lambda: collected(  # noqa: E731
+        s, "dspark-demo", "--train", "dflash=configs/demo/dflash-head", "--train-command",
+        "dflash=python scripts/train_eagle3.py --config configs/demo/dflash_regenerated.yaml --train.batch_size=8",
+        "--train", f"dspark={run}:{x}/train-dspark.time", *bench_flags(x))
     return out + [Step("collect", collect, writes_result=True)]
 
 
@@ -688,6 +713,8 @@ SUITES: dict[str, Suite] = {
                                "with its head -> new_heads_smollm2.json", "runs/new-heads-smollm2", new_heads("smollm2")),
     "dflash-quick": Suite("DFlash (decay, D-PACE) and EAGLE-3 at the quick-start budget -> dflash_vs_eagle3_demo_quick.json",
                           "runs/pe-demo", dflash_quick),
+    "dspark-demo": Suite("DSpark at the demo DFlash head's recipe, paired with it and with its own confidence stop -> "
+                         "dspark_demo.json", "runs/dspark-demo", dspark_demo, {"thresholds": "0.3 0.5"}),
     "hydra-demo": Suite("Hydra against Medusa at its recipe, paired -> hydra_vs_medusa_demo.json", "runs/hydra-full",
                         hydra_demo),
     "distill": Suite("distilled draft models (loss, labels, init, filter, data) paired with the committed draft model -> "
