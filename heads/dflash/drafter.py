@@ -126,3 +126,83 @@ class DFlashDrafter(RowByRow):
     # -- a batch (decode/batch_generate.py): one drafter per row -------------------------------------
     def row_drafter(self) -> "DFlashDrafter":
         return type(self)(self.head, self.max_len, self.compile, self.backend)
+
+
+class ChainedBlockDrafter(DFlashDrafter):
+    """A block drafter whose draft j depends on draft j-1 (DSpark's Markov bias, DFlash2's candidate selector): one block
+    forward, then the block's slots read one after another, each slot's logits from its state and the token drafted
+    before it (the bonus token for the first). A variant supplies ``_slot_logits`` (and ``_slot_confidence`` if it
+    predicts acceptance); the chain (greedy, sampled, the confidence stop) and the trees are written here. A tree node's
+    children are the next slot's logits given the node's own token."""
+
+    def _slot_logits(self, h: torch.Tensor, unary: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        """m nodes at one slot: its normed states h [m, H], its lm_head logits [m, V] and each node's previous token
+        [m] -> the slot's logits [m, V]."""
+        raise NotImplementedError
+
+    def _slot_confidence(self, h: torch.Tensor, prev: torch.Tensor) -> torch.Tensor | None:
+        """The predicted chance (a logit [m]) that each node's draft is accepted; None: no such head."""
+        return None
+
+    @torch.no_grad()
+    def _slots(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The round's block: its normed draft-slot states [D, H] and their lm_head logits [D, V]."""
+        h = self.head.norm(self._block_out())
+        return h, self.head.lm_head(h.to(self.head.lm_head_dtype)).float()
+
+    @torch.no_grad()
+    def _chain(self, k: int, pick) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Up to k drafts, each picked by ``pick(logits [V]) -> (token [1], row it was drawn from [V])`` given the one
+        before: (tokens [k'], their rows [k', V], confidence logits [k'] or None). No host sync."""
+        h, unary = self._slots()
+        k = min(k, len(h))
+        prev = torch.full((1,), self.bonus, dtype=torch.long, device=h.device)
+        tokens, rows, confidences = [torch.zeros(0, dtype=torch.long, device=h.device)], [], []
+        for j in range(k):
+            token, row = pick(self._slot_logits(h[j : j + 1], unary[j : j + 1], prev)[0])
+            confidence = self._slot_confidence(h[j : j + 1], prev)
+            tokens.append(token)
+            rows.append(row)
+            if confidence is not None:
+                confidences.append(confidence)
+            prev = token
+        return torch.cat(tokens), torch.stack(rows) if rows else unary[:0], torch.cat(confidences) if confidences else None
+
+    def _kept(self, tokens: torch.Tensor, rows: torch.Tensor, confidences: torch.Tensor | None, probs: bool) -> int:
+        """How many drafts the round verifies under ``confidence_threshold``: with a confidence head, up to and with the
+        first draft whose predicted survival prod_{i <= j} sigmoid(c_i) is under it (decode/confidence.py's rule: the
+        first unsure draft is still verified); without, the draft's own probability."""
+        t = self.confidence_threshold
+        if t <= 0 or tokens.numel() == 0:
+            return tokens.numel()
+        if confidences is None:
+            return confident_prefix(rows.log() if probs else rows, tokens, t)
+        survival = torch.sigmoid(confidences).cumprod(0)
+        return min(int((survival >= t).sum()) + 1, tokens.numel())  # a running product: the sure ones are a prefix
+
+    @torch.no_grad()
+    def propose(self, k: int) -> torch.Tensor:
+        tokens, rows, confidences = self._chain(k, lambda logits: (logits.argmax(-1, keepdim=True), logits))
+        return tokens[: self._kept(tokens, rows, confidences, probs=False)]
+
+    @torch.no_grad()
+    def propose_sampled(self, k: int, sampling, generator: torch.Generator | None = None):
+        """Each draft sampled from its slot's warped distribution given the draft before it: (tokens [k'], q [k', V])."""
+        def pick(logits: torch.Tensor):
+            q = sampling.probs(logits.unsqueeze(0))[0]
+            return torch.multinomial(q, 1, generator=generator), q
+
+        tokens, q, confidences = self._chain(k, pick)
+        kept = self._kept(tokens, q, confidences, probs=True)
+        return tokens[:kept], q[:kept]
+
+    def tree_root(self) -> torch.Tensor:
+        self.tree_h, self.tree_logits = self._slots()
+        prev = torch.full((1,), self.bonus, dtype=torch.long, device=self.tree_h.device)
+        return self._slot_logits(self.tree_h[:1], self.tree_logits[:1], prev)[0]
+
+    def tree_expand(self, parents: torch.Tensor, tokens: torch.Tensor, depth: int) -> torch.Tensor:
+        """The children of m nodes at ``depth``: slot depth+1's logits given each node's own token."""
+        super().tree_expand(parents, tokens, depth)  # its depth check
+        m = tokens.numel()
+        return self._slot_logits(self.tree_h[depth].expand(m, -1), self.tree_logits[depth].expand(m, -1), tokens)

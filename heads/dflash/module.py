@@ -109,6 +109,8 @@ class DFlashDraft(nn.Module):
     layouts = ("dflash",)  # docs/FORMATS.md section H
     compiled = ("context",)
     """What ``train.compile`` compiles (models/train_compile.py)."""
+    layer_class = DFlashLayer
+    """The decoder layer (a variant's own subclass: DFlash2's adds its convolutions)."""
     config_class = DFlashConfig
     """The architecture this class reads from an export's config.json (a variant's own subclass)."""
     first_draft_slot = 1
@@ -132,7 +134,7 @@ class DFlashDraft(nn.Module):
         self.embed_tokens.weight.requires_grad_(False)
         self.fc = nn.Linear(len(config.aux_layer_ids) * config.target_hidden_size, H, bias=False)
         self.hidden_norm = Qwen3RMSNorm(H, eps=config.rms_norm_eps)
-        self.layers = nn.ModuleList(DFlashLayer(config) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(self.layer_class(config) for _ in range(config.num_hidden_layers))
         self.norm = Qwen3RMSNorm(H, eps=config.rms_norm_eps)
         self.rotary_emb = Qwen3RotaryEmbedding(config.qwen3_config())
         self.lm_head: Callable[[torch.Tensor], torch.Tensor] | None = None  # the target's, shared and frozen
@@ -264,9 +266,13 @@ class DFlashDraft(nn.Module):
         by default, ``DraftConfig.loss``), weighted by D-PACE or exp(-(j-1)/gamma), summed and divided by
         ``loss_denominator``."""
         blocks = self.block_drafts(f)
-        B, T = f.input_ids.shape
         project = self.projection()
-        weights = self.draft_weights(project, blocks, f)
+        return self.block_loss(blocks, project, self.draft_weights(project, blocks, f), f)
+
+    def block_loss(self, blocks: BlockDrafts, project, weights: torch.Tensor | None, f: Features
+                   ) -> tuple[torch.Tensor, dict[str, float]]:
+        """``loss`` once the blocks ran and their drafts' weights are known (a variant adds its terms to it)."""
+        B, T = f.input_ids.shape
         denominator = loss_denominator(f)
         total = torch.zeros((), dtype=torch.float32, device=f.input_ids.device)
         tally = StepTally()
