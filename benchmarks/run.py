@@ -151,6 +151,12 @@ COLLECTED = {  # suite: its result file in benchmarks/results/, the page's title
                     "configs/demo/dflash-head (blocks of 8, D-PACE; its card's training row) and DSpark (blocks of 7, "
                     "rank-256 Markov head, confidence head, DeepSpec's loss); both draft 7 tokens a block; each DSpark "
                     "run paired in one process (--versus), chains"),
+    "dflash2-demo": ("dflash2_demo.json", "DFlash2 against DFlash at the committed DFlash head's budget",
+                     "the demo target's own replies to 2,000 demo questions, 1000 steps, global batch 8 in one CPU "
+                     "process, Muon lr 3e-3, 2 layers, blocks of 8, 64 blocks per sequence and step, D-PACE: the "
+                     "committed DFlash head configs/demo/dflash-head (its card's training row) and DFlash2 (2-tap "
+                     "dynamic convolutions, a rank-256 selector over the top 16); each DFlash2 run paired with it in one "
+                     "process (--versus), chains"),
     "hydra-demo": ("hydra_vs_medusa_demo.json", "Hydra and Medusa at the Medusa head's budget",
                    "configs/demo/hydra-head and configs/demo/medusa-head (its card's training row): one recipe (the four "
                    "demo files, 1000 steps, global batch 8 = 4 x 2 ranks, AdamW lr 1e-3, 4 heads of 1 ResBlock) with each "
@@ -320,23 +326,25 @@ def dflash_quick(s: Settings) -> list[Step]:
     return out + [Step("collect", collect, writes_result=True)]
 
 
-def dspark_demo(s: Settings) -> list[Step]:
-    """DSpark trained at the DFlash head's recipe, paired with it at k=7 and 4, and with itself stopped by its confidence
-    head (--confidence-threshold, each of ``thresholds``)."""
-    x, run = s.out, "runs/demo-dspark-regenerated"
-    dspark = ["--method", "dspark", "--draft", f"{run}/final"]
-    out = [demo_regenerated(),
-           Step("train-dspark", [*ONE, "--config", "configs/demo/dspark_regenerated.yaml", "--train.batch_size=8",
-                                 "--logging.progress=false"], timed=True)]
-    out += [bench(f"dspark-k{n}", DEMO, x / f"dspark-k{n}", *dspark, *k(n),
-                  *versus("dflash", "configs/demo/dflash-head", *k(n)), needs=(f"{run}/final",)) for n in (7, 4)]
-    out += [bench(f"confidence-{t}", DEMO, x / f"confidence-{t}", *dspark, *k(7), "--confidence-threshold", t,
-                  *versus("dspark", f"{run}/final", *k(7)), needs=(f"{run}/final",)) for t in s.words("thresholds")]
-    collect = lambda: collected(  # noqa: E731
-        s, "dspark-demo", "--train", "dflash=configs/demo/dflash-head", "--train-command",
-        "dflash=python scripts/train_eagle3.py --config configs/demo/dflash_regenerated.yaml --train.batch_size=8",
-        "--train", f"dspark={run}:{x}/train-dspark.time", *bench_flags(x))
-    return out + [Step("collect", collect, writes_result=True)]
+def block_variant(head: str) -> Callable[[Settings], list[Step]]:
+    """A DFlash variant trained at the DFlash head's recipe (configs/demo/<head>_regenerated.yaml), paired with it at
+    k=7 and 4, and with itself stopped by ``--confidence-threshold`` at each of ``thresholds`` (none: no such runs)."""
+    def steps(s: Settings) -> list[Step]:
+        x, run = s.out, f"runs/demo-{head}-regenerated"
+        own = ["--method", head, "--draft", f"{run}/final"]
+        out = [demo_regenerated(),
+               Step(f"train-{head}", [*ONE, "--config", f"configs/demo/{head}_regenerated.yaml", "--train.batch_size=8",
+                                      "--logging.progress=false"], timed=True)]
+        out += [bench(f"{head}-k{n}", DEMO, x / f"{head}-k{n}", *own, *k(n),
+                      *versus("dflash", "configs/demo/dflash-head", *k(n)), needs=(f"{run}/final",)) for n in (7, 4)]
+        out += [bench(f"confidence-{t}", DEMO, x / f"confidence-{t}", *own, *k(7), "--confidence-threshold", t,
+                      *versus(head, f"{run}/final", *k(7)), needs=(f"{run}/final",)) for t in s.words("thresholds")]
+        collect = lambda: collected(  # noqa: E731
+            s, f"{head}-demo", "--train", "dflash=configs/demo/dflash-head", "--train-command",
+            "dflash=python scripts/train_eagle3.py --config configs/demo/dflash_regenerated.yaml --train.batch_size=8",
+            "--train", f"{head}={run}:{x}/train-{head}.time", *bench_flags(x))
+        return out + [Step("collect", collect, writes_result=True)]
+    return steps
 
 
 def hydra_demo(s: Settings) -> list[Step]:
@@ -714,7 +722,9 @@ SUITES: dict[str, Suite] = {
     "dflash-quick": Suite("DFlash (decay, D-PACE) and EAGLE-3 at the quick-start budget -> dflash_vs_eagle3_demo_quick.json",
                           "runs/pe-demo", dflash_quick),
     "dspark-demo": Suite("DSpark at the demo DFlash head's recipe, paired with it and with its own confidence stop -> "
-                         "dspark_demo.json", "runs/dspark-demo", dspark_demo, {"thresholds": "0.3 0.5"}),
+                         "dspark_demo.json", "runs/dspark-demo", block_variant("dspark"), {"thresholds": "0.3 0.5"}),
+    "dflash2-demo": Suite("DFlash2 at the demo DFlash head's recipe, paired with it -> dflash2_demo.json",
+                          "runs/dflash2-demo", block_variant("dflash2"), {"thresholds": ""}),
     "hydra-demo": Suite("Hydra against Medusa at its recipe, paired -> hydra_vs_medusa_demo.json", "runs/hydra-full",
                         hydra_demo),
     "distill": Suite("distilled draft models (loss, labels, init, filter, data) paired with the committed draft model -> "

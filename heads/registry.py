@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from headstart.heads.dflash.spec import DFLASH
+from headstart.heads.dflash2.spec import DFLASH2
 from headstart.heads.draft_model.spec import DRAFT_MODEL
 from headstart.heads.dspark.spec import DSPARK
 from headstart.heads.early_exit.spec import EARLY_EXIT
@@ -30,7 +31,8 @@ from headstart.models.provenance import check_record, check_target
 
 
 HEADS: dict[str, HeadSpec] = {"eagle3": EAGLE3, "medusa": MEDUSA, "mtp": MTP, "peagle": PEAGLE, "dflash": DFLASH,
-                             "hydra": HYDRA, "draft_model": DRAFT_MODEL, "early-exit": EARLY_EXIT, "dspark": DSPARK}
+                             "hydra": HYDRA, "draft_model": DRAFT_MODEL, "early-exit": EARLY_EXIT, "dspark": DSPARK,
+                             "dflash2": DFLASH2}
 """The head catalog: one line a head; each head's spec is in its folder (heads/<name>/spec.py)."""
 
 DEFAULT_HEAD = "eagle3"
