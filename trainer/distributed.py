@@ -106,7 +106,8 @@ ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
 
 def _optimizers(module: nn.Module, train: TrainConfig) -> list[torch.optim.Optimizer]:
     """AdamW over every trainable parameter, or (``train.optimizer=muon``) Muon over the hidden matrices and AdamW
-    over the rest (norms, embeddings, lm_head: Muon's orthogonalised update is for hidden layers' matrices)."""
+    over the rest (norms, embeddings, lm_head and other token tables: Muon's orthogonalised update is for hidden layers'
+    matrices)."""
     named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
     adamw = lambda params: torch.optim.AdamW(params, lr=train.lr, betas=train.betas, weight_decay=train.weight_decay)  # noqa: E731
     if train.optimizer == "adamw":
@@ -116,7 +117,12 @@ def _optimizers(module: nn.Module, train: TrainConfig) -> list[torch.optim.Optim
     # Under FSDP2 the matrices are DTensors sharded by rows: GatheredMuon orthogonalises each whole matrix once per
     # step and every rank applies the full-matrix update to its shard (tests/test_distributed.py: 2 ranks follow
     # 1 process); on one process it is torch's Muon step for step.
-    hidden = [p for n, p in named if p.ndim == 2 and "embed" not in n and "lm_head" not in n]
+    # Token tables stay with AdamW: embeddings (by module type or name), the lm_head, and any matrix with a side the
+    # size of the head's vocab (DSpark's Markov head, DFlash2's codebooks: looked up or projected per token).
+    tables = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
+    vocab = len(module.target_vocab_ids())
+    hidden = [p for n, p in named if p.ndim == 2 and "embed" not in n and "lm_head" not in n and id(p) not in tables
+              and vocab not in p.shape]
     ids = {id(p) for p in hidden}
     muon = GatheredMuon(hidden, lr=train.lr, weight_decay=train.weight_decay, adjust_lr_fn="match_rms_adamw")
     return [muon, adamw([p for _, p in named if id(p) not in ids])]
