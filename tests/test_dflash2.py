@@ -149,5 +149,5 @@ def test_z_labs_names_are_written_and_bad_configs_refused_by_name(target, tmp_pa
         DFlash2Draft.load(tmp_path, target)
     del bad["dflash_config"]["selector_rank"]
     (tmp_path / "config.json").write_text(json.dumps(bad))
-    with pytest.raises(ValueError, match=r"a DFlash2 config needs dflash_config.\['selector_rank'\]"):
+    with pytest.raises(ValueError, match=r"a DFlash2 config needs \['selector_rank'\]"):
         DFlash2Draft.load(tmp_path, target)

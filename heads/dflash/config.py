@@ -113,7 +113,8 @@ class DFlashConfig:
                               "target_layer_ids": [i - 1 for i in self.aux_layer_ids]},  # layer outputs (z-lab)
             "headstart": {"target_hidden_size": self.target_hidden_size},
             "torch_dtype": "bfloat16",
-        }
+        } | ({"dflash_config": {"mask_token_id": self.mask_token_id, "target_layer_ids": [i - 1 for i in self.aux_layer_ids],
+                                **self.own(), "block_size": self.block_size}} if self.own() else {})
 
     @classmethod
     def from_hf_dict(cls, d: dict, where: str = "config.json") -> "DFlashConfig":
@@ -149,6 +150,21 @@ class DFlashConfig:
     def own_fields(cls, d: dict, where: str) -> dict:
         """A variant's own fields read from its config.json (DFlash has none)."""
         return {}
+
+    def own(self) -> dict:
+        """A variant's own fields as its config.json writes them (DFlash has none)."""
+        return {}
+
+    @classmethod
+    def read_fields(cls, d: dict, where: str, names: tuple[str, ...], top_level_first: bool = False) -> dict:
+        """A variant's fields from its config.json, each from ``dflash_config`` or else the top level (or the other way
+        round, ``top_level_first``: where the servers read them); refused by name where one is in neither."""
+        inner = d.get("dflash_config") or {}
+        read = {k: d.get(k, inner.get(k)) if top_level_first else inner.get(k, d.get(k)) for k in names}
+        missing = [k for k, v in read.items() if v is None]
+        if missing:
+            raise ValueError(f"{where}: a {cls.variant} config needs {missing}")
+        return read
 
     @classmethod
     def from_json(cls, path: str | Path) -> "DFlashConfig":

@@ -65,17 +65,9 @@ class DFlash2Config(DFlashConfig):
     def to_hf_dict(self) -> dict:
         """DFlash's config.json with z-lab's DFlash2 fields in ``dflash_config`` (where z-lab's loader and vLLM read
         them), its block size there too, and ``is_causal: false`` (the block attends both ways)."""
-        d = super().to_hf_dict()
-        d["dflash_config"].update(self.own(), block_size=self.block_size)
-        d["is_causal"] = False
-        return d
+        return super().to_hf_dict() | {"is_causal": False}
 
     @classmethod
     def own_fields(cls, d: dict, where: str) -> dict:
-        inner = d.get("dflash_config") or {}
-        read = {k: inner.get(k, d.get(k)) for k in ("conv_kernel_size", "conv_group_size", "selector_rank",
-                                                   "selector_top_k")}
-        missing = [k for k, v in read.items() if v is None]
-        if missing:
-            raise ValueError(f"{where}: a DFlash2 config needs dflash_config.{missing}")
-        return {k: int(v) for k, v in read.items()}
+        fields = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+        return {k: int(v) for k, v in cls.read_fields(d, where, fields).items()}

@@ -80,17 +80,12 @@ class DSparkConfig(DFlashConfig):
         readers read ``dflash_config``: both carry them, and the block size and mask token."""
         d = super().to_hf_dict()
         d.update(self.own(), mask_token_id=self.mask_token_id, target_layer_ids=d["dflash_config"]["target_layer_ids"])
-        d["dflash_config"].update(self.own(), block_size=self.block_size)
         return d
 
     @classmethod
     def own_fields(cls, d: dict, where: str) -> dict:
-        inner = d.get("dflash_config") or {}
-        read = {k: d.get(k, inner.get(k)) for k in ("markov_rank", "markov_head_type", "enable_confidence_head",
-                                                    "confidence_head_with_markov")}
-        missing = [k for k, v in read.items() if v is None]
-        if missing:
-            raise ValueError(f"{where}: a DSpark config needs {missing} (at the top level, as vLLM and SGLang read them)")
+        read = cls.read_fields(d, where, ("markov_rank", "markov_head_type", "enable_confidence_head",
+                                          "confidence_head_with_markov"), top_level_first=True)
         return {"markov_rank": int(read["markov_rank"]), "markov_head_type": str(read["markov_head_type"]).lower(),
                 "enable_confidence_head": bool(read["enable_confidence_head"]),
                 "confidence_head_with_markov": bool(read["confidence_head_with_markov"])}
