@@ -134,7 +134,10 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--confidence-threshold", type=float, default=0.0,
                    help="chains of a model drafter (a head, --method draft-model, hf-assisted) stop after the first draft "
                         "the drafter gives a probability below this (transformers' assistant_confidence_threshold; 0: "
-                        "always k drafts). With --compile a chain runs step by step instead of as one graph")
+                        "always k drafts); a head with a confidence head (DSpark) stops after the first draft whose "
+                        "predicted chance that every draft so far is accepted falls below it (vLLM's rule; SGLang's "
+                        "and DeepSpec's threshold compares each draft's own). With --compile a chain runs step by step "
+                        "instead of as one graph")
     p.add_argument("--verification", choices=RULES, default="token",
                    help="with --temperature > 0, how drafts are verified: token by token (Leviathan et al.), or a chain "
                         "jointly as a block (Sun et al., 2025; vLLM's rejection_sample_method \"block\"), both keeping "

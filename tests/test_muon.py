@@ -30,8 +30,9 @@ def test_gathered_muon_equals_torchs_muon_on_plain_matrices():
 
 
 def test_muon_trains_hidden_matrices_and_leaves_every_token_table_to_adamw():
-    """Under ``train.optimizer=muon`` the head's layer matrices go to Muon; its embeddings and lm_head, and matrices with
-    a side the size of its vocab (DSpark's Markov head, DFlash2's codebooks), to AdamW."""
+    """Under ``train.optimizer=muon`` the head's layer matrices go to Muon; its embeddings and lm_head, matrices with a
+    side the size of its vocab (DSpark's Markov head, DFlash2's codebooks) and [1, n] rows (DSpark's confidence head), to
+    AdamW."""
     from tiny_models import tiny_causal_lm
 
     from headstart.heads.dflash2.config import DFlash2Options
@@ -44,7 +45,8 @@ def test_muon_trains_hidden_matrices_and_leaves_every_token_table_to_adamw():
 
     target = Target(tiny_causal_lm("llama", num_hidden_layers=8))
     for name, options, tables in (("dspark", DSparkOptions(block_size=4, markov_rank=8, mask_token_id=9),
-                                   {"markov_head.markov_w1.weight", "markov_head.markov_w2.weight"}),
+                                   {"markov_head.markov_w1.weight", "markov_head.markov_w2.weight",
+                                    "confidence_head.proj.weight"}),
                                   ("dflash2", DFlash2Options(block_size=4, selector_rank=8, mask_token_id=9),
                                    {"candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook"})):
         head = build_head(DraftConfig(head=name, options=options), target, torch.ones(128))

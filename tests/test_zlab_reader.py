@@ -92,11 +92,13 @@ def test_z_labs_dflash2_class_loads_a_dflash2_export_and_drafts_its_blocks(tmp_p
                                                                         selector_rank=8, selector_top_k=16)),
                       target, torch.ones(target.config.vocab_size))
     randomize(head, 1)  # every tensor random, so a misplaced one shows in the drafts
+    with torch.no_grad():  # the selector's term as large as the unary logits' gaps: it picks other tokens than the argmax
+        head.candidate_selector.successor_codebook.mul_(20.0)
     export_head(head, tmp_path / "head", "dflash2", fingerprint(tmp_path / "target"))
     prompts = [torch.randint(3, 120, (9,), generator=torch.Generator().manual_seed(s)).tolist() for s in range(4)]
     runner = TargetRunner(target, max_len=128, with_aux=True)
     head = load_head("dflash2", str(tmp_path / "head"), target).eval()
-    ours, blocks = [], []
+    ours, blocks, unary = [], [], []
     for ids in prompts:
         prompt = torch.tensor([ids])
         drafter = drafter_for(head, 128)
@@ -105,10 +107,12 @@ def test_z_labs_dflash2_class_loads_a_dflash2_export_and_drafts_its_blocks(tmp_p
         runner.commit(prompt.shape[1])
         drafter.begin(prompt, states, int(logits[0, -1].argmax()))
         blocks.append(drafter.propose(4).tolist())
+        unary.append(drafter._slots()[1][:4].argmax(-1).tolist())
         ours.append(speculative_generate(runner, drafter_for(head, 128), prompt, NEW_TOKENS, set(), k=4))
 
     report = read_with_zlab(tmp_path, tmp_path / "head", tmp_path / "target", prompts)
     assert report["class"] == "DFlash2DraftModel" and report["missing"] == [] and report["unexpected"] == []
     assert report["first_block"] == blocks, (report["first_block"], blocks)
+    assert blocks != unary  # the selector changed drafts: z-lab's selector and headstart's agree where it matters
     assert report["outputs"] == [g.tokens for g in ours]
     assert_same_rounds(report, ours, 4)

@@ -125,7 +125,9 @@ class DFlashDrafter(RowByRow):
 
     # -- a batch (decode/batch_generate.py): one drafter per row -------------------------------------
     def row_drafter(self) -> "DFlashDrafter":
-        return type(self)(self.head, self.max_len, self.compile, self.backend)
+        drafter = type(self)(self.head, self.max_len, self.compile, self.backend)
+        drafter.confidence_threshold = self.confidence_threshold
+        return drafter
 
 
 class ChainedBlockDrafter(DFlashDrafter):

@@ -1,6 +1,6 @@
 """DSpark's recipe fields (``DSparkOptions``) and architecture (``DSparkConfig``: DFlash's plus the Markov head's and the
 confidence head's), serialised as the config.json vLLM (``Qwen3DSparkModel``), SGLang (``DSparkDraftModel``) and
-DeepSpec read (docs/FORMATS.md section L)."""
+SpecForge read (docs/FORMATS.md section L)."""
 
 from __future__ import annotations
 
@@ -80,6 +80,9 @@ class DSparkConfig(DFlashConfig):
         readers read ``dflash_config``: both carry them, and the block size and mask token."""
         d = super().to_hf_dict()
         d.update(self.own(), mask_token_id=self.mask_token_id, target_layer_ids=d["dflash_config"]["target_layer_ids"])
+        # SpecForge's DSparkDraftModel refuses a draft whose key/value heads equal its heads unless told "mha"
+        d["dflash_config"].update(projector_type="dspark",
+                                  attention_mode="mha" if self.num_key_value_heads == self.num_attention_heads else "gqa")
         return d
 
     @classmethod

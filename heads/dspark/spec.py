@@ -13,7 +13,7 @@ DSPARK = HeadSpec(
     detect=detect_dspark, unit="block slot k (predicts token t+k+1)",
     tiny={"block_size": 4, "anchors": 1000, "markov_rank": 8},
     trained_depth=lambda config: config.get("block_size"),
-    cards={"dspark": "DeepSpec's DSpark layout (config.json `DSparkDraftModel` with the Markov and confidence fields at "
+    cards={"dspark": "the DSpark layout vLLM, SGLang and SpecForge read (config.json `DSparkDraftModel` with the Markov and confidence fields at "
                      "the top level and in `dflash_config`, model.safetensors without the embedding or lm_head: the "
                      "target's are used): vLLM (`\"method\": \"dspark\"`) and SGLang (`--speculative-algorithm DSPARK`) "
                      "load it."})
