@@ -41,6 +41,7 @@ class Tally:
     rounds: int = 0  # speculative rounds (target forwards after the prefill)
     accepted_at: list[int] = field(default_factory=list)  # rounds accepting >= i drafts, i = 1..k
     proposed_at: list[int] = field(default_factory=list)  # rounds proposing >= i drafts
+    drafted: list[int] = field(default_factory=lambda: [0, 0])  # drafts proposed, rounds (a confidence stop's share)
     spec_parts: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))  # seconds by part
     plain_parts: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))
     plain_forwards: int = 0  # plain decoding's one-token target forwards
@@ -92,6 +93,8 @@ class Tally:
         self.new_tokens += len(spec.tokens)
         if not self.accepted_at:
             self.accepted_at, self.proposed_at = [0] * k, [0] * k
+        self.drafted[0] += sum(spec.proposed)
+        self.drafted[1] += len(spec.proposed)
         for n, m in zip(spec.accepted, spec.proposed):
             for i in range(k):
                 self.accepted_at[i] += n > i
@@ -101,6 +104,8 @@ class Tally:
         return {
             "tau": self.tokens / max(1, self.forwards),
             "acceptance_by_position": [a / p if p else None for a, p in zip(self.accepted_at, self.proposed_at)],
+            # what a round verified: k but where the length left, a confidence stop or the drafter cut it shorter
+            "drafts_per_round": self.drafted[0] / self.drafted[1] if self.drafted[1] else None,
             "spec_tokens_per_s": self.new_tokens / self.spec_seconds if self.spec_seconds else None,
             "plain_tokens_per_s": self.plain_tokens / self.plain_seconds if self.plain_seconds else None,
             "hf_generate_tokens_per_s": self.plain_tokens / self.hf_seconds if self.hf_seconds else None,

@@ -36,6 +36,7 @@ def test_tally_tau_and_acceptance_by_position():
     s = tally.summary()
     assert s["tau"] == pytest.approx(6 / 2)
     assert s["acceptance_by_position"] == [1.0, 0.5, 1.0]  # position 3 was proposed once and accepted once
+    assert s["drafts_per_round"] == pytest.approx(5 / 2)
 
 
 def test_run_benchmark_multi_turn_and_verification(tmp_path):
