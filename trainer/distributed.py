@@ -118,12 +118,12 @@ def _optimizers(module: nn.Module, train: TrainConfig) -> list[torch.optim.Optim
     # step and every rank applies the full-matrix update to its shard (tests/test_distributed.py: 2 ranks follow
     # 1 process); on one process it is torch's Muon step for step.
     # Token tables stay with AdamW: embeddings (by module type or name), the lm_head, and any matrix with a side the
-    # size of the head's vocab (DSpark's Markov head, DFlash2's codebooks: looked up or projected per token); so do
+    # size of an embedding's vocab (DSpark's Markov head, DFlash2's codebooks: looked up or projected per token); so do
     # vectors stored as matrices (a [1, n] scoring row such as DSpark's confidence head: nothing to orthogonalise).
-    tables = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
-    vocab = len(module.target_vocab_ids())
+    embeddings = [m for m in module.modules() if isinstance(m, nn.Embedding)]
+    tables, vocabs = {id(m.weight) for m in embeddings}, {m.num_embeddings for m in embeddings}
     hidden = [p for n, p in named if p.ndim == 2 and "embed" not in n and "lm_head" not in n and id(p) not in tables
-              and vocab not in p.shape and min(p.shape) > 1]
+              and not vocabs & set(p.shape) and min(p.shape) > 1]
     ids = {id(p) for p in hidden}
     muon = GatheredMuon(hidden, lr=train.lr, weight_decay=train.weight_decay, adjust_lr_fn="match_rms_adamw")
     return [muon, adamw([p for _, p in named if id(p) not in ids])]
