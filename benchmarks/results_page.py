@@ -101,7 +101,12 @@ def speedup(run: dict) -> str:
 def decoded(record: dict) -> str:
     """What every run of a result file decoded: the questions, tokens, dtype, batch and mode."""
     runs = [run[side] for run in record["bench"].values() for side in ("first", "second") if side in run]
-    return "; ".join(sorted({f"{run['conditions']}, {run['mode']}" for run in runs}))
+    settings = sorted({f"{run['conditions']}, {run['mode']}" for run in runs})
+    # the settings that only add to the shortest one (a stop, a temperature) are said once after it, as additions
+    base = settings[0]
+    more = [x.removeprefix(base + ", ") for x in settings[1:] if x.startswith(base + ", ")]
+    rest = [x for x in settings[1:] if not x.startswith(base + ", ")]
+    return "; ".join([base + (f" (also: {'; '.join(more)})" if more else ""), *rest])
 
 
 def row_flags(run: dict, second: dict | None) -> str | None:
@@ -166,7 +171,11 @@ BENCH = ("python scripts/benchmark.py", "python -m headstart.scripts.cli bench",
 
 def shown(command: str) -> list[str]:
     """A command's words as the page shows them: the decoding command as ``headstart bench`` (result files recorded it
-    by whichever launcher ran it), without where the run wrote (``--out DIR``, ``--overwrite``)."""
+    by whichever launcher ran it), the interpreter as ``python`` (a suite records its own path), without where the run
+    wrote (``--out DIR``, ``--overwrite``) or its progress bars (``--logging.progress=false``)."""
+    first, _, rest = command.partition(" ")
+    if first.startswith("/") and Path(first).name.startswith("python"):
+        command = f"python {rest}"
     for launcher in BENCH:
         if command.startswith(launcher + " "):
             command = "headstart bench" + command.removeprefix(launcher)
@@ -176,7 +185,7 @@ def shown(command: str) -> list[str]:
         if words[i] == "--out":
             i += 2
             continue
-        if words[i] != "--overwrite":
+        if words[i] not in ("--overwrite", "--logging.progress=false"):
             out.append(words[i])
         i += 1
     return out
@@ -335,15 +344,19 @@ def target_sections(members: list[dict]) -> list[str]:
     """A target's tables: the decoding setting and command their runs share said once, then one section a file."""
     out: list[str] = []
     benched = [record for record in members if "bench" in record]
-    said = {decoded(record) for record in benched}
-    said = said.pop() if len(said) == 1 else None  # one setting for every table: said once
+    settings = [decoded(record) for record in benched]
+    # the setting most tables share said once (every table's where they all do); a table with another says its own
+    said = max(set(settings), key=settings.count) if settings else None
+    said = said if said and (settings.count(said) > 1 or len(settings) == 1) else None
+    every = said is not None and settings.count(said) == len(settings)
     prefix = {bench_prefix(record) for record in benched}
-    prefix = prefix.pop() if len(prefix) == 1 else None  # one command for every run, but for its FLAGS
+    prefix = prefix.pop() if len(prefix) == 1 and every else None  # one command for every run, but for its FLAGS
     if said:
         out += [f"Every table below decoded {said}" + (f": `{prefix} FLAGS`" if prefix else "")
-                + (" (but sampled ones, which say how)" if len(benched) < len(members) else "") + ".", ""]
+                + (" (but sampled ones, which say how)" if len(benched) < len(members) else "")
+                + ("" if every else ", unless it says otherwise") + ".", ""]
     for record in sorted(members, key=lambda r: r["title"]):
-        out += section(record, said, prefix if said else None) if "bench" in record else verification_section(record)
+        out += section(record, said, prefix) if "bench" in record else verification_section(record)
     return out
 
 
