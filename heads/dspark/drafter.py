@@ -22,8 +22,7 @@ class DSparkDrafter(ChainedBlockDrafter):
     head: DSparkDraft
 
     def _slot_logits(self, h: torch.Tensor, unary: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
-        code = self.head.code(prev)
-        return unary if code is None else unary + self.head.markov_head.bias(code, h).float()
+        return self.head.slot_logits(h, self.head.code(prev), unary)
 
     def _slot_confidence(self, h: torch.Tensor, prev: torch.Tensor) -> torch.Tensor | None:
         return self.head.confidence(h, self.head.code(prev))

@@ -89,9 +89,10 @@ class DSparkDraft(DFlashDraft):
     def code(self, prev: torch.Tensor) -> torch.Tensor | None:
         return None if self.markov_head is None else self.markov_head.code(prev)
 
-    def slot_logits(self, h: torch.Tensor, code: torch.Tensor | None) -> torch.Tensor:
-        """Normed slot states h [n, H] and their previous tokens' codes -> Markov-corrected logits [n, V] (float)."""
-        logits = self.lm_head(h.to(self.lm_head_dtype)).float()
+    def slot_logits(self, h: torch.Tensor, code: torch.Tensor | None, unary: torch.Tensor | None = None) -> torch.Tensor:
+        """Normed slot states h [n, H] and their previous tokens' codes -> Markov-corrected logits [n, V] (float);
+        ``unary``: their lm_head logits where already computed (the drafter's block)."""
+        logits = self.lm_head(h.to(self.lm_head_dtype)).float() if unary is None else unary
         return logits if code is None else logits + self.markov_head.bias(code, h).float()
 
     def confidence(self, h: torch.Tensor, code: torch.Tensor | None) -> torch.Tensor | None:
