@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import socket
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -289,7 +290,7 @@ def build_dataset(config: DataConfig, tokenizer: PreTrainedTokenizerBase) -> tup
     summary.tokens = sum(lengths)
     summary.trainable_tokens = sum(sum(m) for m in dataset["loss_mask"])
     # Written to a temp dir and renamed, so an interrupted run never leaves a half cache entry.
-    tmp = entry.with_name(entry.name + f".tmp{os.getpid()}")
+    tmp = entry.with_name(entry.name + f".tmp-{socket.gethostname()}-{os.getpid()}")  # unique across nodes too
     dataset.save_to_disk(str(tmp / "dataset"))
     (tmp / "summary.json").write_text(json.dumps(asdict(summary)))
     entry.parent.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from dataclasses import replace
 from pathlib import Path
 
@@ -40,7 +41,7 @@ def token_counts(dataset: datasets.Dataset, vocab_size: int, cache_dir: str | No
         return load_file(str(path))["counts"]
     counts = count_tokens(zip(dataset["input_ids"], dataset["loss_mask"]), vocab_size)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp = path.with_suffix(f".tmp-{socket.gethostname()}-{os.getpid()}")  # unique on a cache several nodes share
     save_file({"counts": counts}, str(tmp))
     share_like_umask(tmp)
     os.replace(tmp, path)
@@ -49,12 +50,15 @@ def token_counts(dataset: datasets.Dataset, vocab_size: int, cache_dir: str | No
 
 def tokenized_data(config: RunConfig, info: DistInfo):
     tokenizer = load_tokenizer(config.target.path, config.target.trust_remote_code)
-    # Rank 0 tokenizes (and fills the cache); the others then read the cache.
-    if not info.is_main:
-        barrier()
-    dataset, summary = build_dataset(config.data, tokenizer)
-    if info.is_main:
-        print(summary.format())
+    # Rank 0 tokenizes and fills the cache; then the first rank of every other node reads it (or, where the cache is
+    # node-local, tokenizes once for its node); then every other rank reads its node's cache. Three barriers on
+    # every rank, whichever turn is its own.
+    turn = 0 if info.is_main else 1 if info.local_rank == 0 else 2
+    for phase in range(3):
+        if phase == turn:
+            dataset, summary = build_dataset(config.data, tokenizer)
+            if info.is_main:
+                print(summary.format())
         barrier()
     return dataset
 
