@@ -7,8 +7,8 @@
 
 The recipe is the training one: target (path, dtype, aux layer ids), data, the head (``draft.head``:
 only the tensors it reads are stored) and the ``features`` section (storage: ``aux`` fp8|bf16,
-``hidden`` bf16|fp8, ``target_dist`` topk|hidden, ``topk``). Rank r takes rows
-r, r+N, ...; each rank writes its shards atomically, a job restarted with --resume skips finished
+``hidden`` bf16|fp8, ``target_dist`` topk|hidden, ``topk``); ``parallel.shard_target: true`` shards the target's
+layers over the ranks (a target larger than one GPU). Rank r takes rows r, r+N, ...; each rank writes its shards atomically, a job restarted with --resume skips finished
 shards (and rebuilds any that were altered), and
 rank 0 writes manifest.json last. See trainer/feature_store.py for the format.
 """
@@ -32,7 +32,7 @@ from headstart.trainer.batches import collate
 from headstart.trainer.config import load_config
 from headstart.trainer.errors import report_error
 from headstart.trainer.output_dir import JOB_PLAN, claim_output_dir
-from headstart.trainer.distributed import barrier, init_distributed
+from headstart.trainer.distributed import DistInfo, barrier, init_distributed, shard_frozen_layers
 from headstart.trainer.feature_store import (
     Storage,
     encode_sample,
@@ -60,6 +60,22 @@ def check_plan(out: Path, plan: dict, is_main: bool) -> None:
     barrier()
 
 
+def most_forwards(forwards: int, info: DistInfo) -> int:
+    """The most forwards any rank runs (collective: called before any forward, so that it pairs with no gather)."""
+    most = torch.tensor(forwards, device=info.device)
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    return int(most)
+
+
+def lockstep(target: Target, owed: int, info: DistInfo) -> None:
+    """With a sharded target: the forwards this rank owes the others (its rows ran out first, or its shards were done
+    before a --resume). Each one gathers the layers as a real forward does; a one-token input is enough."""
+    one = torch.zeros(1, 1, dtype=torch.long, device=info.device)
+    with torch.no_grad():
+        for _ in range(owed):
+            target(one, attention_mask=torch.ones_like(one), with_aux=False)
+
+
 def generate(config, resume: bool = False, overwrite: bool = False) -> dict | None:
     info = init_distributed()
     fc = config.features
@@ -70,6 +86,11 @@ def generate(config, resume: bool = False, overwrite: bool = False) -> dict | No
     out = Path(fc.path)
     dataset = tokenized_data(config, info)
     target = Target.from_pretrained(replace(config.target, device=str(info.device)))
+    # A target too large for one GPU (70B-class) is sharded over the ranks as training shards it: every forward then
+    # gathers each layer from all ranks, so all ranks run the same number of forwards (see ``lockstep``).
+    sharded = config.parallel.shard_target and info.world_size > 1
+    if sharded:
+        shard_frozen_layers(list(target.layers))
     identity = target_identity(config.target.path, target.aux_layer_ids, config.target.dtype)
     plan = {"world_size": info.world_size, "samples_per_shard": fc.samples_per_shard, "num_rows": len(dataset),
             "data_fingerprint": dataset._fingerprint, "target": identity,
@@ -82,7 +103,7 @@ def generate(config, resume: bool = False, overwrite: bool = False) -> dict | No
     bar = progress_bar(total=sum(len(x) for x in lengths), unit="tok", unit_scale=True, desc=f"features rank {info.rank}",
                disable=not info.is_main, dynamic_ncols=True)
     n_aux, full_vocab = len(target.aux_layer_ids), target.vocab_head()
-    skipped, rebuilt = 0, []
+    skipped, rebuilt, todo = 0, [], []
     for index, shard_rows in enumerate(shards):
         name = shard_name(info.rank, index)
         done = finished_shard(out, name, shard_rows, verify=True)  # a resumed job rebuilds what training refused
@@ -92,6 +113,10 @@ def generate(config, resume: bool = False, overwrite: bool = False) -> dict | No
             continue
         if (out / f"{name}.json").is_file():
             rebuilt.append(name)
+        todo.append((name, shard_rows))
+    forwards = sum(-(-len(shard_rows) // fc.batch_size) for _, shard_rows in todo)
+    owed = most_forwards(forwards, info) - forwards if sharded else 0
+    for name, shard_rows in todo:
         samples = []
         for start in range(0, len(shard_rows), fc.batch_size):
             batch_rows = shard_rows[start : start + fc.batch_size]
@@ -106,6 +131,7 @@ def generate(config, resume: bool = False, overwrite: bool = False) -> dict | No
                                              full_vocab, storage, n_aux))
                 bar.update(n)
         write_shard(out, name, shard_rows, samples)
+    lockstep(target, owed, info)
     bar.close()
     if skipped and info.is_main:
         print(f"resumed: skipped {skipped} finished shard(s) of rank 0")

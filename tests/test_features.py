@@ -233,3 +233,33 @@ def test_two_ranks_write_one_store_equal_to_a_single_process_one(tmp_path):
         ax, ay = (dequantize_fp8(s["aux"], s["aux_scale"], torch.float32) for s in (x, y))
         assert torch.allclose(ax, ay, rtol=0.07, atol=1e-3)
         assert (x["topk_ids"][:, 0] == y["topk_ids"][:, 0]).float().mean() > 0.95
+
+
+def feature_job(overrides: list[str], cwd: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(REPO / "scripts" / "generate_features.py"), *overrides, *extra]
+    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=180)  # a hang fails fast
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+@pytest.mark.slow  # three 2-rank jobs, ~20 s each
+def test_a_target_sharded_over_the_ranks_stores_the_same_features(tmp_path):
+    """parallel.shard_target in the feature job (a target larger than one GPU): every forward gathers the layers from
+    both ranks, so a rank with fewer rows (23 rows: 12 and 11) or with its shards already done (a resumed job) runs
+    the forwards it owes; the shards are the replicated target's, byte for byte."""
+    overrides = make_setup(tmp_path, rows=23) + ["--features.samples_per_shard=5", "--features.batch_size=1"]
+    feature_job(overrides, tmp_path, f"--features.path={tmp_path / 'replicated'}")
+    sharded = tmp_path / "sharded"
+    feature_job(overrides, tmp_path, f"--features.path={sharded}", "--parallel.shard_target=true")
+    files = sorted(p.name for p in (tmp_path / "replicated").glob("shard-*.safetensors"))
+    assert len(files) == 6 and files == sorted(p.name for p in sharded.glob("shard-*.safetensors"))
+    for name in files:
+        assert (sharded / name).read_bytes() == (tmp_path / "replicated" / name).read_bytes(), name
+    for lost in sharded.glob("shard-r001-*"):  # rank 1's work lost: rank 0 has nothing left but the forwards it owes
+        lost.unlink()
+    result = feature_job(overrides, tmp_path, f"--features.path={sharded}", "--parallel.shard_target=true", "--resume")
+    assert "skipped 3 finished shard(s) of rank 0" in result.stdout
+    for name in files:
+        assert (sharded / name).read_bytes() == (tmp_path / "replicated" / name).read_bytes(), name
