@@ -45,6 +45,8 @@ def test_recipe_fields_move_their_parts(monkeypatch):
     assert b["target weights"] == base.target_params * 2  # bfloat16
     sharded = parts(plan(load_config(recipe, ["--parallel.shard_target=true"]), gpus=8, target_config=gpu))
     assert sharded["target weights"] == b["target weights"] // 8
+    layer = 4096 * (2 * 4096 + 2 * 1024) + 3 * 4096 * 14336 + 2 * 4096  # Llama-3.1-8B: attention, MLP, norms
+    assert sharded["target layers gathered"] == 2 * layer * 2 and "target layers gathered" not in b
     half = plan(load_config(recipe, ["--data.tokens_per_batch=4096"]), gpus=8, target_config=gpu)
     assert parts(half)["head activations"] == b["head activations"] // 2
     offline = parts(plan(load_config("configs/llama3.1-8b/eagle3_offline.yaml", []), gpus=8, target_config=gpu))
@@ -77,3 +79,22 @@ def test_store_bytes_per_token_match_what_is_written():
     hidden = FeatureNeeds(last_hidden_state=True)
     assert Storage.for_head(hidden).bytes_per_token(576, 3) == 2 * 576 + 5
     assert GIB == 2**30
+
+
+def test_70b_recipes_fit_two_nodes_and_one_node_needs_the_target_sharded(monkeypatch, capsys):
+    """configs/llama3.3-70b on 2 x 8 x 80 GB: all three fit; on 8 x 80 GB the online recipe still fits with the target
+    sharded (twice its shard) and, replicated, does not: the advice names parallel.shard_target first."""
+    monkeypatch.chdir(REPO)
+    arch = "configs/llama3.3-70b"
+    for recipe in ("eagle3_online", "eagle3_offline", "eagle3_deepspeed"):
+        result = plan(load_config(f"{arch}/{recipe}.yaml", []), gpus=16, gpu_memory_gib=80, target_config=arch)
+        assert 70.5e9 < result.target_params < 70.6e9 and result.fits, recipe
+    online = f"{arch}/eagle3_online.yaml"
+    two, one = (parts(plan(load_config(online, []), gpus=g, target_config=arch)) for g in (16, 8))
+    assert one["target weights"] == 2 * two["target weights"] and one["target layers gathered"] > 3 * GIB
+    assert plan(load_config(online, []), gpus=8, gpu_memory_gib=80, target_config=arch).fits
+    argv = ["--config", online, "--target-config", arch, "--gpus", "8", "--gpu-memory", "80",
+            "--parallel.shard_target=false"]
+    assert plan_script.main(argv) == 1
+    out = capsys.readouterr().out
+    assert "does NOT fit" in out and out.index("to fit: parallel.shard_target: true") < out.index("GiB over")

@@ -1,10 +1,14 @@
-"""The real-size recipes (configs/llama3.1-8b/, configs/qwen3-8b/) run as written on a tiny random model of the same
-architecture: built from the committed config.json with only the sizes made small, then each recipe trains two steps
-with only sizes, paths and the device overridden (online, offline through the feature store, DeepSpeed)."""
+"""The real-size recipes (configs/llama3.1-8b/, configs/qwen3-8b/, configs/llama3.3-70b/) run as written on a tiny
+random model of the same architecture: built from the committed config.json with only the sizes made small, then each
+recipe trains two steps with only sizes, paths and the device overridden (online, offline through the feature store,
+DeepSpeed). The 70B recipes shard the target over the ranks: that runs on 2 ranks (slow)."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +24,8 @@ from headstart.trainer.config import load_config
 from headstart.trainer.run import build_trainer
 
 REPO = Path(__file__).resolve().parents[1]
-TARGETS = {"llama3.1-8b": (LLAMA3_TEMPLATE, "<|eot_id|>"), "qwen3-8b": (QWEN25_TEMPLATE, "<|im_end|>")}
+TARGETS = {"llama3.1-8b": (LLAMA3_TEMPLATE, "<|eot_id|>"), "qwen3-8b": (QWEN25_TEMPLATE, "<|im_end|>"),
+           "llama3.3-70b": (LLAMA3_TEMPLATE, "<|eot_id|>")}
 SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
              head_dim=8, max_position_embeddings=256)
 
@@ -91,10 +96,34 @@ def test_offline_recipe_stores_features_then_trains_two_steps(tmp_path, monkeypa
 
 @pytest.mark.slow  # a torchrun process with DeepSpeed's start-up: ~40 s each
 @pytest.mark.parametrize("name", sorted(TARGETS))
-def test_deepspeed_recipe_trains_two_steps(tmp_path, name):
+def test_deepspeed_recipe_trains_two_steps(tmp_path, monkeypatch, name):
     needs("zero2")
-    overrides = ["--config", str(REPO / "configs" / name / "eagle3_deepspeed.yaml"),
-                 *sizes(tmp_path, tiny_target(name, tmp_path)),
-                 f"--parallel.deepspeed_config={REPO}/configs/deepspeed/zero2.json"]
-    torchrun(overrides, cwd=tmp_path, nproc=1)
+    recipe_path = str(REPO / "configs" / name / "eagle3_deepspeed.yaml")
+    overrides = sizes(tmp_path, tiny_target(name, tmp_path))
+    recipe = load_config(recipe_path, overrides)
+    overrides.append(f"--parallel.deepspeed_config={REPO / recipe.parallel.deepspeed_config}")  # the recipe's own
+    if recipe.features.path is not None:  # trains from the store its offline sibling writes (70B: ZeRO-3, offline)
+        monkeypatch.chdir(REPO)
+        overrides.append(f"--features.path={tmp_path / 'features'}")
+        generate(load_config(recipe_path, overrides))
+    torchrun(["--config", recipe_path, *overrides], cwd=tmp_path, nproc=1)
     check_run(tmp_path / "run", json.loads((REPO / "configs" / name / "config.json").read_text())["architectures"][0])
+
+
+@pytest.mark.slow  # two 2-rank torchrun jobs: ~1 min
+def test_70b_recipes_shard_the_target_over_two_ranks(tmp_path):
+    """The 70B recipes as they run on 16 GPUs, on 2 ranks: online with the target's layers sharded (each forward
+    gathers them), and the offline feature job with the same sharding; both the recipes' own parallel settings."""
+    online, offline = (REPO / "configs" / "llama3.3-70b" / f"eagle3_{m}.yaml" for m in ("online", "offline"))
+    assert load_config(str(online), []).parallel.shard_target and load_config(str(offline), []).parallel.shard_target
+    overrides = sizes(tmp_path, tiny_target("llama3.3-70b", tmp_path))
+    torchrun(["--config", str(online), *overrides], cwd=tmp_path, nproc=2)
+    check_run(tmp_path / "run", "LlamaForCausalLM")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(REPO / "scripts" / "generate_features.py"), "--config", str(offline), *overrides,
+           f"--features.path={tmp_path / 'features'}"]
+    result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    manifest = json.loads((tmp_path / "features" / "manifest.json").read_text())
+    assert manifest["num_samples"] == 16 and {s["file"][:10] for s in manifest["shards"]} == {"shard-r000", "shard-r001"}

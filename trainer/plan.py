@@ -5,7 +5,8 @@ parameter counts are exact. Memory is a model, by part: the target's weights; it
 features a step captures; the target's distribution on the head's vocab; the head's weights, gradients and AdamW
 states (sharded as the backend shards them); the head's activations and loss chunks (each head's own estimate,
 ``activation_bytes``); and the runtime (torch and its libraries on a CPU; the CUDA context and communication buffers
-on a GPU). It does not model the allocator's fragmentation or the FSDP all-gather buffers.
+on a GPU). With a sharded target it counts the two layers FSDP2 holds gathered (the one running and the prefetched next);
+it does not model the allocator's fragmentation or the head's own all-gather buffers.
 """
 
 from __future__ import annotations
@@ -134,6 +135,9 @@ def plan(config: RunConfig, gpus: int, gpu_memory_gib: float | None = None, targ
         sharded = config.parallel.shard_target and config.parallel.backend == "fsdp" and gpus > 1
         parts.append((f"target weights{' (sharded)' if sharded else ''}",
                       target_params * target_bytes // (gpus if sharded else 1)))
+        if sharded:  # FSDP2 gathers a layer whole for its forward and prefetches the next one: two at a time
+            layer = sum(p.numel() for p in target.layers[0].parameters())
+            parts.append(("target layers gathered (this one and the next)", 2 * layer * target_bytes))
         parts.append(("target forward, one layer's transient", T * (4 * H + 3 * intermediate) * target_bytes))
     captured = (n_aux * needs.aux_hidden_states + needs.last_hidden_state) * T * H * target_bytes
     if captured:
