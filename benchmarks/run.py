@@ -34,6 +34,7 @@ from pathlib import Path
 
 from headstart.benchmarks.record import RESULTS, refuse_dirty
 from headstart.decode.report import commit
+from headstart.trainer.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -585,6 +586,65 @@ def plan_cpu(s: Settings) -> list[Step]:
                              *s.dirty_flag()], writes_result=True)]
 
 
+# -- training throughput against a peer -------------------------------------------------------------------------------
+
+SPECULATORS_FLAGS = ["--num-layers", "1", "--full-attention-indices", "0", "--no-norm-before-residual",
+                     "--no-norm-before-fc", "--no-norm-output", "--optimizer", "adamw", "--lr", "1e-3", "--weight-decay",
+                     "0.0", "--scheduler-type", "linear", "--scheduler-warmup-ratio", "0.03", "--epochs", "1",
+                     "--draft-attn-impl", "sdpa", "--loss-implementation", "eager", "--hidden-states-dtype", "float32",
+                     "--num-workers", "0", "--on-missing", "raise", "--mask-token-id", "0", "--no-resume-from-checkpoint",
+                     "--log-freq", "1"]
+"""speculators' EAGLE-3 as headstart's (one full-attention layer, none of its optional norms), AdamW 1e-3 with a 3%
+warmup and linear decay, one epoch; its CPU alternatives for flex attention and the fused loss (speculators_cpu.py)."""
+HEADSTART_SAME = ["--train.optimizer=adamw", "--train.lr=1e-3", "--train.weight_decay=0.0", "--train.betas=[0.9,0.999]",
+                  "--train.schedule=linear", "--train.warmup_ratio=0.03", "--train.grad_clip=1.0",
+                  "--data.packing=true", "--train.eval_fraction=0", "--train.log_every=1", "--train.keep_checkpoints=100",
+                  "--logging.progress=false"]
+"""The same optimizer, schedule and clipping (speculators clips at 1.0 and uses torch's AdamW betas); packed rows."""
+
+
+def versus_speculators(s: Settings) -> list[Step]:
+    """speculators trains one epoch of the train rows in packed buffers of ``seq_len`` tokens; headstart then trains as
+    many steps with the same mean conversations per step (online, then offline from its feature store)."""
+    x, recipe = s.out, s["recipe"]
+    ttt = ["--ttt-steps", s["ttt"]]
+
+    def spec_argv() -> list[str]:
+        python = subprocess.run([PY, "tests/speculators_env.py"], capture_output=True, text=True, check=True).stdout.strip()
+        prepared = json.loads((x / "prepare.json").read_text())
+        target = load_config(recipe, []).target.path
+        (x / "speculators").mkdir(parents=True, exist_ok=True)
+        return [python, "benchmarks/speculators_cpu.py", "--metrics-jsonl", str(x / "speculators" / "metrics.jsonl"),
+                "--verifier-name-or-path", target, "--data-path", str(x / "speculators-data"),
+                "--save-path", str(x / "speculators" / "checkpoints"),
+                "--target-layer-ids", *map(str, prepared["aux_layer_ids"]),
+                "--draft-vocab-size", str(prepared["draft_vocab_size"]), "--total-seq-len", s["seq_len"],
+                "--train-data-ratio", str(prepared["train_ratio"]), *ttt, *SPECULATORS_FLAGS]
+
+    def headstart(name: str, *extra: str) -> Callable[[], list[str]]:
+        def argv() -> list[str]:
+            prepared = json.loads((x / "prepare.json").read_text())
+            lines = (x / "speculators" / "metrics.jsonl").read_text().splitlines()
+            steps = 1 + max(json.loads(line).get("global_step", 0) for line in lines if '"train"' in line)
+            batch = max(1, round(prepared["train_rows"] / steps))  # speculators' mean conversations per step
+            return [*ONE, "--config", recipe, f"--data.files=[{x / 'train.jsonl'}]", f"--data.cache_dir={x / 'cache'}",
+                    f"--output_dir={x / name}", f"--train.max_steps={steps}", f"--train.batch_size={batch}",
+                    f"--train.save_every={max(1, steps // 5)}", f"--draft.ttt_steps={s['ttt']}", *HEADSTART_SAME, *extra]
+        return argv
+
+    features = f"--features.path={x / 'features'}"
+    return [Step("prepare", [PY, "benchmarks/versus_speculators.py", "prepare", "--config", recipe, "--out", str(x),
+                             "--train-rows", s["rows"], "--heldout-rows", s["heldout"]]),
+            Step("speculators", spec_argv, timed=True),
+            Step("headstart-online", headstart("headstart-online"), timed=True),
+            Step("features", [PY, "scripts/generate_features.py", "--config", recipe, f"--data.files=[{x / 'train.jsonl'}]",
+                              f"--data.cache_dir={x / 'cache'}", f"--draft.ttt_steps={s['ttt']}", features, "--overwrite"],
+                 timed=True),
+            Step("headstart-offline", headstart("headstart-offline", features), timed=True),
+            Step("collect", [PY, "benchmarks/versus_speculators.py", "collect", "--out", str(x), "--result",
+                             "benchmarks/results/versus_speculators_demo.json", *s.dirty_flag()], writes_result=True)]
+
+
 # -- tables of decoding runs -----------------------------------------------------------------------------------------
 
 def by_batch(s: Settings) -> list[Step]:
@@ -767,6 +827,10 @@ SUITES: dict[str, Suite] = {
                          "staged_demo.json", "runs/staged-demo", staged, {"ks": "4 6", "tree_ks": "4"}),
     "plan-cpu": Suite("headstart plan against measured peaks (after new-heads-demo) -> plan_vs_measured_cpu.json",
                       "runs/plan-cpu", plan_cpu, {"new_heads": "runs/new-heads-full"}),
+    "versus-speculators": Suite("EAGLE-3 training throughput against vLLM's speculators on the same rows, steps and draft "
+                                "vocab, one after the other -> versus_speculators_demo.json", "runs/versus-speculators",
+                                versus_speculators, {"recipe": "configs/demo/eagle3_regenerated.yaml", "rows": "1900",
+                                                     "heldout": "100", "seq_len": "1024", "ttt": "3"}),
     "batch": Suite("plain vs speculative decoding by batch size, every chain drafter -> OUT/table.md", "runs/bench-batch",
                    by_batch, {"target": DEMO, "methods": "eagle3 mtp medusa draft-model ngram", "batches": "1 4 16",
                               "questions": "configs/demo/eval/mt_bench.jsonl", "per_category": "2", "max_new_tokens": "64"}),
