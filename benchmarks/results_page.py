@@ -61,9 +61,9 @@ def load(directory: Path = RESULTS) -> list[dict]:
         for key in ("title", "what", "commit", "machine", "date"):
             if key not in record:
                 raise ValueError(f"{path}: a result file needs {key!r} (benchmarks/heads_side_by_side.py writes it)")
-        if not {"bench", "plan", "verification"} & record.keys():
-            raise ValueError(f"{path}: a result file needs 'bench' (decoding runs), 'plan' (headstart plan rows) or "
-                             "'verification' (two verification rules by head)")
+        if not {"bench", "plan", "verification", "training"} & record.keys():
+            raise ValueError(f"{path}: a result file needs 'bench' (decoding runs), 'plan' (headstart plan rows), "
+                             "'verification' (two verification rules by head) or 'training' (training runs side by side)")
         files.append({**record, "file": path.name})
     return files
 
@@ -330,6 +330,37 @@ def plan_section(record: dict) -> list[str]:
     return lines + ([""] + ["Measured runs (their overrides are the plan's):", "", *commands] if commands else []) + [""]
 
 
+TRAINERS = {"speculators": "speculators 0.9.0", "headstart-online": "headstart, online (the target in the loop)",
+            "headstart-offline": "headstart, offline (from its feature store)"}
+
+
+def training_section(record: dict) -> list[str]:
+    """Training runs of one head side by side (benchmarks/versus_speculators.py): the loop's tokens/s, memory, and the
+    held-out acceptance each reached, with when headstart first reached the peer's."""
+    runs, peer = record["training"], record["training"]["speculators"]
+    lines = [f"## {record['title']}: {record['machine']}", "", record["what"].rstrip(".") + ".", "",
+             f"`benchmarks/results/{record['file']}` -- commit `{record['commit']}`, {record['date'][:10]}; "
+             f"`{record['suite']}`.", "",
+             "| trainer | steps | tokens | tokens/s (loop) | vs speculators | wall | peak RSS | held-out sim. accept length "
+             "| reached speculators' at |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, run in runs.items():
+        reached = run.get("reached_at")
+        at = f"step {reached['step']} ({reached['loop_s']:.0f} s of loop)" if reached else ("-" if name == "speculators"
+                                                                                              else "not reached")
+        wall = f"{run['wall_s']:.0f} s" + (f" + features {run['features']['wall_s']:.0f} s" if "features" in run else "")
+        lines.append(f"| {TRAINERS.get(name, name)} | {run['steps']} | {run['tokens_trained']:,} | {run['tokens_per_s']:,.0f} "
+                     f"| {run['tokens_per_s'] / peer['tokens_per_s']:.2f}x | {wall} | {run['peak_rss_gib']:.2f} GiB "
+                     f"| {run['sim_accept_len']:.3f} | {at} |")
+    own = peer.get("own_heldout")
+    if own:
+        lines += ["", f"speculators' own validation of its head on the same held-out rows: {own['sim_accept_len']:.3f} "
+                      f"(1 + its per-step full accuracies {', '.join(f'{a:.3f}' for a in own['full_acc'])}); headstart's "
+                      f"evaluator on the same head: {peer['sim_accept_len']:.3f}. speculators' data step (the hidden "
+                      f"states of every row, written with the target's HF forward): "
+                      f"{record['prepared']['hidden_states_s']:.0f} s, not in its wall time."]
+    return lines + [""]
+
+
 HEADLINE = "_all_drafts.json"
 """The result files BENCHMARKS.md shows for each target (every draft of it side by side); the other files of a target
 (one variant against another: recipes, budgets, verification rules, drafting methods) go on its comparisons page."""
@@ -382,6 +413,8 @@ def pages(records: list[dict]) -> dict[str, str]:
                                      *target_sections(others)]).rstrip() + "\n"
     for record in sorted((r for r in records if "plan" in r), key=lambda r: r["title"]):
         out += plan_section(record)
+    for record in sorted((r for r in records if "training" in r), key=lambda r: r["title"]):
+        out += training_section(record)
     return {"BENCHMARKS.md": "\n".join(out).rstrip() + "\n", **more}
 
 

@@ -642,7 +642,8 @@ def versus_speculators(s: Settings) -> list[Step]:
                  timed=True),
             Step("headstart-offline", headstart("headstart-offline", features), timed=True),
             Step("collect", [PY, "benchmarks/versus_speculators.py", "collect", "--out", str(x), "--result",
-                             "benchmarks/results/versus_speculators_demo.json", *s.dirty_flag()], writes_result=True)]
+                             "benchmarks/results/versus_speculators_demo.json", "--ttt", s["ttt"], "--seq-len",
+                             s["seq_len"], *s.dirty_flag()], writes_result=True)]
 
 
 # -- tables of decoding runs -----------------------------------------------------------------------------------------

@@ -187,7 +187,15 @@ def collect(args: argparse.Namespace) -> None:
         run["sim_accept_len"] = run["eval"]["sim_accept_len"]
     for run in runs.values():  # real tokens (no padding) through the training loop: what each run trained
         run["tokens_per_s"] = round(run["tokens_trained"] / run["loop_s"], 1)
-    write_result(args.result, {"prepared": prepared, "runs": runs, "about": args.about}, allow_dirty=args.allow_dirty)
+    what = (f"An EAGLE-3 head (1 layer, {args.ttt} TTT steps, the {prepared['draft_vocab_size']:,}-token draft vocab of the "
+            f"train rows) trained by each framework on the same {prepared['train_rows']:,} conversations of "
+            f"`{prepared['recipe']}`'s data (one epoch: speculators packs them into buffers of {args.seq_len} tokens, "
+            "headstart trains as many steps with the same mean conversations per step), AdamW lr 1e-3, 3% warmup, linear "
+            "decay, clip 1.0, one process on the CPU, one run after the other; every head evaluated by "
+            f"scripts/evaluate_head.py on the next {prepared['heldout_rows']} conversations")
+    write_result(args.result, {"title": "EAGLE-3 training throughput against vLLM's speculators", "what": what,
+                               "suite": "python benchmarks/run.py versus-speculators", "prepared": prepared,
+                               "training": runs}, allow_dirty=args.allow_dirty)
     print(json.dumps({k: {m: v.get(m) for m in ("tokens_per_s", "sim_accept_len", "wall_s", "peak_rss_gib")}
                       for k, v in runs.items()}, indent=1))
 
@@ -203,7 +211,7 @@ def main() -> None:
     c = sub.add_parser("collect")
     c.add_argument("--out", required=True)
     c.add_argument("--result", required=True)
-    c.add_argument("--about", default="")
+    c.add_argument("--seq-len", default="1024", help="speculators' --total-seq-len (said in the result's description)")
     c.add_argument("--ttt", default="3", help="the TTT steps both heads were trained and are evaluated with")
     c.add_argument("--allow-dirty", action="store_true")
     args = p.parse_args()

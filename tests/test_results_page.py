@@ -92,8 +92,25 @@ def test_plan_rows_render_planned_against_measured(tmp_path: Path) -> None:
     assert "| `configs/demo/eagle3.yaml` | 2 | 1.24 GiB | 1.15 GiB | 0.93 | - | - |" in text and "- `torchrun ...`" in text
     del record["plan"]
     (tmp_path / "plan.json").write_text(json.dumps(record))
-    with pytest.raises(ValueError, match="needs 'bench' .*'plan'.* or 'verification'"):
+    with pytest.raises(ValueError, match="needs 'bench' .*'plan'.*'verification'.* or 'training'"):
         results_page.load(tmp_path)
+
+
+def test_training_runs_render_side_by_side_against_the_peer(tmp_path: Path) -> None:
+    run = {"steps": 253, "tokens_trained": 240000, "wall_s": 168.0, "peak_rss_gib": 1.04, "sim_accept_len": 1.98}
+    record = {"title": "EAGLE-3 training throughput against vLLM's speculators", "what": "one epoch each.",
+              "suite": "python benchmarks/run.py versus-speculators", "commit": "abc", "machine": "CPU",
+              "date": "2026-12-03T00:00:00+00:00", "prepared": {"hidden_states_s": 61.0},
+              "training": {"speculators": {**run, "tokens_per_s": 1600.0,
+                                           "own_heldout": {"full_acc": [0.5, 0.3], "sim_accept_len": 1.8}},
+                           "headstart-offline": {**run, "tokens_per_s": 2400.0, "sim_accept_len": 2.19,
+                                                 "features": {"wall_s": 67.7}, "reached_at": {"step": 200, "loop_s": 80.7}}}}
+    (tmp_path / "versus.json").write_text(json.dumps(record))
+    text = results_page.render(results_page.load(tmp_path))
+    assert "| speculators 0.9.0 | 253 | 240,000 | 1,600 | 1.00x | 168 s | 1.04 GiB | 1.980 | - |" in text
+    assert ("| headstart, offline (from its feature store) | 253 | 240,000 | 2,400 | 1.50x | 168 s + features 68 s "
+            "| 1.04 GiB | 2.190 | step 200 (81 s of loop) |") in text
+    assert "own validation of its head on the same held-out rows: 1.800 (1 + its per-step full accuracies 0.500, 0.300)" in text
 
 
 GNU_TIME = """\tCommand being timed: "python scripts/train_eagle3.py --config r.yaml"
