@@ -151,3 +151,11 @@ def test_z_labs_names_are_written_and_bad_configs_refused_by_name(target, tmp_pa
     (tmp_path / "config.json").write_text(json.dumps(bad))
     with pytest.raises(ValueError, match=r"a DFlash2 config needs \['selector_rank'\]"):
         DFlash2Draft.load(tmp_path, target)
+
+
+def test_a_target_vocab_smaller_than_the_selectors_top_k_builds_with_every_token_a_candidate():
+    """The default top 16 over an 8-token vocab (the sampling test's target): clamped when the config is built, not
+    refused by the config's own check on its defaults."""
+    small = Target(tiny_causal_lm("llama", num_hidden_layers=8, vocab_size=8))
+    head = build_dflash2(DraftConfig(head="dflash2", options=DFlash2Options(num_layers=1)), small)
+    assert head.config.selector_top_k == 8 and head.config.vocab_size == 8

@@ -71,7 +71,9 @@ class DFlashConfig:
 
     @classmethod
     def from_target(cls, target_config, block_size: int = 16, num_layers: int = 1, aux_layer_ids=None,
-                    mask_token_id: int | None = None) -> "DFlashConfig":
+                    mask_token_id: int | None = None, **own) -> "DFlashConfig":
+        """Over the target's shape; ``own``: a variant's own fields (set at construction, so that its checks see
+        them and not its defaults)."""
         tc = text_config(target_config)
         n = tc.num_hidden_layers
         ids = check_servable_ids(default_aux_layer_ids(n) if aux_layer_ids is None else aux_layer_ids, n)
@@ -84,7 +86,7 @@ class DFlashConfig:
                    aux_layer_ids=ids, target_num_layers=n, block_size=block_size,
                    mask_token_id=placeholder_token(target_config) if mask_token_id is None else int(mask_token_id),
                    rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-6), rope_theta=theta, rope_scaling=scaling,
-                   max_position_embeddings=tc.max_position_embeddings)
+                   max_position_embeddings=tc.max_position_embeddings, **own)
 
     def to_hf_dict(self) -> dict:
         """config.json of z-lab's layout: vLLM (``method: dflash``) and SGLang (``DFLASH``) read it as it is."""

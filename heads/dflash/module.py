@@ -362,8 +362,7 @@ def block_config(config_class: type[DFlashConfig], draft: DraftConfig, target, *
         config = config_class.from_json(draft.config)
     else:
         config = config_class.from_target(target.config, options.block_size, options.num_layers, target.aux_layer_ids,
-                                          options.mask_token_id)
-        config = dataclasses.replace(config, **own)
+                                          options.mask_token_id, **own)
     config.check_target(target.config)
     if tuple(config.aux_layer_ids) != tuple(target.aux_layer_ids):
         raise ValueError(f"the draft config reads layers {list(config.aux_layer_ids)} but the target is set "
