@@ -158,6 +158,12 @@ COLLECTED = {  # suite: its result file in benchmarks/results/, the page's title
                      "committed DFlash head configs/demo/dflash-head (its card's training row) and DFlash2 (2-tap "
                      "dynamic convolutions, a rank-256 selector over the top 16); each DFlash2 run paired with it in one "
                      "process (--versus), chains"),
+    "block-budget": ("block_budget_demo.json", "Block drafters against EAGLE-3 as the training budget grows",
+                     "the demo target's own replies to 2,000 demo questions, global batch 8 in one CPU process, Muon lr "
+                     "3e-3 with linear decay over each run's steps (in its name): EAGLE-3 (1 layer, 7 TTT steps), DFlash "
+                     "(2 layers, blocks of 8), DFlash at its published shape (5 layers, blocks of 16) and DSpark (blocks "
+                     "of 7), each recipe's other values; the 1000-step rows of EAGLE-3, DFlash and DSpark are the "
+                     "committed heads; each decoded alone, chains of the k in its name"),
     "hydra-demo": ("hydra_vs_medusa_demo.json", "Hydra and Medusa at the Medusa head's budget",
                    "configs/demo/hydra-head and configs/demo/medusa-head (its card's training row): one recipe (the four "
                    "demo files, 1000 steps, global batch 8 = 4 x 2 ranks, AdamW lr 1e-3, 4 heads of 1 ResBlock) with each "
@@ -346,6 +352,36 @@ def block_variant(head: str) -> Callable[[Settings], list[Step]]:
             "--train", f"{head}={run}:{x}/train-{head}.time", *bench_flags(x))
         return out + [Step("collect", collect, writes_result=True)]
     return steps
+
+
+BUDGET_HEADS = {  # name: (recipe, method, the committed head trained by that recipe at 1000 steps, or None)
+    "eagle3": ("configs/demo/eagle3_regenerated.yaml", "eagle3", "configs/demo/eagle3-head"),
+    "dflash": ("configs/demo/dflash_regenerated.yaml", "dflash", "configs/demo/dflash-head"),
+    "dflash-published": ("configs/demo/dflash_published_regenerated.yaml", "dflash", None),
+    "dspark": ("configs/demo/dspark_regenerated.yaml", "dspark", "configs/demo/dspark-head")}
+
+
+def block_budget(s: Settings) -> list[Step]:
+    """Each head of ``heads`` at each budget of ``steps`` (the recipe's 1000 steps and more; global batch 8 in one CPU
+    process): trained where no committed head is that run, then decoded alone in chains of each ``ks``, tau and
+    acceptance by position, so the table shows whether the block drafters close on EAGLE-3 as the budget grows."""
+    x, out, runs = s.out, [demo_regenerated()], []
+    for name in s.words("heads"):
+        recipe, method, committed = BUDGET_HEADS[name]
+        for n in s.words("steps"):
+            run = f"runs/budget/{name}-{n}"
+            head = committed if committed and n == "1000" else f"{run}/final"
+            if head != committed:
+                out.append(Step(f"train-{name}-{n}", [*ONE, "--config", recipe, "--train.batch_size=8",
+                                                       f"--train.max_steps={n}", f"--output_dir={run}",
+                                                       "--logging.progress=false"], timed=True, skip_if=f"{run}/final"))
+                runs += ["--train", f"{name}-{n}={run}:{x}/train-{name}-{n}.time"]
+            else:
+                runs += ["--train", f"{name}-{n}={committed}"]
+            for kk in s.words("ks"):
+                out.append(bench(f"{name}-{n}-k{kk}", DEMO, x / f"{name}-{n}-k{kk}", "--method", method, "--draft", head,
+                                 *k(kk), needs=(head,)))
+    return out + [Step("collect", lambda: collected(s, "block-budget", *runs, *bench_flags(x)), writes_result=True)]
 
 
 def hydra_demo(s: Settings) -> list[Step]:
@@ -786,6 +822,9 @@ SUITES: dict[str, Suite] = {
                          "dspark_demo.json", "runs/dspark-demo", block_variant("dspark"), {"thresholds": "0.3 0.5"}),
     "dflash2-demo": Suite("DFlash2 at the demo DFlash head's recipe, paired with it -> dflash2_demo.json",
                           "runs/dflash2-demo", block_variant("dflash2"), {"thresholds": ""}),
+    "block-budget": Suite("EAGLE-3, DFlash at two shapes and DSpark at 1000 and 3000 steps, tau by position -> "
+                          "block_budget_demo.json", "runs/block-budget", block_budget,
+                          {"heads": " ".join(BUDGET_HEADS), "steps": "1000 3000", "ks": "4 7"}),
     "hydra-demo": Suite("Hydra against Medusa at its recipe, paired -> hydra_vs_medusa_demo.json", "runs/hydra-full",
                         hydra_demo),
     "distill": Suite("distilled draft models (loss, labels, init, filter, data) paired with the committed draft model -> "
