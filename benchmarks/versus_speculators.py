@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ import torch
 from datasets import Dataset
 from safetensors.torch import save_file
 
+from headstart.benchmarks.heads_side_by_side import time_log
 from headstart.benchmarks.record import write_result
 from headstart.models.draft_vocab import build_draft_vocab, count_tokens
 from headstart.models.target import Target, decoder_layers, load_tokenizer
@@ -106,15 +106,6 @@ def prepare(args: argparse.Namespace) -> None:
     print(json.dumps(record))
 
 
-def gnu_time(path: Path) -> dict:
-    """Wall seconds and peak resident memory from a GNU time -v report."""
-    text = path.read_text()
-    wall = re.search(r"Elapsed \(wall clock\) time.*: (?:(\d+):)?(\d+):([\d.]+)", text)
-    h, m, s = (float(x) if x else 0.0 for x in wall.groups())
-    rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", text).group(1))
-    return {"wall_s": round(3600 * h + 60 * m + s, 1), "peak_rss_gib": round(rss / 2**20, 3)}
-
-
 def evaluate(recipe: str, head: Path, heldout: Path, out: Path, *flags: str) -> dict:
     """scripts/evaluate_head.py on the held-out conversations (all but one of them held out)."""
     cmd = [sys.executable, "scripts/evaluate_head.py", "--config", recipe, "--head", str(head),
@@ -162,7 +153,7 @@ def collect(args: argparse.Namespace) -> None:
     flat = out / "speculators-flat"
     subprocess.run([sys.executable, "scripts/export_head.py", "--head", str(checkpoint), "--to", "flat", "--out",
                     str(flat), "--overwrite"], cwd=ROOT, check=True)
-    runs = {"speculators": {**gnu_time(out / "speculators.time"), **speculators_run(spec),
+    runs = {"speculators": {**time_log(out / "speculators.time"), **speculators_run(spec),
                             "tokens_trained": prepared["train_tokens"], "own_heldout": own_heldout(checkpoint),
                             "eval": evaluate(recipe, flat, heldout, out, ttt)}}
     goal = runs["speculators"]["eval"]["sim_accept_len"]
@@ -170,7 +161,7 @@ def collect(args: argparse.Namespace) -> None:
         run = out / name
         if not (run / "final").is_dir():
             continue
-        record = {**gnu_time(out / f"{name}.time"), **headstart_run(run), "eval": evaluate(recipe, run / "final", heldout,
+        record = {**time_log(out / f"{name}.time"), **headstart_run(run), "eval": evaluate(recipe, run / "final", heldout,
                                                                                           out, ttt)}
         # The first checkpoint whose held-out acceptance reaches speculators' final one, and the loop's time to it.
         for step_dir in sorted((run / "checkpoints").glob("step_*")):
@@ -182,17 +173,18 @@ def collect(args: argparse.Namespace) -> None:
         del record["loop_s_at"]
         runs[name] = record
     if (out / "features.time").is_file() and "headstart-offline" in runs:
-        runs["headstart-offline"]["features"] = gnu_time(out / "features.time")
+        runs["headstart-offline"]["features"] = time_log(out / "features.time")
     for run in runs.values():
         run["sim_accept_len"] = run["eval"]["sim_accept_len"]
     for run in runs.values():  # real tokens (no padding) through the training loop: what each run trained
         run["tokens_per_s"] = round(run["tokens_trained"] / run["loop_s"], 1)
+    steps, rows = runs["speculators"]["steps"], prepared["train_rows"]
     what = (f"An EAGLE-3 head (1 layer, {args.ttt} TTT steps, the {prepared['draft_vocab_size']:,}-token draft vocab of the "
-            f"train rows) trained by each framework on the same {prepared['train_rows']:,} conversations of "
-            f"`{prepared['recipe']}`'s data (one epoch: speculators packs them into buffers of {args.seq_len} tokens, "
-            "headstart trains as many steps with the same mean conversations per step), AdamW lr 1e-3, 3% warmup, linear "
-            "decay, clip 1.0, one process on the CPU, one run after the other; every head evaluated by "
-            f"scripts/evaluate_head.py on the next {prepared['heldout_rows']} conversations")
+            f"train rows) trained by each framework on the same {rows:,} conversations of `{prepared['recipe']}`'s data "
+            f"for {steps} steps (speculators: one epoch packed into buffers of {args.seq_len} tokens, {rows / steps:.1f} "
+            f"conversations a step on average; headstart: {max(1, round(rows / steps))} a step, drawn from the same "
+            "rows), AdamW lr 1e-3, 3% warmup, linear decay, clip 1.0, one process on the CPU, one run after the other; "
+            f"every head evaluated by scripts/evaluate_head.py on the next {prepared['heldout_rows']} conversations")
     write_result(args.result, {"title": "EAGLE-3 training throughput against vLLM's speculators", "what": what,
                                "suite": "python benchmarks/run.py versus-speculators", "prepared": prepared,
                                "training": runs}, allow_dirty=args.allow_dirty)
