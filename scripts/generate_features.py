@@ -8,9 +8,9 @@
 The recipe is the training one: target (path, dtype, aux layer ids), data, the head (``draft.head``:
 only the tensors it reads are stored) and the ``features`` section (storage: ``aux`` fp8|bf16,
 ``hidden`` bf16|fp8, ``target_dist`` topk|hidden, ``topk``); ``parallel.shard_target: true`` shards the target's
-layers over the ranks (a target larger than one GPU). Rank r takes rows r, r+N, ...; each rank writes its shards atomically, a job restarted with --resume skips finished
-shards (and rebuilds any that were altered), and
-rank 0 writes manifest.json last. See trainer/feature_store.py for the format.
+layers over the ranks (a target larger than one GPU). Rank r takes rows r, r+N, ...; each rank writes its shards
+atomically, a job restarted with --resume skips finished shards (and rebuilds any that were altered), and rank 0
+writes manifest.json last. See trainer/feature_store.py for the format.
 """
 
 from __future__ import annotations
