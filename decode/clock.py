@@ -12,11 +12,12 @@ from collections.abc import Callable
 
 import torch
 
-PARTS = ("prefill", "draft", "update", "verify", "other")
+PARTS = ("prefill", "draft", "update", "verify", "other", "learn")
 """prefill: the prompt (the target's forward over it, then the drafter reading it); draft: the drafter proposing (a
 chain's k steps, or growing a tree); update: the drafter reading the accepted tokens (its own forward); verify: the
 target's forward over the drafts; other: everything else (acceptance, cache commit or rollback, bookkeeping, the host
-sync)."""
+sync); learn: the drafter learning from the request it just served (an n-gram datastore's counts, an online head's
+optimizer steps: ``Drafter.finish``)."""
 
 
 class RoundClock:

@@ -136,9 +136,10 @@ class Drafter:
         from what the target makes of this round's guesses reads it (Lookahead's lookahead branch); the others have
         nothing to do."""
 
-    def finish(self, emitted: list[int]) -> None:
-        """The request's last round, as far as the output keeps it: a drafter that learns what it serves (n-gram
-        lookup's datastore) reads it; the others have nothing to do."""
+    def finish(self, emitted: list[int], states: TargetOutput) -> None:
+        """The request's last round, as far as the output keeps it, and the target's states of the positions that
+        produced those tokens (as ``update``'s): a drafter that learns what it serves (n-gram lookup's datastore, an
+        online head: trainer/online.py) reads it; the others have nothing to do. The loop times it as ``learn``."""
 
     def warm_ups(self) -> list[Drafter]:
         """Drafters an untimed warm-up decodes besides this one (a hybrid's model drafting every round, so its graphs

@@ -166,17 +166,19 @@ def speculative_generate(
         clock.lap("other")
         if not done:
             drafter.update(emitted, states.select(slice(0, n + 1)))
+            clock.lap("update")
         else:
-            _last_round(drafter, tokens[before:])
-        clock.lap("update")
+            _last_round(drafter, tokens[before:], states.select(slice(0, len(tokens) - before)), clock)
     out.tokens = tokens
     return out
 
 
-def _last_round(drafter: Drafter, emitted: list[int]) -> None:
-    """The request's last round, as far as the output keeps it (up to its EOS or the length limit): a drafter that
-    learns what it serves reads it (``finish``); no update, nothing follows."""
-    drafter.finish(emitted)
+def _last_round(drafter: Drafter, emitted: list[int], states: TargetOutput, clock) -> None:
+    """The request's last round, as far as the output keeps it (up to its EOS or the length limit), and the states of
+    the positions that produced it: a drafter that learns what it serves reads it (``finish``, timed as ``learn``); no
+    update, nothing follows."""
+    drafter.finish(emitted, states)
+    clock.lap("learn")
 
 
 def _tree_round(runner, drafter, tree, tokens, max_new_tokens, eos_ids, sampling, generator, out, clock, verification):
@@ -209,7 +211,7 @@ def _tree_round(runner, drafter, tree, tokens, max_new_tokens, eos_ids, sampling
     clock.lap("other")
     if not done:
         drafter.update(emitted, states.select(path))
+        clock.lap("update")
     else:
-        _last_round(drafter, tokens[before:])
-    clock.lap("update")
+        _last_round(drafter, tokens[before:], states.select(path[: len(tokens) - before]), clock)
     return tokens, done

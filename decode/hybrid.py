@@ -138,6 +138,6 @@ class HybridDrafter(Drafter):
         raise TypeError("the hybrid grows dynamic trees (--tree); a static tree ranks one model's candidates, which the "
                         "rounds n-gram lookup drafts have none of")
 
-    def finish(self, emitted: list[int]) -> None:
+    def finish(self, emitted: list[int], states) -> None:
         """A request's last round (decode/generate.py): n-gram lookup may learn it; the model reads nothing more."""
-        self.ngram.finish(emitted)
+        self.ngram.finish(emitted, states)

@@ -113,6 +113,8 @@ class Tally:
             if self.spec_seconds and self.plain_seconds else None,
             "generated_tokens": self.new_tokens,
             "seconds_per_round": self.spec_seconds / self.rounds if self.rounds else None,
+            # what learning from the served requests cost (an online head's updates, inside the timed decode): ms a token
+            "learn_ms_per_token": self.spec_parts["learn"] / self.new_tokens * 1e3 if self.spec_parts["learn"] else None,
             # sampled: the mean target log-probability of a token of the text, speculative and plain (decode/quality.py)
             "mean_logprob": self.logprob[0] / self.logprob[1] if self.logprob[1] else None,
             "plain_mean_logprob": self.plain_logprob[0] / self.plain_logprob[1] if self.plain_logprob[1] else None,
@@ -241,6 +243,9 @@ def run_benchmark(
     by_length_of = [defaultdict(Tally) for _ in methods]  # the same turns, by the length of their prompt
     checks = [GreedyCheck(runner.target.model) if verify_greedy else None for _ in methods]
     turn_speeds: list[list[float]] = [[] for _ in methods]  # tokens/s of each timed turn, for the paired comparison
+    # each timed turn in serving order: [tokens tau counts, target forwards, tokens, seconds] -- a drafter that learns
+    # as it serves is read window by window (benchmarks/online_shift.py)
+    turns_of: list[list[list[float]]] = [[] for _ in methods]
     if questions:  # untimed warm-up: CUDA context, cuBLAS handles and allocator growth would land in the first timing
         warm = prompt_ids(tokenizer, [{"role": "user", "content": questions[0]["turns"][0]}]).to(device)
         for m in methods:
@@ -292,6 +297,7 @@ def run_benchmark(
                 if checks[i] is not None:
                     checks[i].compare(f"question {q['question_id']} turn {turn + 1}", prompt, plain.tokens, spec.tokens)
                 turn_speeds[i].append(len(spec.tokens) / seconds)
+                turns_of[i].append([spec.counted_tokens, spec.target_forwards, len(spec.tokens), round(seconds, 6)])
                 for tally in (tallies_of[i][q["category"]], tallies_of[i]["overall"],
                               by_length_of[i][prompt_bucket(prompt.shape[1])]):
                     tally.add(spec, m.depth)
@@ -305,9 +311,9 @@ def run_benchmark(
             messages.append({"role": "assistant", "content": tokenizer.decode(plain.tokens, skip_special_tokens=True)})
         progress(f"question {q['question_id']} ({q['category']}): tau so far "
                  + " / ".join(f"{t['overall'].summary()['tau']:.2f}" for t in tallies_of))
-    report = _report(tallies_of[0], by_length_of[0], checks[0])
+    report = {**_report(tallies_of[0], by_length_of[0], checks[0]), "turns": turns_of[0]}
     if versus is not None:
-        report["versus"] = _report(tallies_of[1], by_length_of[1], checks[1])
+        report["versus"] = {**_report(tallies_of[1], by_length_of[1], checks[1]), "turns": turns_of[1]}
         overall = [t["overall"].summary()["spec_tokens_per_s"] for t in tallies_of]
         report["paired"] = paired_summary(turn_speeds[0], turn_speeds[1],
                                           overall[0] / overall[1] if overall[0] and overall[1] else None)

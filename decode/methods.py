@@ -8,6 +8,7 @@ its name. Adding a drafting method is one entry here (or one head folder).
 from __future__ import annotations
 
 import argparse
+from typing import Any
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
@@ -65,6 +66,8 @@ class Drafting:
     """Undo what the untimed warm-up taught a drafter that learns from what it serves (None: it learns nothing)."""
     describe: Callable[[], str] | None = None
     """What only the run knows about the drafter (what it learned), for the run's mode."""
+    head: Any = None
+    """The head module its drafters read (a catalog head's method): what ``--online`` trains as it serves."""
     tree: OwnTree | None = None
     """The tree every round drafts where the method's flags ask for its drafter's own (``Capabilities.trees`` "own":
     Lookahead always, staged drafting with ``--staged-tree``); None: chains, or ``--tree``'s."""

@@ -134,7 +134,7 @@ class NgramDrafter(CountTree):
             self.store.learn(self.context, self.learned_upto)
             self.learned_upto = len(self.context)
 
-    def finish(self, emitted: list[int]) -> None:
+    def finish(self, emitted: list[int], states) -> None:
         """The request's last round (decode/generate.py calls no ``update`` for it): learned too, when learning."""
         if self.learn:
             self.update(emitted, None)

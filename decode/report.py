@@ -115,7 +115,10 @@ def split_table(results: dict) -> str:
             f"{ms['verify']:.2f} ({ms['verify'] / total:.0%}) | {ms['other']:.2f} ({ms['other'] / total:.0%}) | "
             f"{r['plain_forward_ms']:.2f} | {prompt['speculative']:.1f} / {prompt['plain']:.1f} | "
             f"{r['predicted_speedup']:.2f}x | {measured} | "
-            + ("-" if r["speedup"] is None else f"{r['speedup'] / r['predicted_speedup']:.2f}") + " |")
+            + ("-" if r["speedup"] is None else f"{r['speedup'] / r['predicted_speedup']:.2f}") + " |"
+            + ("" if not r.get("learn_ms_per_token") else
+               f"\n\nLearning from the served requests (the drafter's ``finish``: an online head's updates, an n-gram "
+               f"store's counts) took {r['learn_ms_per_token']:.2f} ms a generated token, inside the measured time."))
 
 
 def markdown_table(results: dict, by_prompt_length: dict | None = None) -> str:

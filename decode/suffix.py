@@ -114,7 +114,7 @@ class SuffixDrafter(Drafter):
     def update(self, emitted: list[int], states) -> None:
         self._extend(emitted)
 
-    def finish(self, emitted: list[int]) -> None:
+    def finish(self, emitted: list[int], states) -> None:
         self._extend(emitted)  # the reply's last tokens reach the global tree too
 
     def _extend(self, tokens: list[int]) -> None:

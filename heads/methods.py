@@ -30,7 +30,7 @@ def head_method(name: str, spec: HeadSpec) -> DraftingMethod:
         else:
             make = make_batch = lambda *_: spec.drafter(head, ctx.max_len)  # noqa: E731
         make = with_threshold(make, args.confidence_threshold)
-        return Drafting(make, make_batch, compiled=compiled)
+        return Drafting(make, make_batch, compiled=compiled, head=head)
 
     return DraftingMethod(f"a trained {spec.title} (its exported directory in --draft)", build, spec.capabilities,
                           draft="the head's exported directory", head=name)

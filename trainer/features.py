@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from headstart.models.head import FeatureNeeds, Features
-from headstart.models.target import Target
+from headstart.models.target import Target, TargetOutput
 
 
 def vocab_mask(vocab_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -42,13 +42,20 @@ class OnlineFeatures:
         # finds the sequences where the positions restart and keeps each one's attention to itself.
         out = self.target(input_ids, attention_mask=attention_mask if position_ids is None else None,
                           position_ids=position_ids, with_aux=self.needs.aux_hidden_states)
-        features = Features(input_ids=input_ids, loss_mask=batch["loss_mask"].to(device) * attention_mask,
-                            aux_hidden_states=out.aux_hidden_states, position_ids=position_ids)
+        return self.from_states(input_ids, batch["loss_mask"].to(device) * attention_mask, out, position_ids)
+
+    @torch.no_grad()
+    def from_states(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, states: TargetOutput,
+                    position_ids: torch.Tensor | None = None) -> Features:
+        """The head's features from the target's states over ``input_ids`` (this class's own forward, or a decoder's
+        verify passes: trainer/online.py): what ``needs`` asks for, the teacher's logits at the trained positions."""
+        features = Features(input_ids=input_ids, loss_mask=loss_mask, position_ids=position_ids,
+                            aux_hidden_states=states.aux_hidden_states if self.needs.aux_hidden_states else None)
         if self.needs.last_hidden_state:
-            features.last_hidden_state = out.last_hidden_state
+            features.last_hidden_state = states.last_hidden_state
         if self.needs.draft_vocab_logits:
             features.target_logits, features.target_in_draft = teacher_at_labels(
-                out.last_hidden_state, features.loss_mask, self.draft_vocab_logits, self.target.argmax, self.t2d)
+                states.last_hidden_state, loss_mask, self.draft_vocab_logits, self.target.argmax, self.t2d)
         return features
 
 
