@@ -47,6 +47,10 @@ class HeadSpec:
     takes the head's catalog name."""
     trained_depth: Callable[[dict], int | None] | None = None
     """(export's config.json) -> the drafts per round the export was made for (more is warned about); None: no limit."""
+    learns_online: bool = False
+    """Its loss reads only what a decoder's verify passes give -- the target's aux and final hidden states at the served
+    tokens, and the logits projected from the final ones -- so it learns as it serves (``--online``: trainer/online.py)
+    and from a server's request log (``headstart adapt``). False: both refuse it by name."""
     tiny: dict[str, Any] = field(default_factory=dict)
     """The ``draft:`` fields of a small instance for a tiny target (a few hundred tokens, 8 layers: a draft vocab and
     a depth it fits), which the conformance suite builds, trains, exports and decodes (tests/test_catalog.py)."""

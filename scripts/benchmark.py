@@ -49,11 +49,14 @@ from headstart.decode.verify import RULES, Verification
 from headstart.models.head import DEFAULT_SPECULATIVE_TOKENS
 from headstart.trainer.ngram_corpus import ngram_store_from_conversations
 from headstart.heads.methods import drafting_methods
+from headstart.heads.registry import head_spec
 from headstart.heads.exports import check_draft, check_readable, trained_depth
 from headstart.models.errors import UserError
 from headstart.models.files import check_out_dir, claim_dir
 from headstart.models.provenance import check_target
 from headstart.scripts.command import check_at_least, entry_point, refusals
+from headstart.scripts.online_args import add_online_args, online_learner, online_refusal, save_learned
+from headstart.trainer.online import OnlineLearner
 
 
 SHARED = ("target", "questions", "limit", "per_category", "dtype", "max_new_tokens", "temperature", "top_p", "top_k",
@@ -138,6 +141,7 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
                         "predicted chance that every draft so far is accepted falls below it (vLLM's rule; SGLang's "
                         "and DeepSpec's threshold compares each draft's own). With --compile a chain runs step by step "
                         "instead of as one graph")
+    add_online_args(p)
     p.add_argument("--verification", choices=RULES, default="token",
                    help="with --temperature > 0, how drafts are verified: token by token (Leviathan et al.), or a chain "
                         "jointly as a block (Sun et al., 2025; vLLM's rejection_sample_method \"block\"), both keeping "
@@ -204,6 +208,9 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if refused:
         p.error(refused)
     refused = m.check(args) if m.check is not None else None  # its own flags' values
+    if refused:
+        p.error(refused)
+    refused = online_refusal(p, args, m)
     if refused:
         p.error(refused)
     if args.ngram_store and not m.ngram_store and args.hybrid_ngram is None:
@@ -348,6 +355,8 @@ class Method:
     """Undo what the untimed warm-up taught a drafter that learns as it serves."""
     learned: Callable[[], str] | None
     """What the drafter learned, for the run's mode."""
+    learner: OnlineLearner | None = None
+    """``--online``'s learner: what ``--online-save`` exports."""
 
     def rival(self) -> Rival:
         return Rival(self.runner, self.make, self.args.num_speculative_tokens, self.tree, self.own_loop, self.forget,
@@ -360,8 +369,9 @@ def build_method(p: argparse.ArgumentParser, args: argparse.Namespace, setup: De
     max_len = args.max_len or (min(1024, target.context_length) if args.compile else target.context_length)
     method = drafting_methods()[args.method]
     batched = args.batch_size > 1  # the batch's own runner (decode/batch_generate.py), compiled with --compile
-    runner = (RaggedRunner if batched else TargetRunner)(target, max_len=max_len, with_aux=method.capabilities.reads_aux,
-                                                         compile=args.compile)
+    # an online head reads the aux states to learn even where its drafter does not read them to draft
+    with_aux = method.capabilities.reads_aux or (args.online and head_spec(method.head).cls.needs.aux_hidden_states)
+    runner = (RaggedRunner if batched else TargetRunner)(target, max_len=max_len, with_aux=with_aux, compile=args.compile)
     if args.tune_blocks:
         try:
             pads = runner.tune_blocks(k + 1)
@@ -392,9 +402,12 @@ def build_method(p: argparse.ArgumentParser, args: argparse.Namespace, setup: De
                                          args.hybrid_ngram, max_flush=block if args.compile else None,
                                          model_tree=model_tree))
             return hybrids[-1]
-    forget = store.forget if args.ngram_learn else built.forget
+    forget, learned, learner = store.forget if args.ngram_learn else built.forget, built.describe, None
+    if args.online:  # every request's drafter records what it serves for the learner, which trains the head they read
+        learner, model_drafter = online_learner(args, built.head, target), make
+        make, forget, learned = lambda: learner.drafter(model_drafter()), learner.forget, learner.describe  # noqa: E731
     return Method(args, runner, make, built.make_batch, built.own_loop, tree, store, hybrids, built.compiled, pads,
-                  forget, built.describe)
+                  forget, learned, learner)
 
 
 def describe(method: Method, report: dict, setup: DecodeSetup) -> tuple[str, str]:
@@ -461,6 +474,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.tune_blocks:  # what the run measured and padded: the mode column only says that it did
         report["blocks"] = {"padded_to": method.pads, "seconds": runner.block_costs}
     write_run(method, report, shape, mode, table)
+    for m in (method, rival):
+        if m is not None:
+            save_learned(m.args, m.learner, drafting_methods()[m.args.method].head)
     print(table)
     if args.benchmarks:
         append_section(args.benchmarks, f"Speculative decoding: {args.method}, {shape}, {mode}",

@@ -29,6 +29,8 @@ from headstart.decode.generate import plain_generate
 from headstart.scripts.benchmark import (add_decoding_args, add_method_args, build_method, check_args, check_inputs,
                                          sampling_of)
 from headstart.scripts.command import entry_point, refusals
+from headstart.scripts.online_args import save_learned
+from headstart.heads.methods import drafting_methods
 
 
 @refusals
@@ -76,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     speed = len(out.tokens) / seconds
     print(f"{args.method}: {len(out.tokens)} tokens in {seconds:.2f} s ({speed:.1f} tokens/s), tau {out.tau:.2f} "
           f"({out.target_forwards} target forwards after the prompt's)", file=sys.stderr)
+    save_learned(args, method.learner, drafting_methods()[args.method].head)  # --online-save: what the reply taught it
     if not args.compare:
         return 0
     start = time.perf_counter()

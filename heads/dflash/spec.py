@@ -9,6 +9,7 @@ from headstart.heads.dflash.module import DFlashDraft, build_dflash
 from headstart.heads.spec import HeadSpec
 
 DFLASH = HeadSpec(
+    learns_online=True,
     title="DFlash head", cls=DFlashDraft, options=DFlashOptions, build=build_dflash, drafter=DFlashDrafter,
     detect=detect_dflash, unit="block slot k+1", tiny={"block_size": 4, "anchors": 1000},
     trained_depth=lambda config: config["block_size"] - 1 if config.get("block_size") else None,

@@ -9,6 +9,7 @@ from headstart.heads.dflash2.module import DFlash2Draft, build_dflash2
 from headstart.heads.spec import HeadSpec
 
 DFLASH2 = HeadSpec(
+    learns_online=True,
     title="DFlash2 head", cls=DFlash2Draft, options=DFlash2Options, build=build_dflash2, drafter=DFlash2Drafter,
     detect=detect_dflash2, unit="block slot k+1",
     # selector_top_k beyond a tiny target's vocab: every token a candidate, so the selector's term counts every block

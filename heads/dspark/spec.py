@@ -9,6 +9,7 @@ from headstart.heads.dspark.module import DSparkDraft, build_dspark
 from headstart.heads.spec import HeadSpec
 
 DSPARK = HeadSpec(
+    learns_online=True,
     title="DSpark head", cls=DSparkDraft, options=DSparkOptions, build=build_dspark, drafter=DSparkDrafter,
     detect=detect_dspark, unit="block slot k (predicts token t+k+1)",
     tiny={"block_size": 4, "anchors": 1000, "markov_rank": 8},

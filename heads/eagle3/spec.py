@@ -9,6 +9,7 @@ from headstart.heads.eagle3.module import Eagle3Draft, Eagle3Options, build_eagl
 from headstart.heads.spec import HeadSpec
 
 EAGLE3 = HeadSpec(
+    learns_online=True,
     title="EAGLE-3 head", cls=Eagle3Draft, options=Eagle3Options, build=build_eagle3, drafter=Eagle3Drafter,
     detect=detect_eagle3, check=check_eagle3, convert=convert_eagle3, unit="TTT step k",
     trained_depth=eagle3_trained_depth, tiny={"draft_vocab_size": 64, "ttt_steps": 3},

@@ -8,6 +8,7 @@ from headstart.heads.mtp.module import MTPHead, MTPOptions, build_mtp_head
 from headstart.heads.spec import HeadSpec
 
 MTP = HeadSpec(
+    learns_online=True,
     title="MTP layer", cls=MTPHead, options=MTPOptions, build=build_mtp_head, drafter=MTPDrafter, detect=detect_mtp, unit="unrolled step k (predicts token t+k+2)",
     trained_depth=lambda config: config.get("unroll"), tiny={"ttt_steps": 3},
     cards={"headstart": "headstart's own MTP layout for a dense target (config.json + model.safetensors: enorm, "

@@ -12,6 +12,7 @@ from headstart.heads.peagle.module import PEagleDraft, build_peagle
 from headstart.heads.spec import HeadSpec
 
 PEAGLE = HeadSpec(
+    learns_online=True,
     title="P-EAGLE head", cls=PEagleDraft, options=PEagleOptions, build=build_peagle, drafter=PEagleDrafter,
     detect=detect_peagle, check=check_peagle, convert=partial(convert_eagle3, config_class=PEagleConfig),
     unit="depth k", trained_depth=peagle_trained_depth, tiny={"draft_vocab_size": 64, "parallel_tokens": 3},

@@ -1,0 +1,77 @@
+"""``--online`` and its flags, for ``headstart bench`` and ``generate``: a head that learns from what it serves
+(trainer/online.py). Refused by name for a method that is not a catalog head declaring ``learns_online``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from headstart.decode.methods import DraftingMethod
+from headstart.heads.registry import HEADS, head_spec
+from headstart.models.provenance import fingerprint
+from headstart.models.target import Target
+from headstart.trainer.config import load_config
+from headstart.trainer.online import OnlineLearner, OnlineSchedule
+
+FLAGS = ("online_every", "online_steps", "online_buffer", "online_recipe", "online_save")
+
+
+def add_online_args(p: argparse.ArgumentParser) -> None:
+    s = OnlineSchedule()
+    p.add_argument("--online", action="store_true",
+                   help="the head keeps learning from the requests it serves (online speculative decoding): their "
+                        "target states, kept from the verify passes, go into a replay buffer, and every "
+                        "--online-every requests it takes --online-steps optimizer steps on it; the output stays "
+                        "the target's")
+    p.add_argument("--online-every", type=int, default=s.every, metavar="N", help="served requests between updates")
+    p.add_argument("--online-steps", type=int, default=s.steps, metavar="K", help="optimizer steps per update")
+    p.add_argument("--online-buffer", type=int, default=s.buffer_tokens, metavar="TOKENS",
+                   help="the replay buffer's size in served tokens (the oldest requests leave first)")
+    p.add_argument("--online-recipe", default=None, metavar="YAML",
+                   help="a training recipe whose train: section (optimizer, lr, betas, weight decay, clip, batch size, "
+                        "mixed precision) the updates use, at a constant rate; default: the recipe defaults")
+    p.add_argument("--online-save", default=None, metavar="DIR",
+                   help="export the head as it learned by the end of the run to DIR (a head's exported directory: "
+                        "`headstart check-head`, a server, or another run's --draft)")
+
+
+def online_refusal(p: argparse.ArgumentParser, args: argparse.Namespace, method: DraftingMethod) -> str | None:
+    """Why these ``--online`` flags cannot run with this method and these flags; None: they can."""
+    given = [f for f in FLAGS if getattr(args, f) != p.get_default(f)]
+    if not args.online:
+        return f"--{given[0].replace('_', '-')} sets --online's updates: add --online" if given else None
+    if method.head is None or not head_spec(method.head).learns_online:
+        what = (f"the {head_spec(method.head).title}'s loss reads what a verify pass does not give" if method.head
+                else "it is not a trained head")
+        learners = sorted(name for name in HEADS if head_spec(name).learns_online)
+        return f"--online: --method {args.method} cannot learn as it serves ({what}); heads that can: {', '.join(learners)}"
+    if args.batch_size > 1:
+        return "--online learns from one sequence at a time: use --batch-size 1"
+    if args.hybrid_ngram is not None:
+        return "--online trains the head alone: drop --hybrid-ngram"
+    if args.online_save and args.draft and Path(args.online_save).resolve() == Path(args.draft).resolve():
+        return f"--online-save {args.online_save} is the head --draft reads: save the learned head elsewhere"
+    if args.online_recipe is not None and not Path(args.online_recipe).is_file():
+        return f"--online-recipe {args.online_recipe}: no such file"
+    try:
+        schedule_of(args)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def schedule_of(args: argparse.Namespace) -> OnlineSchedule:
+    return OnlineSchedule(args.online_every, args.online_steps, args.online_buffer)
+
+
+def online_learner(args: argparse.Namespace, head, target: Target) -> OnlineLearner:
+    """The learner for ``head`` (the one the method's drafters read), with ``--online-recipe``'s train section."""
+    train = load_config(args.online_recipe).train if args.online_recipe else None
+    return OnlineLearner(head, target, schedule_of(args), train)
+
+
+def save_learned(args: argparse.Namespace, learner: OnlineLearner | None, head_name: str | None) -> None:
+    """``--online-save``: the learned head, exported for the target it served."""
+    if learner is not None and args.online_save:
+        learner.export(args.online_save, head_name, fingerprint(args.target))
+        print(f"the head as it learned ({learner.describe()}) is in {args.online_save}", flush=True)
