@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("plan", "a recipe's per-GPU memory, tokens per step and feature store size, before training"),
     "export": ("export_head", "convert a finished head between its layouts (EAGLE-3: flat <-> speculators)"),
     "publish": ("publish_head", "copy a run's best head into a self-contained directory with a card"),
+    "adapt": ("adapt", "fine-tune a trained head on a server's request log (what it served), then check it"),
     "check": ("check_head", "check an exported head against the target as a server will load it"),
     "bench": ("benchmark", "measure a drafter: tau, acceptance by position, round clock, speed-up"),
     "generate": ("generate", "answer one prompt with speculative decoding"),
