@@ -384,6 +384,39 @@ def block_budget(s: Settings) -> list[Step]:
     return out + [Step("collect", lambda: collected(s, "block-budget", *runs, *bench_flags(x)), writes_result=True)]
 
 
+def online_shift(s: Settings) -> list[Step]:
+    """A GSM8K-only EAGLE-3 head of the demo target served GPTeacher codegen and roleplay prompts: frozen against
+    learning online, paired in one process; the original domain before and after; ``headstart adapt`` on a log of the
+    new domain against training from scratch on it (benchmarks/online_shift.py)."""
+    x, recipe = s.out, "configs/demo/eagle3_regenerated.yaml"
+    head, online, regenerated = f"{x}/gsm8k-train/final", f"{x}/online-head", "runs/demo-regenerated/regenerated.jsonl"
+    train = [*ONE, "--config", recipe, f"--data.files=[{x}/train.jsonl]", f"--output_dir={x}/gsm8k-train",
+             f"--train.max_steps={s['steps']}", "--train.save_every=300", "--train.eval_every=300"]
+    learn = ["--online", "--online-every", s["every"], "--online-steps", s["online_steps"], "--online-buffer", s["buffer"],
+             "--online-recipe", s["online_recipe"], "--online-save", online]
+    adapt = [PY, "-m", "headstart.scripts.cli", "adapt", "--head", head, "--target", DEMO, "--log", f"{x}/served-log.jsonl",
+             "--recipe", recipe, "--steps", s["adapt_steps"], "--replay", f"{x}/train.jsonl", "--overwrite",
+             "--logging.progress=false"]
+    eval_on = lambda name, questions, draft: bench(name, DEMO, x / name, "--method", "eagle3", "--draft", draft,  # noqa: E731
+                                                   questions=["--questions", f"{x}/{questions}.jsonl"], needs=(draft,))
+    return [demo_regenerated(),
+            Step("prepare", [PY, "benchmarks/online_shift.py", "prepare", "--regenerated", regenerated, "--out", str(x)]),
+            Step("log", [PY, "benchmarks/online_shift.py", "log", "--regenerated", regenerated, "--target", DEMO,
+                         "--log", f"{x}/served-log.jsonl"]),
+            Step("train", train, skip_if=head),
+            bench("stream", DEMO, x / "stream", "--method", "eagle3", "--draft", head,
+                  *versus("eagle3", head, *learn), questions=["--questions", f"{x}/shifted.jsonl"], needs=(head,)),
+            eval_on("original-frozen", "original", head), eval_on("original-adapted", "original", online),
+            Step("adapt", [*adapt, "--output", f"{x}/adapt"]),
+            Step("scratch", [*adapt, "--output", f"{x}/scratch", "--from-scratch"]),
+            eval_on("new-frozen", "shifted_heldout", head), eval_on("new-adapt", "shifted_heldout", f"{x}/adapt/run/final"),
+            eval_on("new-scratch", "shifted_heldout", f"{x}/scratch/run/final"),
+            eval_on("original-adapt", "original", f"{x}/adapt/run/final"),
+            Step("collect", [PY, "benchmarks/online_shift.py", "collect", "--out", str(x), "--result",
+                             "benchmarks/results/online_shift_demo.json", "--train-command", " ".join(train[1:]),
+                             *s.dirty_flag()], writes_result=True)]
+
+
 def hydra_demo(s: Settings) -> list[Step]:
     x, hydra = s.out, ["--method", "hydra", "--draft", "configs/demo/hydra-head"]
     return [Step("train-hydra", [*TWO, "--config", "configs/demo/hydra_full.yaml", "--logging.progress=false"], timed=True),
@@ -871,6 +904,10 @@ SUITES: dict[str, Suite] = {
                                 "vocab, one after the other -> versus_speculators_demo.json", "runs/versus-speculators",
                                 versus_speculators, {"recipe": "configs/demo/eagle3_regenerated.yaml", "rows": "1900",
                                                      "heldout": "100", "seq_len": "1024", "ttt": "3"}),
+    "online-shift": Suite("a head served another domain than it was trained on: frozen vs --online on one stream, and "
+                          "headstart adapt vs from scratch on a log of it -> online_shift_demo.json", "runs/online-shift",
+                          online_shift, {"steps": "600", "every": "4", "online_steps": "1", "buffer": "8192",
+                                         "online_recipe": "configs/demo/eagle3_regenerated.yaml", "adapt_steps": "300"}),
     "batch": Suite("plain vs speculative decoding by batch size, every chain drafter -> OUT/table.md", "runs/bench-batch",
                    by_batch, {"target": DEMO, "methods": "eagle3 mtp medusa draft-model ngram", "batches": "1 4 16",
                               "questions": "configs/demo/eval/mt_bench.jsonl", "per_category": "2", "max_new_tokens": "64"}),

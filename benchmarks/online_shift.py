@@ -1,0 +1,157 @@
+"""A head served a domain it was not trained on, frozen against learning online (``--online``), on one stream of
+requests in one process (the suite ``python benchmarks/run.py online-shift`` runs the steps).
+
+    python benchmarks/online_shift.py prepare --regenerated runs/demo-regenerated/regenerated.jsonl --out runs/online-shift
+    python benchmarks/online_shift.py collect --out runs/online-shift --result benchmarks/results/online_shift_demo.json
+
+``prepare`` writes the training rows of one source only (the target's own replies to GSM8K questions, from the demo's
+regenerated data) and two question files in MT-bench's format: the shifted stream (GPTeacher codegen and roleplay
+prompts taken in turn, past the rows any demo head trained on) and held-out GSM8K questions (past the training rows).
+
+``collect`` reads the runs: the stream decoded by the frozen head and by the online one (``headstart bench --versus``:
+the same prompts in the same order, paired turn by turn), tau per window of ``--window`` requests, the last half's
+ratio, the paired speed-up with the updates' time inside it, their cost per token; and the original domain's held-out
+questions decoded by the head as it started and as it ended the stream (``--online-save``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from headstart.benchmarks.record import write_result
+from headstart.decode.questions import prompt_ids
+from headstart.models.target import load_tokenizer
+from headstart.trainer.conversations import detect_format, to_messages
+
+SHIFTED = ("configs/demo/data/gpteacher_codegen.json", "configs/demo/data/gpteacher_roleplay.json")
+ORIGINAL = "configs/demo/data/gsm8k_train.jsonl"
+TRAINED_ROWS = 500
+"""Rows of each source file the demo's regenerated data (and so every demo head) was made from: the prompts after
+them are new to every head."""
+
+
+def first_user_turn(row: dict) -> str:
+    return to_messages(row, detect_format(row))[0]["content"]
+
+
+def read_rows(path: str) -> list[dict]:
+    text = Path(path).read_text()
+    return json.loads(text) if path.endswith(".json") else [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def write_questions(path: Path, prompts: list[tuple[str, str]], first_id: int) -> None:
+    path.write_text("".join(json.dumps({"question_id": first_id + i, "category": category, "turns": [text]}) + "\n"
+                            for i, (category, text) in enumerate(prompts)))
+
+
+def prepare(args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [json.loads(line) for line in Path(args.regenerated).read_text().splitlines() if line.strip()]
+    kept = [r for r in rows if r["source"]["file"] == ORIGINAL]
+    if not kept:
+        raise SystemExit(f"{args.regenerated} holds no rows regenerated from {ORIGINAL}")
+    (out / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
+    sources = [read_rows(p)[TRAINED_ROWS:] for p in SHIFTED]
+    half = args.stream // len(SHIFTED)
+    stream = [(Path(p).stem.split("_")[-1], first_user_turn(rows_[i])) for i in range(half)
+              for p, rows_ in zip(SHIFTED, sources)]
+    write_questions(out / "shifted.jsonl", stream, 10_000)
+    after = [(Path(p).stem.split("_")[-1], first_user_turn(rows_[half + i])) for i in range(args.heldout // len(SHIFTED))
+             for p, rows_ in zip(SHIFTED, sources)]
+    write_questions(out / "shifted_heldout.jsonl", after, 30_000)
+    heldout = read_rows(ORIGINAL)[TRAINED_ROWS:TRAINED_ROWS + args.heldout]
+    write_questions(out / "original.jsonl", [("gsm8k", first_user_turn(r)) for r in heldout], 20_000)
+    print(f"{len(kept)} training rows from {ORIGINAL}; a stream of {len(stream)} shifted prompts; {len(heldout)} held-out "
+          f"questions of the original domain -> {out}")
+
+
+def write_log(args: argparse.Namespace) -> None:
+    """The target's replies to the shifted domain's first prompts (the demo's regenerated codegen and roleplay rows,
+    which the GSM8K-only head never saw) as a server's request log: OpenAI chat completions with vLLM's prompt token
+    ids, rendered by the target's tokenizer and chat template."""
+    tokenizer = load_tokenizer(args.target)
+    rows = [json.loads(line) for line in Path(args.regenerated).read_text().splitlines() if line.strip()]
+    served = [r for r in rows if r["source"]["file"] in SHIFTED]
+    with Path(args.log).open("w") as f:
+        for r in served:
+            prompt, reply = r["messages"][:-1], r["messages"][-1]
+            f.write(json.dumps({"request": {"model": args.target, "messages": prompt},
+                                "response": {"choices": [{"index": 0, "message": reply}],
+                                             "prompt_token_ids": prompt_ids(tokenizer, prompt)[0].tolist()}}) + "\n")
+    print(f"{len(served)} served completions -> {args.log}")
+
+
+def windows(turns: list[list[float]], size: int) -> list[float]:
+    """tau of each window of ``size`` consecutive requests: its counted tokens over its target forwards."""
+    return [sum(t[0] for t in turns[i:i + size]) / max(1, sum(t[1] for t in turns[i:i + size]))
+            for i in range(0, len(turns), size)]
+
+
+def tau_of(turns: list[list[float]]) -> float:
+    return sum(t[0] for t in turns) / max(1, sum(t[1] for t in turns))
+
+
+def speed(turns: list[list[float]]) -> float:
+    return sum(t[2] for t in turns) / sum(t[3] for t in turns)
+
+
+def collect(args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    stream = json.loads((out / "stream" / "results.json").read_text())
+    online = json.loads((out / "stream" / "versus" / "results.json").read_text())
+    frozen_turns, online_turns = stream["turns"], online["turns"]
+    half = len(frozen_turns) // 2
+    last_frozen, last_online = tau_of(frozen_turns[half:]), tau_of(online_turns[half:])
+    before = json.loads((out / "original-frozen" / "results.json").read_text())
+    after = json.loads((out / "original-adapted" / "results.json").read_text())
+    tau_before, tau_after = before["results"]["overall"]["tau"], after["results"]["overall"]["tau"]
+    learn = online["results"]["overall"]["learn_ms_per_token"]
+    record = {
+        "what": "a GSM8K-only EAGLE-3 head of the demo target served GPTeacher codegen and roleplay prompts, frozen and "
+                "learning online, paired turn by turn in one process",
+        "steps": {"train": args.train_command, "stream": " ".join(stream["command"].split()) if isinstance(
+            stream.get("command"), str) else stream.get("command")},
+        "requests": len(frozen_turns), "window": args.window,
+        "frozen": {"tau": tau_of(frozen_turns), "windows": windows(frozen_turns, args.window),
+                   "tokens_per_s": speed(frozen_turns), "mode": stream.get("mode")},
+        "online": {"tau": tau_of(online_turns), "windows": windows(online_turns, args.window),
+                   "tokens_per_s": speed(online_turns), "learn_ms_per_token": learn, "mode": online.get("mode")},
+        "last_half": {"frozen_tau": last_frozen, "online_tau": last_online, "ratio": last_online / last_frozen,
+                      "frozen_tokens_per_s": speed(frozen_turns[half:]), "online_tokens_per_s": speed(online_turns[half:])},
+        "paired": stream.get("paired"),
+        "greedy_exact": not stream.get("mismatches") and not online.get("mismatches"),
+        "original_domain": {"questions": len(before["turns"]), "tau_before": tau_before, "tau_after": tau_after,
+                            "change": tau_after / tau_before - 1.0},
+    }
+    write_result(args.result, record, args.allow_dirty)
+    print(json.dumps({k: record[k] for k in ("last_half", "original_domain")}, indent=1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    pre = sub.add_parser("prepare")
+    pre.add_argument("--regenerated", required=True, help="the demo's regenerated conversations (regenerated.jsonl)")
+    pre.add_argument("--out", required=True)
+    pre.add_argument("--stream", type=int, default=240, help="shifted requests, half codegen and half roleplay")
+    pre.add_argument("--heldout", type=int, default=40, help="held-out questions of each domain")
+    log = sub.add_parser("log")
+    log.add_argument("--regenerated", required=True)
+    log.add_argument("--target", required=True)
+    log.add_argument("--log", required=True)
+    col = sub.add_parser("collect")
+    col.add_argument("--out", required=True)
+    col.add_argument("--result", required=True)
+    col.add_argument("--window", type=int, default=20)
+    col.add_argument("--train-command", default="", help="how the head was trained (for the record)")
+    col.add_argument("--allow-dirty", action="store_true")
+    args = p.parse_args(argv)
+    {"prepare": prepare, "log": write_log, "collect": collect}[args.command](args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
