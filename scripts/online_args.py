@@ -4,16 +4,18 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 from headstart.decode.methods import DraftingMethod
 from headstart.heads.registry import HEADS, head_spec
 from headstart.models.provenance import fingerprint
-from headstart.models.target import Target
+from headstart.models.target import Target, load_tokenizer
 from headstart.trainer.config import load_config
-from headstart.trainer.online import OnlineLearner, OnlineSchedule
+from headstart.trainer.data import DataConfig, build_dataset
+from headstart.trainer.online import OnlineLearner, OnlineSchedule, Replay
 
-FLAGS = ("online_every", "online_steps", "online_buffer", "online_recipe", "online_save")
+FLAGS = ("online_every", "online_steps", "online_buffer", "online_recipe", "online_save", "online_replay")
 
 
 def add_online_args(p: argparse.ArgumentParser) -> None:
@@ -30,6 +32,10 @@ def add_online_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--online-recipe", default=None, metavar="YAML",
                    help="a training recipe whose train: section (optimizer, lr, betas, weight decay, clip, batch size, "
                         "mixed precision) the updates use, at a constant rate; default: the recipe defaults")
+    p.add_argument("--online-replay", nargs="*", default=None, metavar="FILE",
+                   help="against forgetting: every update step also trains on as many of these conversations (the "
+                        "head's original data, in any format training reads; none named: --online-recipe's "
+                        "data.files), their target states from a forward of the target")
     p.add_argument("--online-save", default=None, metavar="DIR",
                    help="export the head as it learned by the end of the run to DIR (a head's exported directory: "
                         "`headstart check-head`, a server, or another run's --draft)")
@@ -53,6 +59,11 @@ def online_refusal(p: argparse.ArgumentParser, args: argparse.Namespace, method:
         return f"--online-save {args.online_save} is the head --draft reads: save the learned head elsewhere"
     if args.online_recipe is not None and not Path(args.online_recipe).is_file():
         return f"--online-recipe {args.online_recipe}: no such file"
+    if args.online_replay == [] and args.online_recipe is None:
+        return "--online-replay without files replays --online-recipe's data.files: name the files or the recipe"
+    missing = [f for f in args.online_replay or [] if not Path(f.split("[")[0]).is_file()]
+    if missing:
+        return f"--online-replay: no such file {', '.join(missing)}"
     try:
         schedule_of(args)
     except ValueError as err:
@@ -66,8 +77,13 @@ def schedule_of(args: argparse.Namespace) -> OnlineSchedule:
 
 def online_learner(args: argparse.Namespace, head, target: Target) -> OnlineLearner:
     """The learner for ``head`` (the one the method's drafters read), with ``--online-recipe``'s train section."""
-    train = load_config(args.online_recipe).train if args.online_recipe else None
-    return OnlineLearner(head, target, schedule_of(args), train)
+    recipe = load_config(args.online_recipe) if args.online_recipe else None
+    replay = None
+    if args.online_replay is not None:  # tokenized as training tokenizes them, with the recipe's data settings
+        data = replace(recipe.data if recipe else DataConfig(), files=tuple(args.online_replay or recipe.data.files))
+        dataset, _ = build_dataset(data, load_tokenizer(args.target))
+        replay = Replay(dataset, seed=recipe.train.seed if recipe else 0)
+    return OnlineLearner(head, target, schedule_of(args), recipe.train if recipe else None, replay)
 
 
 def save_learned(args: argparse.Namespace, learner: OnlineLearner | None, head_name: str | None) -> None:

@@ -4,6 +4,7 @@ refuses what cannot learn by name."""
 
 from __future__ import annotations
 
+import datasets
 import pytest
 import torch
 from test_sampling_loop import chi2_vs, exact_joint, sample_pairs, world  # noqa: F401 (world: the 8-token target)
@@ -18,7 +19,7 @@ from headstart.models.head import DraftConfig
 from headstart.models.target import Target, TargetOutput
 from headstart.scripts import benchmark
 from headstart.trainer.config import TrainConfig
-from headstart.trainer.online import OnlineLearner, OnlineSchedule, ReplayBuffer, Served
+from headstart.trainer.online import OnlineLearner, OnlineSchedule, Replay, ReplayBuffer, Served
 
 PROMPT = torch.tensor([[1, 5, 9, 14, 3, 7]])
 FAST = TrainConfig(lr=1e-2, batch_size=2, mixed_precision="fp32")
@@ -65,6 +66,25 @@ def test_online_decoding_stays_greedy_exact_and_learns_the_traffic_it_serves(tar
     changed = [n for n, p in head.named_parameters() if not torch.equal(p, before[n])]
     assert changed and "embed_tokens.weight" not in changed  # the frozen embeddings stay the target's
     assert frozen.tau < 1.5 and taus[-1] > frozen.tau + 1.0, (frozen.tau, taus)
+
+
+def test_replayed_conversations_are_trained_on_with_the_served_ones(target):
+    """With ``Replay`` each step also trains on the original data: a head served prompt A alone, replaying the
+    target's reply to prompt B, drafts B's reply too; without replay it does not."""
+    runner = TargetRunner(target, max_len=64, with_aux=True)
+    other = torch.tensor([[2, 8, 4, 11]])
+    reply = plain_generate(runner, other, 24, set()).tokens
+    ids = other[0].tolist() + reply
+    dataset = datasets.Dataset.from_dict({"input_ids": [ids], "loss_mask": [[0] * other.shape[1] + [1] * len(reply)]})
+    taus = {}
+    for replay in (None, Replay(dataset)):
+        head = eagle3(target)
+        learner = OnlineLearner(head, target, OnlineSchedule(every=1, steps=8), FAST, replay)
+        assert learner.train_config.grad_accum == (2 if replay else 1)
+        for _ in range(6):
+            assert serve(runner, learner, head, 24).tokens == plain_generate(runner, PROMPT, 24, set()).tokens
+        taus[replay is not None] = serve(runner, None, head, 24, other).tau
+    assert taus[True] > taus[False] + 0.5, taus
 
 
 def test_served_states_are_the_training_forward_s(target):

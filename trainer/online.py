@@ -7,7 +7,9 @@ Every verification forward already computes what a head trains on: the target's 
 a ``ReplayBuffer`` bounded in tokens. Every ``every`` served requests ``OnlineLearner`` takes ``steps`` optimizer steps
 on the buffer: the head's own ``loss`` on ``Features`` built by the trainer's ``OnlineFeatures.from_states`` (the
 teacher's logits projected from the stored final states at the trained positions, as training does), through the
-trainer's single-process backend (clip, AdamW or Muon) -- then the next request drafts with the new weights.
+trainer's single-process backend (clip, AdamW or Muon) -- then the next request drafts with the new weights. With
+``Replay`` every step also takes as many rows of the head's original data (their features from a target forward, as
+online training computes them): served traffic of one domain alone makes a head forget the others.
 
 The output stays exactly the target's: the drafts change, verification does not (greedy: the target's argmax; sampled:
 rejection sampling against q, whatever weights drew it). The update's time lands in the loop's ``learn`` part, inside
@@ -21,6 +23,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, replace
 
+import datasets
 import torch
 from torch import nn
 
@@ -28,6 +31,7 @@ from headstart.decode.drafter import Drafter
 from headstart.models.export import export_head
 from headstart.models.head import Features
 from headstart.models.target import Target, TargetOutput
+from headstart.trainer.batches import collate
 from headstart.trainer.config import TrainConfig
 from headstart.trainer.distributed import DistInfo, FSDPBackend
 from headstart.trainer.features import OnlineFeatures
@@ -107,14 +111,31 @@ def pad_requests(requests: list[Served], needs_aux: bool) -> tuple[torch.Tensor,
     return ids, mask, TargetOutput(aux_hidden_states=aux, last_hidden_state=last)
 
 
+class Replay:
+    """The head's original conversations, tokenized as training tokenizes them (``build_dataset``), drawn a micro-batch
+    at a time against forgetting; their features from the target's own forward (``OnlineFeatures``)."""
+
+    def __init__(self, dataset: datasets.Dataset, seed: int = 0) -> None:
+        if len(dataset) == 0:
+            raise ValueError("--online-replay: no conversations to replay")
+        self.dataset, self.rng = dataset, random.Random(seed)
+
+    def draw(self, rows: int, features: OnlineFeatures) -> Features:
+        batch = collate(self.dataset, self.rng.sample(range(len(self.dataset)), min(rows, len(self.dataset))))
+        return features(batch)
+
+
 class OnlineLearner:
     """Trains ``head`` (the one the drafters read) on what it serves. A float32 head learns in place; a lower-precision
     one (bf16 on a GPU) through a float32 copy whose trained weights are copied into it after each update."""
 
-    def __init__(self, head: nn.Module, target: Target, schedule: OnlineSchedule, train: TrainConfig | None = None) -> None:
-        self.serving, self.target, self.schedule = head, target, schedule
-        # Online there is no run length for a schedule to decay over: the recipe's optimizer at a constant rate.
-        self.train_config = replace(train or TrainConfig(), schedule="constant", warmup_ratio=0.0, grad_accum=1)
+    def __init__(self, head: nn.Module, target: Target, schedule: OnlineSchedule, train: TrainConfig | None = None,
+                 replay: Replay | None = None) -> None:
+        self.serving, self.target, self.schedule, self.replay = head, target, schedule, replay
+        # Online there is no run length for a schedule to decay over: the recipe's optimizer at a constant rate. A step
+        # with replay is two micro-batches (served, replayed) of equal weight.
+        self.train_config = replace(train or TrainConfig(), schedule="constant", warmup_ratio=0.0,
+                                    grad_accum=2 if replay else 1)
         self.device = next(head.parameters()).device
         self.in_place = all(p.dtype == torch.float32 for p in head.parameters())
         self.head = head if self.in_place else copy.deepcopy(head).float()
@@ -151,19 +172,25 @@ class OnlineLearner:
             self.learn()
 
     def learn(self) -> None:
-        """``steps`` optimizer steps, each on ``train.batch_size`` requests drawn from the buffer."""
+        """``steps`` optimizer steps, each on ``train.batch_size`` requests drawn from the buffer (and as many replayed
+        conversations)."""
         needs_aux = bool(self.head.needs.aux_hidden_states)
+        size = self.train_config.batch_size
         self.head.train()
         with torch.enable_grad():
             for _ in range(self.schedule.steps):
-                batch = self.rng.sample(list(self.buffer.requests), min(self.train_config.batch_size, len(self.buffer)))
+                batch = self.rng.sample(list(self.buffer.requests), min(size, len(self.buffer)))
                 ids, mask, states = pad_requests(batch, needs_aux)
-                features: Features = self.features.from_states(ids, mask, states)
-                with autocast_context(self.train_config.mixed_precision, self.device):
-                    loss, _ = self.backend.forward(features)
-                self.backend.backward(loss, last_micro=True)
+                micro = [self.features.from_states(ids, mask, states)]
+                if self.replay is not None:
+                    micro.append(self.replay.draw(size, self.features))
+                for i, features in enumerate(micro):
+                    with autocast_context(self.train_config.mixed_precision, self.device):
+                        loss, _ = self.backend.forward(features)
+                    self.backend.backward(loss, last_micro=i == len(micro) - 1)
+                    if i == 0:
+                        self.last_loss = float(loss.detach())
                 self.backend.step()
-                self.last_loss = float(loss.detach())
         self.head.eval()
         with torch.no_grad():
             self._publish()
@@ -185,7 +212,8 @@ class OnlineLearner:
 
     def describe(self) -> str:
         s = self.schedule
-        return (f"online: {s.steps} step(s) every {s.every} request(s), buffer {s.buffer_tokens} tokens, "
+        replay = f", {len(self.replay.dataset)} conversations replayed" if self.replay else ""
+        return (f"online: {s.steps} step(s) every {s.every} request(s), buffer {s.buffer_tokens} tokens{replay}, "
                 f"{self.updates} update(s) over {self.served} request(s)")
 
 
