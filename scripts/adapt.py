@@ -71,7 +71,7 @@ def head_of(directory: str, target: str) -> str:
     name = found[0]
     if not head_spec(name).learns_online:
         able = ", ".join(n for n, s in HEADS.items() if s.learns_online)
-        raise UserError(f"--head {directory} is a {head_spec(name).title}, whose loss reads what a served reply's "
+        raise UserError(f"--head {directory} is an export of a {head_spec(name).title}, whose loss reads what a served reply's "
                         f"target states do not give: it cannot adapt to a log (heads that can: {able})")
     check_target(directory, target)
     return name

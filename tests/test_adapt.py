@@ -14,7 +14,11 @@ from tiny_models import tiny_causal_lm
 from trainer_fixtures import make_setup
 
 from headstart.decode.questions import prompt_ids
-from headstart.models.target import load_tokenizer
+from headstart.heads.registry import HEADS, build_head
+from headstart.models.export import export_head
+from headstart.models.head import DraftConfig
+from headstart.models.provenance import fingerprint
+from headstart.models.target import Target, TargetConfig, load_tokenizer
 from headstart.scripts import adapt, train_eagle3
 from headstart.trainer.request_log import LogError, served_conversations
 
@@ -114,6 +118,18 @@ def test_a_head_for_another_target_or_of_another_kind_is_refused_before_training
     assert adapt.main([*base, "--target", str(trained / "target"), "--output", str(tmp_path / "b"),
                        "--recipe", str(write_recipe(tmp_path, "medusa"))]) == 2
     assert "trains a medusa head" in capsys.readouterr().err
+
+
+def test_a_head_that_cannot_learn_from_served_replies_is_refused_by_name(trained, tmp_path, capsys):
+    target = Target.from_pretrained(TargetConfig(path=str(trained / "target"), dtype="float32"))
+    spec = HEADS["early-exit"]
+    head = build_head(DraftConfig(head="early-exit", options=spec.options(**spec.tiny)), target,
+                      torch.ones(target.vocab_size))
+    export_head(head, tmp_path / "early-exit", "early-exit", fingerprint(str(trained / "target")))
+    assert adapt.main(["--head", str(tmp_path / "early-exit"), "--target", str(trained / "target"), "--log",
+                       str(served_log(trained, 4)), "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "an export of a early-exit adapter" in err and "cannot adapt to a log" in err and "eagle3" in err
 
 
 def write_recipe(root: Path, head: str) -> Path:
