@@ -69,19 +69,44 @@ def prepare(args: argparse.Namespace) -> None:
 
 
 def write_log(args: argparse.Namespace) -> None:
-    """The target's replies to the shifted domain's first prompts (the demo's regenerated codegen and roleplay rows,
-    which the GSM8K-only head never saw) as a server's request log: OpenAI chat completions with vLLM's prompt token
-    ids, rendered by the target's tokenizer and chat template."""
+    """Regenerated conversations (the target's own replies; of ``--source-file`` only, where given) as a server's
+    request log: one OpenAI chat completion per assistant turn, with vLLM's prompt token ids, rendered by the target's
+    tokenizer and chat template. For the demo: its regenerated codegen and roleplay rows, which the GSM8K-only head
+    never saw."""
     tokenizer = load_tokenizer(args.target)
     rows = [json.loads(line) for line in Path(args.regenerated).read_text().splitlines() if line.strip()]
-    served = [r for r in rows if r["source"]["file"] in SHIFTED]
+    served = [r for r in rows if not args.source_file or r["source"]["file"] in args.source_file]
+    n = 0
     with Path(args.log).open("w") as f:
         for r in served:
-            prompt, reply = r["messages"][:-1], r["messages"][-1]
-            f.write(json.dumps({"request": {"model": args.target, "messages": prompt},
-                                "response": {"choices": [{"index": 0, "message": reply}],
-                                             "prompt_token_ids": prompt_ids(tokenizer, prompt)[0].tolist()}}) + "\n")
-    print(f"{len(served)} served completions -> {args.log}")
+            for i, reply in enumerate(r["messages"]):
+                if reply["role"] != "assistant":
+                    continue
+                prompt = r["messages"][:i]
+                f.write(json.dumps({"request": {"model": args.target, "messages": prompt},
+                                    "response": {"choices": [{"index": 0, "message": reply}],
+                                                 "prompt_token_ids": prompt_ids(tokenizer, prompt)[0].tolist()}}) + "\n")
+                n += 1
+    print(f"{n} served completions from {len(served)} conversations -> {args.log}")
+
+
+def mtbench_prompts(args: argparse.Namespace) -> None:
+    """MT-bench-style traffic to serve: every MT-bench question but the first of each category (those are the
+    held-out questions every MT-bench table here decodes: ``--per-category 1``), as conversations whose assistant
+    turns the target rewrites (``headstart regenerate``): both turns once, and the first turn ``--samples`` - 1 more
+    times (a server sees the same kind of question again)."""
+    questions = [json.loads(line) for line in Path(args.questions).read_text().splitlines() if line.strip()]
+    seen: set[str] = set()
+    rows = []
+    for q in questions:
+        if q["category"] not in seen:
+            seen.add(q["category"])
+            continue
+        both = [m for text in q["turns"] for m in ({"role": "user", "content": text},
+                                                   {"role": "assistant", "content": "(served reply)"})]
+        rows += [both] + [both[:2]] * (args.samples - 1)
+    Path(args.out).write_text("".join(json.dumps({"messages": r}) + "\n" for r in rows))
+    print(f"{len(rows)} conversations from {len(questions) - len(seen)} MT-bench questions -> {args.out}")
 
 
 def windows(turns: list[list[float]], size: int) -> list[float]:
@@ -126,6 +151,22 @@ def collect(args: argparse.Namespace) -> None:
         "original_domain": {"questions": len(before["turns"]), "tau_before": tau_before, "tau_after": tau_after,
                             "change": tau_after / tau_before - 1.0},
     }
+    if (out / "stream-noreplay" / "versus" / "results.json").is_file():  # the same stream learned without replay
+        alone = json.loads((out / "stream-noreplay" / "versus" / "results.json").read_text())
+        forgot = json.loads((out / "original-noreplay" / "results.json").read_text())["results"]["overall"]["tau"]
+        record["online_without_replay"] = {
+            "tau": tau_of(alone["turns"]), "windows": windows(alone["turns"], args.window),
+            "last_half_tau": tau_of(alone["turns"][half:]), "tokens_per_s": speed(alone["turns"]),
+            "learn_ms_per_token": alone["results"]["overall"]["learn_ms_per_token"], "mode": alone.get("mode"),
+            "original_tau_after": forgot, "original_change": forgot / tau_before - 1.0}
+    adapted = {name: json.loads((out / name / "results.json").read_text())["results"]["overall"]["tau"]
+               for name in ("new-frozen", "new-adapt", "new-scratch", "original-adapt") if (out / name / "results.json").is_file()}
+    if adapted:
+        record["adapt"] = {"log_conversations": sum(1 for _ in (out / "served-log.jsonl").open()),
+                           "held_out_new_domain": {"frozen": adapted.get("new-frozen"), "adapted": adapted.get("new-adapt"),
+                                                   "from_scratch": adapted.get("new-scratch")},
+                           "original_domain": {"before": tau_before, "adapted": adapted.get("original-adapt")},
+                           "command": json.loads((out / "adapt" / "run" / "run_config.json").read_text())["train"]}
     write_result(args.result, record, args.allow_dirty)
     print(json.dumps({k: record[k] for k in ("last_half", "original_domain")}, indent=1))
 
@@ -142,6 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     log.add_argument("--regenerated", required=True)
     log.add_argument("--target", required=True)
     log.add_argument("--log", required=True)
+    log.add_argument("--source-file", nargs="*", default=None, help="only the rows regenerated from these files")
+    mt = sub.add_parser("mtbench-prompts")
+    mt.add_argument("--questions", required=True)
+    mt.add_argument("--out", required=True)
+    mt.add_argument("--samples", type=int, default=2)
     col = sub.add_parser("collect")
     col.add_argument("--out", required=True)
     col.add_argument("--result", required=True)
@@ -149,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     col.add_argument("--train-command", default="", help="how the head was trained (for the record)")
     col.add_argument("--allow-dirty", action="store_true")
     args = p.parse_args(argv)
-    {"prepare": prepare, "log": write_log, "collect": collect}[args.command](args)
+    {"prepare": prepare, "log": write_log, "mtbench-prompts": mtbench_prompts, "collect": collect}[args.command](args)
     return 0
 
 

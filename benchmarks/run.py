@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from headstart.benchmarks.online_shift import SHIFTED
 from headstart.benchmarks.record import RESULTS, refuse_dirty
 from headstart.decode.report import commit
 from headstart.trainer.config import load_config
@@ -393,20 +394,29 @@ def online_shift(s: Settings) -> list[Step]:
     train = [*ONE, "--config", recipe, f"--data.files=[{x}/train.jsonl]", f"--output_dir={x}/gsm8k-train",
              f"--train.max_steps={s['steps']}", "--train.save_every=300", "--train.eval_every=300"]
     learn = ["--online", "--online-every", s["every"], "--online-steps", s["online_steps"], "--online-buffer", s["buffer"],
-             "--online-recipe", s["online_recipe"], "--online-save", online]
+             "--online-recipe", s["online_recipe"]]
+    replay = ["--online-replay", f"{x}/train.jsonl"]  # the head's own training conversations, against forgetting
     adapt = [PY, "-m", "headstart.scripts.cli", "adapt", "--head", head, "--target", DEMO, "--log", f"{x}/served-log.jsonl",
              "--recipe", recipe, "--steps", s["adapt_steps"], "--replay", f"{x}/train.jsonl", "--overwrite",
              "--logging.progress=false"]
-    eval_on = lambda name, questions, draft: bench(name, DEMO, x / name, "--method", "eagle3", "--draft", draft,  # noqa: E731
-                                                   questions=["--questions", f"{x}/{questions}.jsonl"], needs=(draft,))
+    def eval_on(name: str, questions: str, draft: str, **step: object) -> Step:
+        return bench(name, DEMO, x / name, "--method", "eagle3", "--draft", draft,
+                     questions=["--questions", f"{x}/{questions}.jsonl"], needs=(draft,), **step)
+
     return [demo_regenerated(),
             Step("prepare", [PY, "benchmarks/online_shift.py", "prepare", "--regenerated", regenerated, "--out", str(x)]),
             Step("log", [PY, "benchmarks/online_shift.py", "log", "--regenerated", regenerated, "--target", DEMO,
-                         "--log", f"{x}/served-log.jsonl"]),
+                         "--log", f"{x}/served-log.jsonl", "--source-file", *SHIFTED]),
             Step("train", train, skip_if=head),
             bench("stream", DEMO, x / "stream", "--method", "eagle3", "--draft", head,
-                  *versus("eagle3", head, *learn), questions=["--questions", f"{x}/shifted.jsonl"], needs=(head,)),
+                  *versus("eagle3", head, *learn, *replay, "--online-save", online),
+                  questions=["--questions", f"{x}/shifted.jsonl"], needs=(head,)),
             eval_on("original-frozen", "original", head), eval_on("original-adapted", "original", online),
+            # the same stream learned without replay: what the served domain alone does to the original one
+            bench("stream-noreplay", DEMO, x / "stream-noreplay", "--method", "eagle3", "--draft", head,
+                  *versus("eagle3", head, *learn, "--online-save", f"{online}-noreplay"),
+                  questions=["--questions", f"{x}/shifted.jsonl"], needs=(head,), optional=True),
+            eval_on("original-noreplay", "original", f"{online}-noreplay", optional=True),
             Step("adapt", [*adapt, "--output", f"{x}/adapt"]),
             Step("scratch", [*adapt, "--output", f"{x}/scratch", "--from-scratch"]),
             eval_on("new-frozen", "shifted_heldout", head), eval_on("new-adapt", "shifted_heldout", f"{x}/adapt/run/final"),
@@ -415,6 +425,31 @@ def online_shift(s: Settings) -> list[Step]:
             Step("collect", [PY, "benchmarks/online_shift.py", "collect", "--out", str(x), "--result",
                              "benchmarks/results/online_shift_demo.json", "--train-command", " ".join(train[1:]),
                              *s.dirty_flag()], writes_result=True)]
+
+
+def adapt_smollm2(s: Settings) -> list[Step]:
+    """SmolLM2's committed EAGLE-3 head adapted (``headstart adapt``) to a log of the MT-bench-style traffic it served
+    (its own sampled replies to every MT-bench question but the first of each category), then decoded on those first
+    questions -- the MT-bench setting of every SmolLM2 table -- against the head as committed and n-gram lookup, paired."""
+    x, head = s.out, "configs/smollm2/eagle3-head"
+    adapted = f"{x}/adapt/run/final"
+    regenerate = [PY, "scripts/regenerate_data.py", "--target", SMOLLM2, "--data", f"{x}/mtbench_prompts.jsonl", "--output",
+                  f"{x}/regen", "--max-new-tokens", "256", "--temperature", "0.7", "--top-p", "0.95", "--seed", "0",
+                  "--batch-size", "32", "--dtype", "bfloat16"]
+    return [Step("prompts", [PY, "benchmarks/online_shift.py", "mtbench-prompts", "--questions", MT_BENCH[1], "--out",
+                             f"{x}/mtbench_prompts.jsonl"]),
+            Step("regenerate", regenerate, skip_if=f"{x}/regen/regenerated.jsonl", needs=(SMOLLM2,)),
+            Step("log", [PY, "benchmarks/online_shift.py", "log", "--regenerated", f"{x}/regen/regenerated.jsonl",
+                         "--target", SMOLLM2, "--log", f"{x}/served-log.jsonl"]),
+            Step("adapt", [PY, "-m", "headstart.scripts.cli", "adapt", "--head", head, "--target", SMOLLM2, "--log",
+                           f"{x}/served-log.jsonl", "--output", f"{x}/adapt", "--recipe", "configs/smollm2/eagle3.yaml",
+                           "--steps", s["steps"], "--replay", "configs/smollm2/data/regenerated.jsonl", "--overwrite",
+                           "--nproc-per-node", "2", "--logging.progress=false"], timed=True),
+            bench("adapted-vs-ngram", SMOLLM2, x / "adapted-vs-ngram", "--method", "eagle3", "--draft", adapted, *k(4),
+                  *versus("ngram", None, *k(4)), needs=(adapted,)),
+            bench("committed", SMOLLM2, x / "committed", "--method", "eagle3", "--draft", head, *k(4)),
+            compare("table", x, "*", "SmolLM2-135M-Instruct's EAGLE-3 head adapted to its MT-bench-style traffic",
+                    "adapt-smollm2")]
 
 
 def hydra_demo(s: Settings) -> list[Step]:
@@ -908,6 +943,9 @@ SUITES: dict[str, Suite] = {
                           "headstart adapt vs from scratch on a log of it -> online_shift_demo.json", "runs/online-shift",
                           online_shift, {"steps": "600", "every": "4", "online_steps": "1", "buffer": "8192",
                                          "online_recipe": "configs/demo/eagle3_regenerated.yaml", "adapt_steps": "300"}),
+    "adapt-smollm2": Suite("SmolLM2's EAGLE-3 head adapted to a log of its MT-bench-style traffic, against the committed "
+                           "head and n-gram lookup on held-out MT-bench questions -> OUT/table.md", "runs/adapt-smollm2",
+                           adapt_smollm2, {"steps": "150"}),
     "batch": Suite("plain vs speculative decoding by batch size, every chain drafter -> OUT/table.md", "runs/bench-batch",
                    by_batch, {"target": DEMO, "methods": "eagle3 mtp medusa draft-model ngram", "batches": "1 4 16",
                               "questions": "configs/demo/eval/mt_bench.jsonl", "per_category": "2", "max_new_tokens": "64"}),
