@@ -123,52 +123,58 @@ def speed(turns: list[list[float]]) -> float:
     return sum(t[2] for t in turns) / sum(t[3] for t in turns)
 
 
+def overall_tau(out: Path, name: str) -> float | None:
+    path = out / name / "results.json"
+    return json.loads(path.read_text())["results"]["overall"]["tau"] if path.is_file() else None
+
+
+def learner_row(frozen: dict, learner: dict, original_after: float | None, original_before: float) -> dict:
+    """One way of serving the stream: its tau (all, by window, the last half), tokens/s with the updates inside, their
+    cost, and the original domain's held-out tau after it."""
+    half = len(learner["turns"]) // 2
+    turns = learner["turns"]
+    return {"tau": tau_of(turns), "windows": windows(turns, WINDOW), "last_half_tau": tau_of(turns[half:]),
+            "last_half_vs_frozen": tau_of(turns[half:]) / tau_of(frozen["turns"][half:]),
+            "tokens_per_s": speed(turns), "last_half_tokens_per_s": speed(turns[half:]),
+            "learn_ms_per_token": learner["results"]["overall"].get("learn_ms_per_token"), "mode": learner.get("mode"),
+            "greedy_exact": not learner.get("mismatches"), "original_tau_after": original_after,
+            "original_change": None if original_after is None else original_after / original_before - 1.0}
+
+
+WINDOW = 20
+"""Requests per window of the stream's tau."""
+
+
 def collect(args: argparse.Namespace) -> None:
     out = Path(args.out)
     stream = json.loads((out / "stream" / "results.json").read_text())
-    online = json.loads((out / "stream" / "versus" / "results.json").read_text())
-    frozen_turns, online_turns = stream["turns"], online["turns"]
-    half = len(frozen_turns) // 2
-    last_frozen, last_online = tau_of(frozen_turns[half:]), tau_of(online_turns[half:])
-    before = json.loads((out / "original-frozen" / "results.json").read_text())
-    after = json.loads((out / "original-adapted" / "results.json").read_text())
-    tau_before, tau_after = before["results"]["overall"]["tau"], after["results"]["overall"]["tau"]
-    learn = online["results"]["overall"]["learn_ms_per_token"]
-    record = {
-        "what": "a GSM8K-only EAGLE-3 head of the demo target served GPTeacher codegen and roleplay prompts, frozen and "
-                "learning online, paired turn by turn in one process",
-        "steps": {"train": args.train_command, "stream": " ".join(stream["command"].split()) if isinstance(
-            stream.get("command"), str) else stream.get("command")},
-        "requests": len(frozen_turns), "window": args.window,
-        "frozen": {"tau": tau_of(frozen_turns), "windows": windows(frozen_turns, args.window),
-                   "tokens_per_s": speed(frozen_turns), "mode": stream.get("mode")},
-        "online": {"tau": tau_of(online_turns), "windows": windows(online_turns, args.window),
-                   "tokens_per_s": speed(online_turns), "learn_ms_per_token": learn, "mode": online.get("mode")},
-        "last_half": {"frozen_tau": last_frozen, "online_tau": last_online, "ratio": last_online / last_frozen,
-                      "frozen_tokens_per_s": speed(frozen_turns[half:]), "online_tokens_per_s": speed(online_turns[half:])},
-        "paired": stream.get("paired"),
-        "greedy_exact": not stream.get("mismatches") and not online.get("mismatches"),
-        "original_domain": {"questions": len(before["turns"]), "tau_before": tau_before, "tau_after": tau_after,
-                            "change": tau_after / tau_before - 1.0},
-    }
-    if (out / "stream-noreplay" / "versus" / "results.json").is_file():  # the same stream learned without replay
+    before = overall_tau(out, "original-frozen")
+    rows = {"frozen": learner_row(stream, stream, before, before),
+            "online": learner_row(stream, json.loads((out / "stream" / "versus" / "results.json").read_text()),
+                                  overall_tau(out, "original-adapted"), before)}
+    if (out / "stream-noreplay" / "versus" / "results.json").is_file():  # the same stream, served traffic alone
         alone = json.loads((out / "stream-noreplay" / "versus" / "results.json").read_text())
-        forgot = json.loads((out / "original-noreplay" / "results.json").read_text())["results"]["overall"]["tau"]
-        record["online_without_replay"] = {
-            "tau": tau_of(alone["turns"]), "windows": windows(alone["turns"], args.window),
-            "last_half_tau": tau_of(alone["turns"][half:]), "tokens_per_s": speed(alone["turns"]),
-            "learn_ms_per_token": alone["results"]["overall"]["learn_ms_per_token"], "mode": alone.get("mode"),
-            "original_tau_after": forgot, "original_change": forgot / tau_before - 1.0}
-    adapted = {name: json.loads((out / name / "results.json").read_text())["results"]["overall"]["tau"]
-               for name in ("new-frozen", "new-adapt", "new-scratch", "original-adapt") if (out / name / "results.json").is_file()}
-    if adapted:
-        record["adapt"] = {"log_conversations": sum(1 for _ in (out / "served-log.jsonl").open()),
-                           "held_out_new_domain": {"frozen": adapted.get("new-frozen"), "adapted": adapted.get("new-adapt"),
-                                                   "from_scratch": adapted.get("new-scratch")},
-                           "original_domain": {"before": tau_before, "adapted": adapted.get("original-adapt")},
-                           "command": json.loads((out / "adapt" / "run" / "run_config.json").read_text())["train"]}
+        rows["online-noreplay"] = learner_row(stream, alone, overall_tau(out, "original-noreplay"), before)
+    record = {
+        "title": "A head served another domain: frozen, learning online, adapted from a log",
+        "what": "the demo target's EAGLE-3 head trained on its GSM8K replies only (600 steps), served GPTeacher codegen "
+                "and roleplay prompts it never saw, in chains of 4, greedy (every output the target's), 128 new tokens",
+        "suite": "python benchmarks/run.py online-shift",
+        "online": {"requests": len(stream["turns"]), "window": WINDOW, "runs": rows, "paired": stream.get("paired"),
+                   "original_questions": len(json.loads((out / "original-frozen" / "results.json").read_text())["turns"]),
+                   "train": args.train_command, "stream_command": stream.get("command")},
+    }
+    if (out / "adapt" / "run" / "run_config.json").is_file():
+        config = json.loads((out / "adapt" / "run" / "run_config.json").read_text())
+        record["online"]["adapt"] = {
+            "log_completions": sum(1 for _ in (out / "served-log.jsonl").open()),
+            "steps": config["train"]["max_steps"], "files": config["data"]["files"],
+            "held_out_questions": len(json.loads((out / "new-frozen" / "results.json").read_text())["turns"]),
+            "new_domain": {"frozen": overall_tau(out, "new-frozen"), "adapted": overall_tau(out, "new-adapt"),
+                           "from_scratch": overall_tau(out, "new-scratch")},
+            "original_domain": {"frozen": before, "adapted": overall_tau(out, "original-adapt")}}
     write_result(args.result, record, args.allow_dirty)
-    print(json.dumps({k: record[k] for k in ("last_half", "original_domain")}, indent=1))
+    print(json.dumps({k: {m: v for m, v in r.items() if m != "windows"} for k, r in rows.items()}, indent=1))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -191,7 +197,6 @@ def main(argv: list[str] | None = None) -> int:
     col = sub.add_parser("collect")
     col.add_argument("--out", required=True)
     col.add_argument("--result", required=True)
-    col.add_argument("--window", type=int, default=20)
     col.add_argument("--train-command", default="", help="how the head was trained (for the record)")
     col.add_argument("--allow-dirty", action="store_true")
     args = p.parse_args(argv)

@@ -61,9 +61,10 @@ def load(directory: Path = RESULTS) -> list[dict]:
         for key in ("title", "what", "commit", "machine", "date"):
             if key not in record:
                 raise ValueError(f"{path}: a result file needs {key!r} (benchmarks/heads_side_by_side.py writes it)")
-        if not {"bench", "plan", "verification", "training"} & record.keys():
+        if not {"bench", "plan", "verification", "training", "online"} & record.keys():
             raise ValueError(f"{path}: a result file needs 'bench' (decoding runs), 'plan' (headstart plan rows), "
-                             "'verification' (two verification rules by head) or 'training' (training runs side by side)")
+                             "'verification' (two verification rules by head), 'training' (training runs side by side) "
+                             "or 'online' (a head served another domain: benchmarks/online_shift.py)")
         files.append({**record, "file": path.name})
     return files
 
@@ -361,6 +362,46 @@ def training_section(record: dict) -> list[str]:
     return lines + [""]
 
 
+LEARNERS = {"frozen": "frozen", "online": "`--online`, replaying its training data",
+            "online-noreplay": "`--online`, the served traffic alone"}
+
+
+def online_section(record: dict) -> list[str]:
+    """A head served a domain it was not trained on (benchmarks/online_shift.py): frozen against learning online on one
+    stream (paired in one process), the original domain before and after, and ``headstart adapt`` against training
+    from scratch on a log of the new domain."""
+    o = record["online"]
+    runs = o["runs"]
+    lines = [f"## {record['title']}: {record['machine']}", "", record["what"].rstrip(".") + ".", "",
+             f"`benchmarks/results/{record['file']}` -- commit `{record['commit']}`, {record['date'][:10]}; "
+             f"`{record['suite']}`.", "",
+             f"A stream of {o['requests']} requests, the same prompts in the same order: tau over all of them, its last "
+             f"half, tokens/s with the updates' time inside it, and tau on {o['original_questions']} held-out GSM8K "
+             "questions (the original domain) after the stream.", "",
+             "| the head | stream tau | last half | vs frozen | tokens/s | update cost | GSM8K tau after |",
+             "|---|---|---|---|---|---|---|"]
+    for name, run in runs.items():
+        cost = "-" if not run["learn_ms_per_token"] else f"{run['learn_ms_per_token']:.2f} ms/token"
+        change = "" if name == "frozen" else f" ({run['original_change']:+.0%})"
+        lines.append(f"| {LEARNERS.get(name, name)} | {run['tau']:.2f} | {run['last_half_tau']:.2f} | "
+                     f"{run['last_half_vs_frozen']:.2f}x | {run['tokens_per_s']:.1f} | {cost} | "
+                     f"{run['original_tau_after']:.2f}{change} |")
+    lines += ["", f"tau by window of {o['window']} requests: "
+              + "; ".join(f"{LEARNERS.get(n, n)} " + " ".join(f"{w:.2f}" for w in r["windows"]) for n, r in runs.items())
+              + ". Mode of the online run: " + runs["online"]["mode"] + "."]
+    a = o.get("adapt")
+    if a:
+        lines += ["", f"`headstart adapt` on a log of {a['log_completions']} served completions of the new domain (the "
+                      f"target's replies to other codegen and roleplay prompts), {a['steps']} steps with a quarter of the "
+                      f"conversations replayed from the head's training data, against the same data and steps from a "
+                      f"fresh head; tau on {a['held_out_questions']} held-out prompts of the new domain and on the GSM8K "
+                      "ones:", "", "| the head | new domain | GSM8K |", "|---|---|---|",
+                  f"| frozen | {a['new_domain']['frozen']:.2f} | {a['original_domain']['frozen']:.2f} |",
+                  f"| adapted | {a['new_domain']['adapted']:.2f} | {a['original_domain']['adapted']:.2f} |",
+                  f"| from scratch | {a['new_domain']['from_scratch']:.2f} | - |"]
+    return lines + [""]
+
+
 HEADLINE = "_all_drafts.json"
 """The result files BENCHMARKS.md shows for each target (every draft of it side by side); the other files of a target
 (one variant against another: recipes, budgets, verification rules, drafting methods) go on its comparisons page."""
@@ -415,6 +456,8 @@ def pages(records: list[dict]) -> dict[str, str]:
         out += plan_section(record)
     for record in sorted((r for r in records if "training" in r), key=lambda r: r["title"]):
         out += training_section(record)
+    for record in sorted((r for r in records if "online" in r), key=lambda r: r["title"]):
+        out += online_section(record)
     return {"BENCHMARKS.md": "\n".join(out).rstrip() + "\n", **more}
 
 
