@@ -136,6 +136,8 @@ def learner_row(frozen: dict, learner: dict, original_after: float | None, origi
     return {"tau": tau_of(turns), "windows": windows(turns, WINDOW), "last_half_tau": tau_of(turns[half:]),
             "last_half_vs_frozen": tau_of(turns[half:]) / tau_of(frozen["turns"][half:]),
             "tokens_per_s": speed(turns), "last_half_tokens_per_s": speed(turns[half:]),
+            # against the frozen head decoded turn by turn beside it, in the same process
+            "speed_vs_frozen": speed(turns) / speed(frozen["turns"]),
             "learn_ms_per_token": learner["results"]["overall"].get("learn_ms_per_token"), "mode": learner.get("mode"),
             "greedy_exact": not learner.get("mismatches"), "original_tau_after": original_after,
             "original_change": None if original_after is None else original_after / original_before - 1.0}
@@ -154,7 +156,8 @@ def collect(args: argparse.Namespace) -> None:
                                   overall_tau(out, "original-adapted"), before)}
     if (out / "stream-noreplay" / "versus" / "results.json").is_file():  # the same stream, served traffic alone
         alone = json.loads((out / "stream-noreplay" / "versus" / "results.json").read_text())
-        rows["online-noreplay"] = learner_row(stream, alone, overall_tau(out, "original-noreplay"), before)
+        beside = json.loads((out / "stream-noreplay" / "results.json").read_text())  # its own paired frozen run
+        rows["online-noreplay"] = learner_row(beside, alone, overall_tau(out, "original-noreplay"), before)
     record = {
         "title": "A head served another domain: frozen, learning online, adapted from a log",
         "what": "the demo target's EAGLE-3 head trained on its GSM8K replies only (600 steps), served GPTeacher codegen "

@@ -376,15 +376,17 @@ def online_section(record: dict) -> list[str]:
              f"`benchmarks/results/{record['file']}` -- commit `{record['commit']}`, {record['date'][:10]}; "
              f"`{record['suite']}`.", "",
              f"A stream of {o['requests']} requests, the same prompts in the same order: tau over all of them, its last "
-             f"half, tokens/s with the updates' time inside it, and tau on {o['original_questions']} held-out GSM8K "
+             f"half (and over the frozen head's), tokens/s with the updates' time inside it over the frozen head's "
+             f"decoded beside it (paired), what the updates cost, and tau on {o['original_questions']} held-out GSM8K "
              "questions (the original domain) after the stream.", "",
-             "| the head | stream tau | last half | vs frozen | tokens/s | update cost | GSM8K tau after |",
+             "| the head | stream tau | last half | vs frozen | tokens/s vs frozen (paired) | update cost | GSM8K tau after |",
              "|---|---|---|---|---|---|---|"]
     for name, run in runs.items():
-        cost = "-" if not run["learn_ms_per_token"] else f"{run['learn_ms_per_token']:.2f} ms/token"
+        learn = run["learn_ms_per_token"] or 0.0
+        cost = "-" if learn < 0.01 else f"{learn:.2f} ms/token"
         change = "" if name == "frozen" else f" ({run['original_change']:+.0%})"
         lines.append(f"| {LEARNERS.get(name, name)} | {run['tau']:.2f} | {run['last_half_tau']:.2f} | "
-                     f"{run['last_half_vs_frozen']:.2f}x | {run['tokens_per_s']:.1f} | {cost} | "
+                     f"{run['last_half_vs_frozen']:.2f}x | {run['speed_vs_frozen']:.2f}x | {cost} | "
                      f"{run['original_tau_after']:.2f}{change} |")
     lines += ["", f"tau by window of {o['window']} requests: "
               + "; ".join(f"{LEARNERS.get(n, n)} " + " ".join(f"{w:.2f}" for w in r["windows"]) for n, r in runs.items())
