@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     name = head_of(args.head, args.target)
     recipe = recipe_of(args, name)
     out = Path(args.output)
-    claim_output_dir(out / "run", TRAINING_RUN, "training run", args.resume, False)  # refuses before anything is written
+    if not (args.resume or args.overwrite):  # a finished run there is refused before anything is written
+        claim_output_dir(out / "run", TRAINING_RUN, "training run", False, False)
     served = served_conversations(args.log, load_tokenizer(args.target))
     n_replay = round(len(served) * args.replay_share / (1 - args.replay_share))
     files = [out / "data" / "served.jsonl"]

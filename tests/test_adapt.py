@@ -71,6 +71,9 @@ def test_adapt_fine_tunes_the_export_on_the_log_and_checks_it(trained, tmp_path,
         assert (after[k] - before[k]).abs().max() < 0.05 * before[k].abs().max() + 1e-2, k
     run_config = json.loads((out / "run" / "run_config.json").read_text())
     assert run_config["draft"]["init_from"] == str(head) and run_config["train"]["max_steps"] == 3
+    again = ["--head", str(head), "--target", str(trained / "target"), "--log", str(log), "--output", str(out), "--steps", "1"]
+    assert adapt.main(again) == 2 and "already holds a training run" in capsys.readouterr().err  # nothing lost
+    assert adapt.main([*again, "--overwrite"]) == 0 and list(out.glob("run.old-*"))  # the first run moved aside
 
 
 def test_from_scratch_trains_a_fresh_head_on_the_same_data(trained, tmp_path):
