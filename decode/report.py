@@ -116,7 +116,7 @@ def split_table(results: dict) -> str:
             f"{r['plain_forward_ms']:.2f} | {prompt['speculative']:.1f} / {prompt['plain']:.1f} | "
             f"{r['predicted_speedup']:.2f}x | {measured} | "
             + ("-" if r["speedup"] is None else f"{r['speedup'] / r['predicted_speedup']:.2f}") + " |"
-            + ("" if not r.get("learn_ms_per_token") else
+            + ("" if (r.get("learn_ms_per_token") or 0) < 0.01 else  # a drafter that learns nothing: microseconds
                f"\n\nLearning from the served requests (the drafter's ``finish``: an online head's updates, an n-gram "
                f"store's counts) took {r['learn_ms_per_token']:.2f} ms a generated token, inside the measured time."))
 
