@@ -335,13 +335,18 @@ TRAINERS = {"speculators": "speculators 0.9.0", "headstart-online": "headstart, 
             "headstart-offline": "headstart, offline (from its feature store)"}
 
 
+def heading(record: dict) -> list[str]:
+    """A section of its own for one result file: its title and machine, what it measured, and where it came from."""
+    return [f"## {record['title']}: {record['machine']}", "", record["what"].rstrip(".") + ".", "",
+            f"`benchmarks/results/{record['file']}` -- commit `{record['commit']}`, {record['date'][:10]}; "
+            f"`{record['suite']}`.", ""]
+
+
 def training_section(record: dict) -> list[str]:
     """Training runs of one head side by side (benchmarks/versus_speculators.py): the loop's tokens/s, memory, and the
     held-out acceptance each reached, with when headstart first reached the peer's."""
     runs, peer = record["training"], record["training"]["speculators"]
-    lines = [f"## {record['title']}: {record['machine']}", "", record["what"].rstrip(".") + ".", "",
-             f"`benchmarks/results/{record['file']}` -- commit `{record['commit']}`, {record['date'][:10]}; "
-             f"`{record['suite']}`.", "",
+    lines = [*heading(record),
              "| trainer | steps | tokens | tokens/s (loop) | vs speculators | wall | peak RSS | held-out sim. accept length "
              "| reached speculators' at |", "|---|---|---|---|---|---|---|---|---|"]
     for name, run in runs.items():
@@ -372,9 +377,7 @@ def online_section(record: dict) -> list[str]:
     from scratch on a log of the new domain."""
     o = record["online"]
     runs = o["runs"]
-    lines = [f"## {record['title']}: {record['machine']}", "", record["what"].rstrip(".") + ".", "",
-             f"`benchmarks/results/{record['file']}` -- commit `{record['commit']}`, {record['date'][:10]}; "
-             f"`{record['suite']}`.", "",
+    lines = [*heading(record),
              f"A stream of {o['requests']} requests, the same prompts in the same order: tau over all of them, its last "
              f"half (and over the frozen head's), tokens/s with the updates' time inside it over the frozen head's "
              f"decoded beside it (paired), what the updates cost, and tau on {o['original_questions']} held-out GSM8K "

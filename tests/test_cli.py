@@ -32,7 +32,7 @@ def test_each_command_has_its_scripts_flags(name, capsys):
     # A flag every one of these scripts defines for itself, proving the call reached the right parser.
     flags = {"prepare": "--tokenizer", "regenerate": "--max-new-tokens", "features": "--config", "train": "--resume",
              "export": "--to", "publish": "--run", "check": "--head", "bench": "--method", "evaluate": "--head",
-             "medusa-tree": "--nodes", "draft-config": "--target", "import-gguf": "--package",
+             "medusa-tree": "--nodes", "draft-config": "--target", "import-gguf": "--package", "adapt": "--log",
              "generate": "--prompt-file", "plan": "--gpu-memory", "datastore": "--output", "layer-skip": "--skip"}
     assert flags[name] in out
 
