@@ -92,7 +92,7 @@ def test_plan_rows_render_planned_against_measured(tmp_path: Path) -> None:
     assert "| `configs/demo/eagle3.yaml` | 2 | 1.24 GiB | 1.15 GiB | 0.93 | - | - |" in text and "- `torchrun ...`" in text
     del record["plan"]
     (tmp_path / "plan.json").write_text(json.dumps(record))
-    with pytest.raises(ValueError, match="needs 'bench' .*'plan'.*'verification'.* or 'training'"):
+    with pytest.raises(ValueError, match="needs 'bench' .*'plan'.*'verification'.*'training'.* or 'online'"):
         results_page.load(tmp_path)
 
 
