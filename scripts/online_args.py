@@ -38,7 +38,7 @@ def add_online_args(p: argparse.ArgumentParser) -> None:
                         "data.files), their target states from a forward of the target")
     p.add_argument("--online-save", default=None, metavar="DIR",
                    help="export the head as it learned by the end of the run to DIR (a head's exported directory: "
-                        "`headstart check-head`, a server, or another run's --draft)")
+                        "`headstart check`, a server, or another run's --draft)")
 
 
 def online_refusal(p: argparse.ArgumentParser, args: argparse.Namespace, method: DraftingMethod) -> str | None:
@@ -49,7 +49,7 @@ def online_refusal(p: argparse.ArgumentParser, args: argparse.Namespace, method:
     if method.head is None or not head_spec(method.head).learns_online:
         what = (f"the {head_spec(method.head).title}'s loss reads what a verify pass does not give" if method.head
                 else "it is not a trained head")
-        learners = sorted(name for name in HEADS if head_spec(name).learns_online)
+        learners = sorted(name for name, spec in HEADS.items() if spec.learns_online)
         return f"--online: --method {args.method} cannot learn as it serves ({what}); heads that can: {', '.join(learners)}"
     if args.batch_size > 1:
         return "--online learns from one sequence at a time: use --batch-size 1"
