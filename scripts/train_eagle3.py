@@ -68,6 +68,7 @@ def launch(nproc: int, argv: list[str], nnodes: int = 1, endpoint: str | None = 
     torchrun's own launcher in this process, so that a refusal every rank makes (a finished run in output_dir, a bad
     recipe) is printed alone, not under torchrun's ChildFailedError traceback; exit status 2 then, as in one process."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
     from torch.distributed.run import get_args_parser, run
 
     logging.getLogger("torch.distributed").setLevel(logging.CRITICAL)  # its per-worker failure lines
@@ -83,6 +84,12 @@ def launch(nproc: int, argv: list[str], nnodes: int = 1, endpoint: str | None = 
             message = f"error: training failed on local rank {failure.local_rank} (exit code {failure.exitcode}); see above"
         print(message, file=sys.stderr)
         return 2
+    except RendezvousConnectionError:
+        # The node hosting the rendezvous store (the one at --rdzv-endpoint) left: its ranks stopped (a refusal every
+        # rank makes, a crash, a lost machine) before this node's launcher saw its own ranks stop.
+        print(f"error: the node hosting the job's rendezvous at {endpoint} stopped, so this node's ranks cannot go on: "
+              "that node's output says why", file=sys.stderr)
+        return 1
     return 0
 
 

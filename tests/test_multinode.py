@@ -29,9 +29,69 @@ def free_port() -> int:
 
 
 def node(command: list[str], overrides: list[str], cwd: Path, log: Path) -> subprocess.Popen:
-    """One "node": a launcher of its own, in its own process group (so that killing it takes its rank too)."""
+    """One "node": a launcher of its own, in its own process group."""
     return subprocess.Popen([*command, *overrides], cwd=cwd, env=ENV, stdout=log.open("w"), stderr=subprocess.STDOUT,
                             start_new_session=True)
+
+
+def listening(port: int) -> bool:
+    """Whether a process on this machine listens on ``port`` (read from /proc, without connecting to it)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                return True
+    return False
+
+
+def start_nodes(command: list[str], overrides: list[str], homes: list[Path], logs: list[Path],
+                launched: list[subprocess.Popen], port: int) -> list[subprocess.Popen]:
+    """Node 0 first, the next once node 0's launcher listens at the rendezvous endpoint: node 0 hosts the job's
+    store, as the node named by --rdzv-endpoint does on a cluster (the first launcher to bind the port hosts it)."""
+    deadline = time.monotonic() + 120
+    for i, (home, log) in enumerate(zip(homes, logs)):
+        while i == 1 and not listening(port):
+            assert time.monotonic() < deadline and launched[0].poll() is None, logs[0].read_text()[-3000:]
+            time.sleep(0.05)
+        launched.append(node(command, overrides, home, log))
+    return launched
+
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def kill_node(proc: subprocess.Popen) -> None:
+    """A lost machine: its launcher and every rank it started (torchrun starts each rank in a session of its own, so
+    killing the launcher's process group alone would leave its ranks training on)."""
+    for pid in [proc.pid, *descendants(proc.pid)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture
+def launched():
+    """The nodes a test starts; whatever still runs at its end (a failed assertion) is killed, ranks and all, so that
+    it cannot slow or disturb the tests after it."""
+    procs: list[subprocess.Popen] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            kill_node(proc)
 
 
 def headstart_train(port: int) -> list[str]:
@@ -48,13 +108,7 @@ def plain_torchrun(port: int) -> list[str]:
 
 def wait(procs: list[subprocess.Popen], logs: list[Path], timeout: float = 600) -> None:
     for proc, log in zip(procs, logs):
-        try:
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                os.killpg(p.pid, signal.SIGKILL)
-            raise
-        assert code == 0, log.read_text()[-4000:]
+        assert proc.wait(timeout=timeout) == 0, log.read_text()[-4000:]
 
 
 def weights(run: Path) -> dict:
@@ -71,13 +125,14 @@ def assert_same_run(a: Path, b: Path) -> None:
         assert (wa[name].float() - wb[name].float()).abs().max() <= 1e-2 * wa[name].float().abs().max(), name
 
 
-def test_two_launchers_train_as_one_launcher_with_two_ranks(tmp_path):
+def test_two_launchers_train_as_one_launcher_with_two_ranks(tmp_path, launched):
     base = make_setup(tmp_path) + ["--train.batch_size=1", "--train.grad_accum=2", "--train.max_steps=4",
                                    "--train.save_every=2"]
     torchrun(base + [f"--output_dir={tmp_path / 'one'}"], tmp_path, nproc=2)
     port = free_port()
     logs = [tmp_path / f"node{i}.log" for i in range(2)]
-    nodes = [node(headstart_train(port), base + [f"--output_dir={tmp_path / 'two'}"], tmp_path, log) for log in logs]
+    nodes = start_nodes(headstart_train(port), base + [f"--output_dir={tmp_path / 'two'}"], [tmp_path] * 2, logs,
+                        launched, port)
     wait(nodes, logs)
 
     assert_same_run(tmp_path / "one", tmp_path / "two")
@@ -91,18 +146,18 @@ def test_two_launchers_train_as_one_launcher_with_two_ranks(tmp_path):
     assert not list((tmp_path / "two").glob(".probe-*"))  # the shared-directory probe is cleaned up
 
 
-def test_a_job_killed_on_one_node_resumes_on_one_launcher_with_two_ranks(tmp_path):
+def test_a_job_killed_on_one_node_resumes_on_one_launcher_with_two_ranks(tmp_path, launched):
     base = make_setup(tmp_path) + ["--train.batch_size=1", "--train.grad_accum=2", "--train.max_steps=120",
                                    "--train.save_every=4", "--train.eval_every=1000"]  # long enough to be killed midway
     torchrun(base + [f"--output_dir={tmp_path / 'whole'}"], tmp_path, nproc=2)
     run, port = tmp_path / "killed", free_port()
     logs = [tmp_path / f"node{i}.log" for i in range(2)]
-    nodes = [node(plain_torchrun(port), base + [f"--output_dir={run}"], tmp_path, log) for log in logs]
+    nodes = start_nodes(plain_torchrun(port), base + [f"--output_dir={run}"], [tmp_path] * 2, logs, launched, port)
     deadline = time.monotonic() + 300
     while not (run / "checkpoints" / "latest").is_file():  # the first checkpoint is in place: kill a node now
         assert time.monotonic() < deadline and all(p.poll() is None for p in nodes), logs[0].read_text()[-3000:]
         time.sleep(0.02)
-    os.killpg(nodes[1].pid, signal.SIGKILL)
+    kill_node(nodes[1])
     # The other node's rank finds its peer gone at its next collective and the job stops there (no hang).
     assert nodes[0].wait(timeout=300) != 0
     assert not (run / "final").exists(), "the job finished before the kill: nothing was tested"
@@ -113,18 +168,23 @@ def test_a_job_killed_on_one_node_resumes_on_one_launcher_with_two_ranks(tmp_pat
     assert int(killed_at.split("_")[1]) < 120
 
 
-def test_an_output_dir_local_to_each_node_is_refused_before_training(tmp_path):
+def test_an_output_dir_local_to_each_node_is_refused_before_training(tmp_path, launched):
     """Each "node" in its own working directory with a relative output_dir: the same path, two directories (as on
     node-local disks). Rank 0 writes checkpoints that rank 1 could never read back: refused at the start."""
     base = make_setup(tmp_path) + ["--output_dir=run"]
     port, logs = free_port(), [tmp_path / f"node{i}.log" for i in range(2)]
     homes = [tmp_path / f"node{i}" for i in range(2)]
-    nodes = []
-    for home, log in zip(homes, logs):
+    for home in homes:
         home.mkdir()
-        nodes.append(node(headstart_train(port), base, home, log))
-    for proc in nodes:
-        assert proc.wait(timeout=300) == 2
-    printed = "".join(log.read_text() for log in logs)
+    nodes = start_nodes(headstart_train(port), base, homes, logs, launched, port)
+    codes = [proc.wait(timeout=300) for proc in nodes]
+    printed = [log.read_text() for log in logs]
+    assert codes[0] == 2, printed[0][-3000:]  # the node hosting the rendezvous: its ranks' refusal
+    # The other node prints its ranks' refusal too, or, when the host's launcher left before this one saw its own
+    # ranks stop, that the host stopped; never a traceback.
+    lost = "error: the node hosting the job's rendezvous at 127.0.0.1:"
+    assert codes[1] == 2 or (codes[1] == 1 and lost in printed[1]), printed[1][-3000:]
+    assert not any("Traceback" in text for text in printed)
+    printed = "".join(printed)
     assert "run is not one directory for every rank: rank(s) 1 on" in printed and "storage every node mounts" in printed
     assert not any((home / "run" / "metrics.jsonl").exists() for home in homes)
