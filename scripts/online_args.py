@@ -11,11 +11,11 @@ from headstart.decode.methods import DraftingMethod
 from headstart.heads.registry import HEADS, head_spec
 from headstart.models.provenance import fingerprint
 from headstart.models.target import Target, load_tokenizer
-from headstart.trainer.config import load_config
+from headstart.trainer.config import TrainConfig, load_config
 from headstart.trainer.data import DataConfig, build_dataset
 from headstart.trainer.online import OnlineLearner, OnlineSchedule, Replay
 
-FLAGS = ("online_every", "online_steps", "online_buffer", "online_recipe", "online_save", "online_replay")
+FLAGS = ("online_every", "online_steps", "online_buffer", "online_recipe", "online_lr", "online_save", "online_replay")
 
 
 def add_online_args(p: argparse.ArgumentParser) -> None:
@@ -32,6 +32,10 @@ def add_online_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--online-recipe", default=None, metavar="YAML",
                    help="a training recipe whose train: section (optimizer, lr, betas, weight decay, clip, batch size, "
                         "mixed precision) the updates use, at a constant rate; default: the recipe defaults")
+    p.add_argument("--online-lr", type=float, default=None, metavar="LR",
+                   help="the updates' learning rate (default: --online-recipe's train.lr, the peak of a run from "
+                        "scratch; a lower one forgets less of the head's original domain and follows the traffic "
+                        "more slowly)")
     p.add_argument("--online-replay", nargs="*", default=None, metavar="FILE",
                    help="against forgetting: every update step also trains on as many of these conversations (the "
                         "head's original data, in any format training reads; none named: --online-recipe's "
@@ -59,6 +63,8 @@ def online_refusal(p: argparse.ArgumentParser, args: argparse.Namespace, method:
         return f"--online-save {args.online_save} is the head --draft reads: save the learned head elsewhere"
     if args.online_recipe is not None and not Path(args.online_recipe).is_file():
         return f"--online-recipe {args.online_recipe}: no such file"
+    if args.online_lr is not None and not args.online_lr > 0:
+        return f"--online-lr must be > 0, got {args.online_lr}"
     if args.online_replay == [] and args.online_recipe is None:
         return "--online-replay without files replays --online-recipe's data.files: name the files or the recipe"
     missing = [f for f in args.online_replay or [] if not Path(f.split("[")[0]).is_file()]
@@ -83,7 +89,10 @@ def online_learner(args: argparse.Namespace, head, target: Target) -> OnlineLear
         data = replace(recipe.data if recipe else DataConfig(), files=tuple(args.online_replay or recipe.data.files))
         dataset, _ = build_dataset(data, load_tokenizer(args.target))
         replay = Replay(dataset, seed=recipe.train.seed if recipe else 0)
-    return OnlineLearner(head, target, schedule_of(args), recipe.train if recipe else None, replay)
+    train = recipe.train if recipe else TrainConfig()
+    if args.online_lr is not None:
+        train = replace(train, lr=args.online_lr)
+    return OnlineLearner(head, target, schedule_of(args), train, replay)
 
 
 def save_learned(args: argparse.Namespace, learner: OnlineLearner | None, head_name: str | None) -> None:

@@ -18,6 +18,7 @@ from headstart.heads.registry import HEADS, build_head, drafter_for
 from headstart.models.head import DraftConfig
 from headstart.models.target import Target, TargetOutput
 from headstart.scripts import benchmark
+from headstart.scripts.online_args import online_learner
 from headstart.trainer.config import TrainConfig
 from headstart.trainer.online import OnlineLearner, OnlineSchedule, Replay, ReplayBuffer, Served
 
@@ -177,11 +178,26 @@ def test_every_head_that_declares_it_learns_online_and_the_others_are_refused_by
     (["--online-every", "2"], "add --online"),
     (["--online", "--batch-size", "2"], "--batch-size 1"),
     (["--online", "--online-steps", "0"], "--online-steps must be >= 1"),
+    (["--online", "--online-lr", "0"], "--online-lr must be > 0"),
 ])
 def test_online_flags_are_refused_by_name(flags, refused, capsys):
     with pytest.raises(SystemExit):
         benchmark.main(["--target", "t", "--questions", "q", "--out", "o", "--method", "eagle3", "--draft", "d", *flags])
     assert refused in capsys.readouterr().err
+
+
+def test_online_lr_overrides_the_recipe_s_rate(target, tmp_path):
+    """--online-lr is the rate the optimizer steps at; without it, --online-recipe's train.lr."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("train:\n  lr: 0.003\n  optimizer: adamw\n")
+    args = lambda *more: benchmark.build_parser().parse_args(  # noqa: E731
+        ["--target", "t", "--questions", "q", "--out", "o", "--method", "eagle3", "--online", "--online-recipe",
+         str(recipe), *more])
+    rates = []
+    for flags in ([], ["--online-lr", "4e-4"]):
+        learner = online_learner(args(*flags), eagle3(target), target)
+        rates.append({group["lr"] for opt in learner.backend.optimizers for group in opt.param_groups})
+    assert rates == [{0.003}, {4e-4}]
 
 
 @pytest.mark.slow  # 2,500 sampled requests, an optimizer step after every 10th: ~40 s

@@ -213,7 +213,8 @@ class OnlineLearner:
     def describe(self) -> str:
         s = self.schedule
         replay = f", {len(self.replay.dataset)} conversations replayed" if self.replay else ""
-        return (f"online: {s.steps} step(s) every {s.every} request(s), buffer {s.buffer_tokens} tokens{replay}, "
+        return (f"online: {s.steps} step(s) at lr {self.train_config.lr:g} every {s.every} request(s), buffer "
+                f"{s.buffer_tokens} tokens{replay}, "
                 f"{self.updates} update(s) over {self.served} request(s)")
 
 
