@@ -2,7 +2,8 @@
 requests in one process (the suite ``python benchmarks/run.py online-shift`` runs the steps).
 
     python benchmarks/online_shift.py prepare --regenerated runs/demo-regenerated/regenerated.jsonl --out runs/online-shift
-    python benchmarks/online_shift.py collect --out runs/online-shift --result benchmarks/results/online_shift_demo.json
+    python benchmarks/online_shift.py collect --out runs/online-shift --learning lr3e-4-every4 \
+        --result benchmarks/results/online_shift_demo.json
 
 ``prepare`` writes the training rows of one source only (the target's own replies to GSM8K questions, from the demo's
 regenerated data) and two question files in MT-bench's format: the shifted stream (GPTeacher codegen and roleplay
@@ -18,11 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from pathlib import Path
 
 from headstart.benchmarks.record import write_result
 from headstart.decode.questions import prompt_ids
 from headstart.models.target import load_tokenizer
+from headstart.trainer.config import load_config
 from headstart.trainer.conversations import detect_format, to_messages
 
 SHIFTED = ("configs/demo/data/gpteacher_codegen.json", "configs/demo/data/gpteacher_roleplay.json")
@@ -138,6 +141,7 @@ def learner_row(frozen: dict, learner: dict, original_after: float | None, origi
             "tokens_per_s": speed(turns), "last_half_tokens_per_s": speed(turns[half:]),
             # against the frozen head decoded turn by turn beside it, in the same process
             "speed_vs_frozen": speed(turns) / speed(frozen["turns"]),
+            "last_half_speed_vs_frozen": speed(turns[half:]) / speed(frozen["turns"][half:]),
             "learn_ms_per_token": learner["results"]["overall"].get("learn_ms_per_token"), "mode": learner.get("mode"),
             "greedy_exact": not learner.get("mismatches"), "original_tau_after": original_after,
             "original_change": None if original_after is None else original_after / original_before - 1.0}
@@ -147,25 +151,40 @@ WINDOW = 20
 """Requests per window of the stream's tau."""
 
 
+def learning_settings(command: str) -> dict:
+    """How a stream's online head learned, from the stream's recorded ``headstart bench`` command (its --versus flags):
+    learning rate (without --online-lr, the --online-recipe's), update interval, steps per update, replay or not."""
+    words = shlex.split(command)
+    flags = shlex.split(words[words.index("--versus") + 1])
+    value = lambda flag: flags[flags.index(flag) + 1] if flag in flags else None  # noqa: E731
+    lr = value("--online-lr") or load_config(value("--online-recipe")).train.lr
+    return {"lr": float(lr), "every": int(value("--online-every")), "steps": int(value("--online-steps")),
+            "replay": "--online-replay" in flags}
+
+
 def collect(args: argparse.Namespace) -> None:
+    """Every online run in ``--out`` (``stream-NAME``: the frozen head paired with one learning; ``original-NAME``: the
+    original domain after it), the suite's own setting (``--learning``) and its run without replay first."""
     out = Path(args.out)
-    stream = json.loads((out / "stream" / "results.json").read_text())
+    main = json.loads((out / f"stream-{args.learning}" / "results.json").read_text())
     before = overall_tau(out, "original-frozen")
-    rows = {"frozen": learner_row(stream, stream, before, before),
-            "online": learner_row(stream, json.loads((out / "stream" / "versus" / "results.json").read_text()),
-                                  overall_tau(out, "original-adapted"), before)}
-    if (out / "stream-noreplay" / "versus" / "results.json").is_file():  # the same stream, served traffic alone
-        alone = json.loads((out / "stream-noreplay" / "versus" / "results.json").read_text())
-        beside = json.loads((out / "stream-noreplay" / "results.json").read_text())  # its own paired frozen run
-        rows["online-noreplay"] = learner_row(beside, alone, overall_tau(out, "original-noreplay"), before)
+    rows = {"frozen": learner_row(main, main, before, before)}
+    names = [p.parent.parent.name.removeprefix("stream-") for p in out.glob("stream-*/versus/results.json")]
+    first = [n for n in (args.learning, f"noreplay-{args.learning}") if n in names]
+    for name in first + sorted(set(names) - set(first)):
+        beside = json.loads((out / f"stream-{name}" / "results.json").read_text())  # its own paired frozen run
+        learner = json.loads((out / f"stream-{name}" / "versus" / "results.json").read_text())
+        rows[name] = {**learner_row(beside, learner, overall_tau(out, f"original-{name}"), before),
+                      **learning_settings(beside["command"]), "command": beside["command"]}
     record = {
         "title": "A head served another domain: frozen, learning online, adapted from a log",
         "what": "the demo target's EAGLE-3 head trained on its GSM8K replies only (600 steps), served GPTeacher codegen "
                 "and roleplay prompts it never saw, in chains of 4, greedy (every output the target's), 128 new tokens",
         "suite": "python benchmarks/run.py online-shift",
-        "online": {"requests": len(stream["turns"]), "window": WINDOW, "runs": rows, "paired": stream.get("paired"),
+        "online": {"requests": len(main["turns"]), "window": WINDOW, "runs": rows, "learning": args.learning,
+                   "paired": main.get("paired"),
                    "original_questions": len(json.loads((out / "original-frozen" / "results.json").read_text())["turns"]),
-                   "train": args.train_command, "stream_command": stream.get("command")},
+                   "train": args.train_command},
     }
     if (out / "adapt" / "run" / "run_config.json").is_file():
         config = json.loads((out / "adapt" / "run" / "run_config.json").read_text())
@@ -200,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     col = sub.add_parser("collect")
     col.add_argument("--out", required=True)
     col.add_argument("--result", required=True)
+    col.add_argument("--learning", required=True, metavar="NAME",
+                     help="the suite's own online setting (its runs: stream-NAME, original-NAME, stream-noreplay-NAME)")
     col.add_argument("--train-command", default="", help="how the head was trained (for the record)")
     col.add_argument("--allow-dirty", action="store_true")
     args = p.parse_args(argv)

@@ -367,33 +367,40 @@ def training_section(record: dict) -> list[str]:
     return lines + [""]
 
 
-LEARNERS = {"frozen": "frozen", "online": "`--online`, replaying its training data",
-            "online-noreplay": "`--online`, the served traffic alone"}
+def learner_label(run: dict) -> str:
+    if "lr" not in run:
+        return "frozen"
+    return "`--online`, " + ("replaying its training data" if run["replay"] else "the served traffic alone")
 
 
 def online_section(record: dict) -> list[str]:
     """A head served a domain it was not trained on (benchmarks/online_shift.py): frozen against learning online on one
-    stream (paired in one process), the original domain before and after, and ``headstart adapt`` against training
-    from scratch on a log of the new domain."""
+    stream (paired in one process), at the suite's setting and any other run beside it, the original domain before and
+    after, and ``headstart adapt`` against training from scratch on a log of the new domain."""
     o = record["online"]
-    runs = o["runs"]
+    runs, own = o["runs"], o["learning"]
+    mine = {n: r for n, r in runs.items() if n in ("frozen", own, f"noreplay-{own}")}
     lines = [*heading(record),
              f"A stream of {o['requests']} requests, the same prompts in the same order: tau over all of them, its last "
              f"half (and over the frozen head's), tokens/s with the updates' time inside it over the frozen head's "
-             f"decoded beside it (paired), what the updates cost, and tau on {o['original_questions']} held-out GSM8K "
-             "questions (the original domain) after the stream.", "",
-             "| the head | stream tau | last half | vs frozen | tokens/s vs frozen (paired) | update cost | GSM8K tau after |",
-             "|---|---|---|---|---|---|---|"]
+             f"decoded beside it (paired; all the stream, its last half), what the updates cost, and tau on "
+             f"{o['original_questions']} held-out GSM8K questions (the original domain) after the stream. Each online "
+             "run takes its update (the recipe's optimizer at the learning rate shown) every N requests; the suite's "
+             "setting first.", "",
+             "| the head | lr, every N | stream tau | last half | vs frozen | tokens/s vs frozen (paired): all / last "
+             "half | update cost | GSM8K tau after |",
+             "|---|---|---|---|---|---|---|---|"]
     for name, run in runs.items():
         learn = run["learn_ms_per_token"] or 0.0
         cost = "-" if learn < 0.01 else f"{learn:.2f} ms/token"
-        change = "" if name == "frozen" else f" ({run['original_change']:+.0%})"
-        lines.append(f"| {LEARNERS.get(name, name)} | {run['tau']:.2f} | {run['last_half_tau']:.2f} | "
-                     f"{run['last_half_vs_frozen']:.2f}x | {run['speed_vs_frozen']:.2f}x | {cost} | "
-                     f"{run['original_tau_after']:.2f}{change} |")
-    lines += ["", f"tau by window of {o['window']} requests: "
-              + "; ".join(f"{LEARNERS.get(n, n)} " + " ".join(f"{w:.2f}" for w in r["windows"]) for n, r in runs.items())
-              + ". Mode of the online run: " + runs["online"]["mode"] + "."]
+        change = "" if name == "frozen" else f" ({run['original_change']:+.1%})"
+        setting = f"{run['lr']:g}, {run['every']}" if "lr" in run else "-"
+        lines.append(f"| {learner_label(run)} | {setting} | {run['tau']:.2f} | {run['last_half_tau']:.2f} | "
+                     f"{run['last_half_vs_frozen']:.2f}x | {run['speed_vs_frozen']:.2f}x / "
+                     f"{run['last_half_speed_vs_frozen']:.2f}x | {cost} | {run['original_tau_after']:.2f}{change} |")
+    lines += ["", f"tau by window of {o['window']} requests at the suite's setting: "
+              + "; ".join(f"{learner_label(r)} " + " ".join(f"{w:.2f}" for w in r["windows"]) for r in mine.values())
+              + ". Mode of the online run: " + runs[own]["mode"] + "."]
     a = o.get("adapt")
     if a:
         lines += ["", f"`headstart adapt` on a log of {a['log_completions']} served completions of the new domain (the "

@@ -388,13 +388,16 @@ def block_budget(s: Settings) -> list[Step]:
 def online_shift(s: Settings) -> list[Step]:
     """A GSM8K-only EAGLE-3 head of the demo target served GPTeacher codegen and roleplay prompts: frozen against
     learning online, paired in one process; the original domain before and after; ``headstart adapt`` on a log of the
-    new domain against training from scratch on it (benchmarks/online_shift.py)."""
+    new domain against training from scratch on it (benchmarks/online_shift.py). The online runs are named by their
+    learning rate and update interval (``lr{online_lr}-every{every}``): runs of other settings in the same directory
+    (``--set online_lr=...``) are collected beside the suite's own."""
     x, recipe = s.out, "configs/demo/eagle3_regenerated.yaml"
-    head, online, regenerated = f"{x}/gsm8k-train/final", f"{x}/online-head", "runs/demo-regenerated/regenerated.jsonl"
+    head, regenerated = f"{x}/gsm8k-train/final", "runs/demo-regenerated/regenerated.jsonl"
+    tag = f"lr{s['online_lr']}-every{s['every']}"
     train = [*ONE, "--config", recipe, f"--data.files=[{x}/train.jsonl]", f"--output_dir={x}/gsm8k-train",
              f"--train.max_steps={s['steps']}", "--train.save_every=300", "--train.eval_every=300"]
     learn = ["--online", "--online-every", s["every"], "--online-steps", s["online_steps"], "--online-buffer", s["buffer"],
-             "--online-recipe", s["online_recipe"]]
+             "--online-recipe", s["online_recipe"], "--online-lr", s["online_lr"]]
     replay = ["--online-replay", f"{x}/train.jsonl"]  # the head's own training conversations, against forgetting
     adapt = [PY, "-m", "headstart.scripts.cli", "adapt", "--head", head, "--target", DEMO, "--log", f"{x}/served-log.jsonl",
              "--recipe", recipe, "--steps", s["adapt_steps"], "--replay", f"{x}/train.jsonl", "--overwrite",
@@ -403,41 +406,45 @@ def online_shift(s: Settings) -> list[Step]:
         return bench(name, DEMO, x / name, "--method", "eagle3", "--draft", draft,
                      questions=["--questions", f"{x}/{questions}.jsonl"], needs=(draft,), **step)
 
+    def stream(name: str, *flags: str, **step: object) -> list[Step]:
+        """The shifted stream, the frozen head paired with one learning with ``flags``; then the original domain with
+        the head as it learned."""
+        return [bench(f"stream-{name}", DEMO, x / f"stream-{name}", "--method", "eagle3", "--draft", head,
+                      *versus("eagle3", head, *learn, *flags, "--online-save", f"{x}/online-head-{name}"),
+                      questions=["--questions", f"{x}/shifted.jsonl"], needs=(head,), **step),
+                eval_on(f"original-{name}", "original", f"{x}/online-head-{name}", **step)]
+
     return [demo_regenerated(),
             Step("prepare", [PY, "benchmarks/online_shift.py", "prepare", "--regenerated", regenerated, "--out", str(x)]),
             Step("log", [PY, "benchmarks/online_shift.py", "log", "--regenerated", regenerated, "--target", DEMO,
                          "--log", f"{x}/served-log.jsonl", "--source-file", *SHIFTED]),
             Step("train", train, skip_if=head),
-            bench("stream", DEMO, x / "stream", "--method", "eagle3", "--draft", head,
-                  *versus("eagle3", head, *learn, *replay, "--online-save", online),
-                  questions=["--questions", f"{x}/shifted.jsonl"], needs=(head,)),
-            eval_on("original-frozen", "original", head), eval_on("original-adapted", "original", online),
+            eval_on("original-frozen", "original", head),
+            *stream(tag, *replay),
             # the same stream learned without replay: what the served domain alone does to the original one
-            bench("stream-noreplay", DEMO, x / "stream-noreplay", "--method", "eagle3", "--draft", head,
-                  *versus("eagle3", head, *learn, "--online-save", f"{online}-noreplay"),
-                  questions=["--questions", f"{x}/shifted.jsonl"], needs=(head,), optional=True),
-            eval_on("original-noreplay", "original", f"{online}-noreplay", optional=True),
+            *stream(f"noreplay-{tag}", optional=True),
             Step("adapt", [*adapt, "--output", f"{x}/adapt"]),
             Step("scratch", [*adapt, "--output", f"{x}/scratch", "--from-scratch"]),
             eval_on("new-frozen", "shifted_heldout", head), eval_on("new-adapt", "shifted_heldout", f"{x}/adapt/run/final"),
             eval_on("new-scratch", "shifted_heldout", f"{x}/scratch/run/final"),
             eval_on("original-adapt", "original", f"{x}/adapt/run/final"),
-            Step("collect", [PY, "benchmarks/online_shift.py", "collect", "--out", str(x), "--result",
+            Step("collect", [PY, "benchmarks/online_shift.py", "collect", "--out", str(x), "--learning", tag, "--result",
                              "benchmarks/results/online_shift_demo.json", "--train-command", " ".join(train[1:]),
                              *s.dirty_flag()], writes_result=True)]
 
 
 def adapt_smollm2(s: Settings) -> list[Step]:
     """SmolLM2's committed EAGLE-3 head adapted (``headstart adapt``) to a log of the MT-bench-style traffic it served
-    (its own sampled replies to every MT-bench question but the first of each category), then decoded on those first
-    questions -- the MT-bench setting of every SmolLM2 table -- against the head as committed and n-gram lookup, paired."""
+    (its own replies to every MT-bench question but the first of each category, served as the benchmark serves: greedy,
+    ``max_new_tokens``), then decoded on those first questions -- the MT-bench setting of every SmolLM2 table --
+    against the head as committed and n-gram lookup, paired."""
     x, head = s.out, "configs/smollm2/eagle3-head"
     adapted = f"{x}/adapt/run/final"
     regenerate = [PY, "scripts/regenerate_data.py", "--target", SMOLLM2, "--data", f"{x}/mtbench_prompts.jsonl", "--output",
-                  f"{x}/regen", "--max-new-tokens", "256", "--temperature", "0.7", "--top-p", "0.95", "--seed", "0",
-                  "--batch-size", "32", "--dtype", "bfloat16"]
+                  f"{x}/regen", "--max-new-tokens", s["max_new_tokens"], "--temperature", s["temperature"], "--top-p",
+                  "0.95", "--seed", "0", "--batch-size", "32", "--dtype", "float32"]  # the benchmark's target dtype on a CPU
     return [Step("prompts", [PY, "benchmarks/online_shift.py", "mtbench-prompts", "--questions", MT_BENCH[1], "--out",
-                             f"{x}/mtbench_prompts.jsonl"]),
+                             f"{x}/mtbench_prompts.jsonl", "--samples", s["samples"]]),
             Step("regenerate", regenerate, skip_if=f"{x}/regen/regenerated.jsonl", needs=(SMOLLM2,)),
             Step("log", [PY, "benchmarks/online_shift.py", "log", "--regenerated", f"{x}/regen/regenerated.jsonl",
                          "--target", SMOLLM2, "--log", f"{x}/served-log.jsonl"]),
@@ -942,10 +949,12 @@ SUITES: dict[str, Suite] = {
     "online-shift": Suite("a head served another domain than it was trained on: frozen vs --online on one stream, and "
                           "headstart adapt vs from scratch on a log of it -> online_shift_demo.json", "runs/online-shift",
                           online_shift, {"steps": "600", "every": "4", "online_steps": "1", "buffer": "8192",
-                                         "online_recipe": "configs/demo/eagle3_regenerated.yaml", "adapt_steps": "300"}),
+                                         "online_recipe": "configs/demo/eagle3_regenerated.yaml", "online_lr": "3e-4",
+                                         "adapt_steps": "300"}),
     "adapt-smollm2": Suite("SmolLM2's EAGLE-3 head adapted to a log of its MT-bench-style traffic, against the committed "
                            "head and n-gram lookup on held-out MT-bench questions -> OUT/table.md", "runs/adapt-smollm2",
-                           adapt_smollm2, {"steps": "150"}),
+                           adapt_smollm2, {"steps": "150", "temperature": "0", "max_new_tokens": "128",
+                                           "samples": "1"}),  # a greedy server's log: each question's reply once
     "batch": Suite("plain vs speculative decoding by batch size, every chain drafter -> OUT/table.md", "runs/bench-batch",
                    by_batch, {"target": DEMO, "methods": "eagle3 mtp medusa draft-model ngram", "batches": "1 4 16",
                               "questions": "configs/demo/eval/mt_bench.jsonl", "per_category": "2", "max_new_tokens": "64"}),

@@ -254,3 +254,38 @@ def test_a_run_cannot_append_its_table_to_a_generated_page() -> None:
     for page in (ROOT / "BENCHMARKS.md", ROOT / "benchmarks" / "pages" / "any.md"):
         with pytest.raises(ValueError, match="is generated from benchmarks/results/"):
             append_section(page, "title", "body")
+
+
+def test_an_online_stream_renders_tau_and_speed_over_all_of_it_and_its_last_half(tmp_path: Path) -> None:
+    """The learner's row is computed from each turn's [counted tokens, forwards, tokens, seconds]: the last half of a
+    stream where the learner catches up shows its gain and its speed there, not diluted by the first half; its
+    settings are read from the stream's command (the recipe's rate where it gave no --online-lr)."""
+    from headstart.benchmarks.online_shift import learner_row, learning_settings
+
+    frozen = {"turns": [[10, 10, 10, 1.0]] * 4, "results": {"overall": {}}}
+    # first half: the same tau, slower (the updates); last half: twice the tokens per forward, and faster
+    online = {"turns": [[10, 10, 10, 1.25]] * 2 + [[20, 10, 20, 1.0]] * 2, "results": {"overall": {"learn_ms_per_token": 5.0}},
+              "mode": "greedy, online"}
+    row = learner_row(frozen, online, original_after=3.9, original_before=4.0)
+    assert row["last_half_vs_frozen"] == pytest.approx(2.0) and row["tau"] == pytest.approx(60 / 40)
+    assert row["speed_vs_frozen"] == pytest.approx((60 / 4.5) / 10) and row["last_half_speed_vs_frozen"] == pytest.approx(2.0)
+    assert row["original_change"] == pytest.approx(-0.025)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("train:\n  lr: 0.003\n")
+    stream = "headstart bench --method eagle3 --versus '--method eagle3 --online --online-every {} --online-steps 1 " \
+             "--online-recipe {} {}' --out o"
+    assert learning_settings(stream.format(4, recipe, "--online-lr 3e-4 --online-replay t.jsonl")) == {
+        "lr": 3e-4, "every": 4, "steps": 1, "replay": True}
+    assert learning_settings(stream.format(8, recipe, "")) == {"lr": 0.003, "every": 8, "steps": 1, "replay": False}
+    record = {"title": "t", "what": "w", "suite": "s", "file": "f.json", "command": "c", "commit": "abc",
+              "machine": "CPU x86_64, 2 cores", "date": "2026-12-03T00:00:00+00:00",
+              "online": {"requests": 4, "window": 2, "original_questions": 3, "learning": "lr3e-4-every4",
+                         "runs": {"frozen": learner_row(frozen, frozen, 4.0, 4.0),
+                                  "lr3e-4-every4": {**row, "lr": 3e-4, "every": 4, "replay": True},
+                                  "lr1e-3-every8": {**row, "lr": 1e-3, "every": 8, "replay": False}}}}
+    text = "\n".join(results_page.online_section(record))
+    assert ("| `--online`, replaying its training data | 0.0003, 4 | 1.50 | 2.00 | 2.00x | 1.33x / 2.00x | 5.00 ms/token "
+            "| 3.90 (-2.5%) |") in text
+    assert "| `--online`, the served traffic alone | 0.001, 8 |" in text
+    # the windows of the suite's own setting only
+    assert "frozen 1.00; `--online`, replaying its training data 1.50. Mode" in text and "alone 1.50" not in text
