@@ -9,10 +9,12 @@ requests in one process (the suite ``python benchmarks/run.py online-shift`` run
 regenerated data) and two question files in MT-bench's format: the shifted stream (GPTeacher codegen and roleplay
 prompts taken in turn, past the rows any demo head trained on) and held-out GSM8K questions (past the training rows).
 
-``collect`` reads the runs: the stream decoded by the frozen head and by the online one (``headstart bench --versus``:
-the same prompts in the same order, paired turn by turn), tau per window of ``--window`` requests, the last half's
-ratio, the paired speed-up with the updates' time inside it, their cost per token; and the original domain's held-out
-questions decoded by the head as it started and as it ended the stream (``--online-save``).
+``collect`` reads every online run in the directory (``stream-NAME``: the stream decoded by the frozen head and by one
+learning head, ``headstart bench --versus``: the same prompts in the same order, paired turn by turn; the suite's own
+setting is ``--learning NAME``): tau per window of 20 requests, the last half's ratio, the paired speed-up with the
+updates' time inside it (over the stream and its last half), their cost per token, the settings read from the run's
+command; and the original domain's held-out questions decoded by the head as it started and as it ended each stream
+(``original-NAME``, from ``--online-save``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 from headstart.benchmarks.record import write_result
 from headstart.decode.questions import prompt_ids
 from headstart.models.target import load_tokenizer
-from headstart.trainer.config import load_config
+from headstart.trainer.config import TrainConfig, load_config
 from headstart.trainer.conversations import detect_format, to_messages
 
 SHIFTED = ("configs/demo/data/gpteacher_codegen.json", "configs/demo/data/gpteacher_roleplay.json")
@@ -157,7 +159,8 @@ def learning_settings(command: str) -> dict:
     words = shlex.split(command)
     flags = shlex.split(words[words.index("--versus") + 1])
     value = lambda flag: flags[flags.index(flag) + 1] if flag in flags else None  # noqa: E731
-    lr = value("--online-lr") or load_config(value("--online-recipe")).train.lr
+    recipe = value("--online-recipe")
+    lr = value("--online-lr") or (load_config(recipe).train if recipe else TrainConfig()).lr
     return {"lr": float(lr), "every": int(value("--online-every")), "steps": int(value("--online-steps")),
             "replay": "--online-replay" in flags}
 

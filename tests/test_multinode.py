@@ -48,13 +48,14 @@ def start_nodes(command: list[str], overrides: list[str], homes: list[Path], log
                 launched: list[subprocess.Popen], port: int) -> list[subprocess.Popen]:
     """Node 0 first, the next once node 0's launcher listens at the rendezvous endpoint: node 0 hosts the job's
     store, as the node named by --rdzv-endpoint does on a cluster (the first launcher to bind the port hosts it)."""
-    deadline = time.monotonic() + 120
-    for i, (home, log) in enumerate(zip(homes, logs)):
-        while i == 1 and not listening(port):
-            assert time.monotonic() < deadline and launched[0].poll() is None, logs[0].read_text()[-3000:]
+    deadline, nodes = time.monotonic() + 120, []
+    for home, log in zip(homes, logs):
+        while nodes and not listening(port):
+            assert time.monotonic() < deadline and nodes[0].poll() is None, logs[0].read_text()[-3000:]
             time.sleep(0.05)
-        launched.append(node(command, overrides, home, log))
-    return launched
+        nodes.append(node(command, overrides, home, log))
+        launched.append(nodes[-1])
+    return nodes
 
 
 def descendants(pid: int) -> list[int]:

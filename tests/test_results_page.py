@@ -261,6 +261,7 @@ def test_an_online_stream_renders_tau_and_speed_over_all_of_it_and_its_last_half
     stream where the learner catches up shows its gain and its speed there, not diluted by the first half; its
     settings are read from the stream's command (the recipe's rate where it gave no --online-lr)."""
     from headstart.benchmarks.online_shift import learner_row, learning_settings
+    from headstart.trainer.config import TrainConfig
 
     frozen = {"turns": [[10, 10, 10, 1.0]] * 4, "results": {"overall": {}}}
     # first half: the same tau, slower (the updates); last half: twice the tokens per forward, and faster
@@ -277,9 +278,11 @@ def test_an_online_stream_renders_tau_and_speed_over_all_of_it_and_its_last_half
     assert learning_settings(stream.format(4, recipe, "--online-lr 3e-4 --online-replay t.jsonl")) == {
         "lr": 3e-4, "every": 4, "steps": 1, "replay": True}
     assert learning_settings(stream.format(8, recipe, "")) == {"lr": 0.003, "every": 8, "steps": 1, "replay": False}
+    bare = "headstart bench --versus '--method eagle3 --online --online-every 2 --online-steps 3' --out o"
+    assert learning_settings(bare)["lr"] == TrainConfig().lr  # no recipe: the recipe defaults' rate
     record = {"title": "t", "what": "w", "suite": "s", "file": "f.json", "command": "c", "commit": "abc",
               "machine": "CPU x86_64, 2 cores", "date": "2026-12-03T00:00:00+00:00",
-              "online": {"requests": 4, "window": 2, "original_questions": 3, "learning": "lr3e-4-every4",
+              "online": {"requests": 4, "window": 20, "original_questions": 3, "learning": "lr3e-4-every4",
                          "runs": {"frozen": learner_row(frozen, frozen, 4.0, 4.0),
                                   "lr3e-4-every4": {**row, "lr": 3e-4, "every": 4, "replay": True},
                                   "lr1e-3-every8": {**row, "lr": 1e-3, "every": 8, "replay": False}}}}
