@@ -294,7 +294,10 @@ def new_heads(which: str) -> Callable[[Settings], list[Step]]:
         run_dir = (lambda n: f"runs/demo-{n}-regenerated") if demo else (lambda n: f"runs/smollm2-{n}")
         head_dir = (lambda n: f"configs/demo/{n}-head") if demo else (lambda n: str(s.out / f"{n}-head"))
         launch, flags = (ONE, ["--train.batch_size=8"]) if demo else (TWO, [])
-        out = [demo_regenerated()] if demo else []
+        # the demo's recipes read the demo target's own replies; SmolLM2's read one stored feature set (its EAGLE-3 recipe's)
+        out = [demo_regenerated()] if demo else [
+            Step("features", ["torchrun", "--nproc_per_node", "2", "scripts/generate_features.py", "--config",
+                              "configs/smollm2/eagle3.yaml"], skip_if="runs/smollm2-features/manifest.json")]
         for n in ("eagle31", "peagle", "dflash"):
             out.append(Step(f"train-{n}", [*launch, "--config", recipe(n), *flags, "--logging.progress=false"], timed=True))
             if not demo:  # the demo's are committed (configs/demo/*-head)
