@@ -235,17 +235,33 @@ def test_two_verification_rules_render_head_by_head_with_the_gain_over_seeds(tmp
         head_rows({"x@0": run(2.0, 2.0, 1.0) | {"second": {**run(2.0, 2.0, 1.0)["second"], "draft": "other"}}})
 
 
-def test_each_target_shows_its_drafts_side_by_side_and_links_its_comparisons_page(tmp_path: Path) -> None:
-    headline, study = bench_record("targets/A", 1.5), bench_record("targets/A", 2.25)
-    headline["title"], study["title"] = "All trained drafts side by side", "n-gram at two budgets"
-    (tmp_path / "a_all_drafts.json").write_text(json.dumps(headline))
-    (tmp_path / "budgets.json").write_text(json.dumps(study))
-    pages = results_page.pages(results_page.load(tmp_path))
-    assert list(pages) == ["BENCHMARKS.md", "benchmarks/pages/targets-a-cpu.md"]
-    front, comparisons = pages.values()
-    assert "1.50" in front and "2.25" not in front and "n-gram at two budgets" in front
-    assert "](benchmarks/pages/targets-a-cpu.md)" in front
-    assert comparisons.startswith("# Comparisons: `targets/A` on CPU") and "2.25" in comparisons and "1.50" not in comparisons
+def test_each_target_shows_its_drafts_side_by_side_and_links_its_two_comparisons_pages(tmp_path: Path) -> None:
+    headline, study, trained = bench_record("targets/A", 1.5), bench_record("targets/A", 2.25), bench_record("targets/A", 2.75)
+    headline["title"], study["title"], trained["title"] = "All trained drafts side by side", "n-gram at two budgets", "k heads"
+    trained["train"] = {"k2": {"step": 10, "sim_accept_len": 1.625, "acc_by_step": [0.5]}}
+    results = tmp_path / "results"
+    results.mkdir()
+    for name, record in (("a_all_drafts", headline), ("budgets", study), ("heads", trained)):
+        (results / f"{name}.json").write_text(json.dumps(record))
+    pages = results_page.pages(results_page.load(results))
+    heads, decoding = "benchmarks/pages/targets-a-cpu-heads.md", "benchmarks/pages/targets-a-cpu-decoding.md"
+    assert list(pages) == ["BENCHMARKS.md", heads, decoding]
+    front = pages["BENCHMARKS.md"]
+    assert "1.50" in front and "2.25" not in front and "2.75" not in front
+    assert f"Heads compared on this target ([{heads}]({heads})): k heads." in front
+    assert f"Decoding methods compared on this target ([{decoding}]({decoding})): n-gram at two budgets." in front
+    # a file that trains its heads goes on the heads page, one that decodes heads already there on the other
+    assert pages[heads].startswith("# Heads compared: `targets/A` on CPU") and "1.62" in pages[heads]
+    assert "2.25" in pages[decoding] and "2.75" not in pages[decoding] and "1.50" not in pages[decoding]
+    # a page no result file gives any more is removed by a rewrite, and --check names it
+    out = tmp_path / "BENCHMARKS.md"
+    assert results_page.main(["--results", str(results), "--out", str(out)]) == 0
+    old = tmp_path / "benchmarks" / "pages" / "targets-a-cpu.md"
+    old.write_text("a page from before\n")
+    assert results_page.main(["--check", "--results", str(results), "--out", str(out)]) == 1
+    assert results_page.main(["--results", str(results), "--out", str(out)]) == 0
+    assert not old.exists() and (tmp_path / heads).is_file()
+    assert results_page.main(["--check", "--results", str(results), "--out", str(out)]) == 0
 
 
 def test_a_run_cannot_append_its_table_to_a_generated_page() -> None:
