@@ -126,8 +126,10 @@ def compare(name: str, out: Path, pattern: str, title: str, suite: str, **step: 
                                "--title", title, "--script", f"`python benchmarks/run.py {suite}`"], **step)
 
 
-ALL_DRAFTS = ("Every trained draft of {}, and the drafters that need no training, each decoded alone; training as each "
-              "head's card records it, timed where a result file timed the run it was published from")
+ALL_DRAFTS = ("Every trained draft of {}, and the drafters that need no training (Lookahead at its reference shape W 7, "
+              "N 5, G 7; REST from a datastore of the target's own replies to its training prompts; staged: the draft "
+              "model drafted by n-gram lookup; Draft & Verify: the layers its search picks, at 8), each decoded alone; "
+              "training as each head's card records it, timed where a result file timed the run it was published from")
 NEW_HEADS = ("One recipe ({}, Muon lr 3e-3, linear decay) with each head's options; "
              + PAIRED.format("the committed EAGLE-3 head {} (its card's training row)"))
 RETRIEVAL_PAIRED = ("each decoded paired in one process (--versus) with n-gram lookup of the request's own tokens "
@@ -248,15 +250,33 @@ def all_drafts(which: str) -> Callable[[Settings], list[Step]]:
                run("mtp-chain", "--method", "mtp", "--draft", f"{h}/mtp-head", *k(4)),
                run("ngram-chain", "--method", "ngram", *k(4)),
                run("suffix-chain", "--method", "suffix", *k(4))]
+        # the drafters that need no training: Lookahead at its reference shape, REST from the target's own replies
+        recipe = "configs/demo/eagle3_regenerated.yaml" if demo else "configs/smollm2/eagle3.yaml"
+        store = f"runs/datastore-{which}"
+        out += [run("lookahead", "--method", "lookahead"),
+                *([demo_regenerated()] if demo else []),
+                Step("datastore", [PY, "-m", "headstart.scripts.cli", "datastore", "--config", recipe, "--output", store],
+                     skip_if=store),
+                run("rest-chain", "--method", "rest", "--datastore", store, *k(4), needs=(store,))]
         if demo:
-            out += [run("draft-model-chain", "--method", "draft-model", "--draft", "configs/demo/draft-model", *k(4)),
+            out += [run("staged-chain", "--method", "staged", "--draft", "configs/demo/draft-model", *k(4)),
+                    run("dspark-chain", "--method", "dspark", "--draft", f"{h}/dspark-head", *k(4)),
+                    run("dflash2-chain", "--method", "dflash2", "--draft", f"{h}/dflash2-head", *k(4)),
+                    run("draft-model-chain", "--method", "draft-model", "--draft", "configs/demo/draft-model", *k(4)),
                     run("distilled-draft-model-chain", "--method", "draft-model", "--draft",
                         "configs/demo/distilled-draft-model", *k(4)),
                     run("hydra-chain", "--method", "hydra", "--draft", f"{h}/hydra-head", *k(4)),
                     run("hydra-tree", "--method", "hydra", "--draft", f"{h}/hydra-head", "--tree", "--tree-depth", "4")]
         else:
+            # Draft & Verify with the 8 layers the layer-skip suite's search picks (the search run here where it is not)
+            found, count = Path("runs/layer-skip-smollm2/search.json"), 8
             out += [run("eagle3-2k-chain", "--method", "eagle3", "--draft", f"{h}/eagle3-2k-head", *k(4)),
-                    run("early-exit-chain", "--method", "early-exit", "--draft", f"{h}/early-exit-head", *k(4))]
+                    run("early-exit-chain", "--method", "early-exit", "--draft", f"{h}/early-exit-head", *k(4)),
+                    Step("layer-skip-search", [PY, "-m", "headstart.scripts.cli", "layer-skip", "--config", recipe,
+                                               "--data", LAYER_SKIP_DATA, "--skip", str(count), "--output", str(found)],
+                         skip_if=str(found)),
+                    Step("layer-skip-chain", lambda: run("layer-skip-chain", "--method", "layer-skip", "--skip-layers",
+                                                         skip_set(found, count), *k(4)).argv, needs=(str(found),))]
         for head, method in (("eagle31", "eagle3"), ("peagle", "peagle"), ("dflash", "dflash")):
             out.append(run(f"{head}-chain", "--method", method, "--draft", f"{new}/{head}-head", *k(4),
                            needs=(f"{new}/{head}-head",)))
@@ -598,6 +618,15 @@ def staged(s: Settings) -> list[Step]:
 
 # -- Draft & Verify ---------------------------------------------------------------------------------------------------
 
+LAYER_SKIP_DATA = "configs/smollm2/data/regenerated.jsonl[0:4]"
+"""SmolLM2's own replies to 4 training prompts: what the skip-set search scores agreement on."""
+
+
+def skip_set(found: Path, count: int) -> str:
+    """The layers the search (``headstart layer-skip``'s output) skips at ``count`` layers, as --skip-layers takes them."""
+    return ",".join(map(str, json.loads(found.read_text())["path"][count - 1]["skip"]))
+
+
 def layer_skip(s: Settings) -> list[Step]:
     """The skip set searched on SmolLM2's own replies to training prompts (timed), to the most layers of the sweep;
     each count's set (the search's path) decoded paired with the committed early-exit head at the same k."""
@@ -607,14 +636,10 @@ def layer_skip(s: Settings) -> list[Step]:
                            "--data", s["data"], "--skip", str(max(counts)), "--output", str(found), "--overwrite"],
                 timed=True)]
 
-    def skipped(count: int) -> str:
-        path = json.loads(found.read_text())["path"]
-        return ",".join(map(str, path[count - 1]["skip"]))
-
     for count in counts:
         out.append(Step(f"skip{count}-k{s['k']}", lambda count=count: bench(
             f"skip{count}", SMOLLM2, x / f"skip{count}-k{s['k']}", "--method", "layer-skip", "--skip-layers",
-            skipped(count), *k(s["k"]), *versus("early-exit", "configs/smollm2/early-exit-head", *k(s["k"]))).argv,
+            skip_set(found, count), *k(s["k"]), *versus("early-exit", "configs/smollm2/early-exit-head", *k(s["k"]))).argv,
             needs=(str(found),)))
 
     def collect() -> list[str]:
@@ -885,9 +910,9 @@ def smollm2_gpu(s: Settings) -> list[Step]:
 
 
 SUITES: dict[str, Suite] = {
-    "heads-demo": Suite("every trained draft of the demo target decoded alone -> demo_all_drafts.json",
+    "heads-demo": Suite("every draft of the demo target, trained or not, decoded alone -> demo_all_drafts.json",
                         "runs/bench-heads-demo", all_drafts("demo")),
-    "heads-smollm2": Suite("every trained draft of SmolLM2-135M-Instruct decoded alone -> smollm2_all_drafts.json (its "
+    "heads-smollm2": Suite("every draft of SmolLM2-135M-Instruct, trained or not, decoded alone -> smollm2_all_drafts.json (its "
                            "EAGLE-3.1, P-EAGLE and DFlash rows where new-heads-smollm2 made them)",
                            "runs/bench-heads-smollm2", all_drafts("smollm2")),
     "new-heads-demo": Suite("EAGLE-3.1, P-EAGLE and DFlash at the demo EAGLE-3 head's recipe, paired with it -> "
@@ -934,7 +959,7 @@ SUITES: dict[str, Suite] = {
                             {"k": "4", "runs": "mt-chain heldout-chain heldout-tree heldout-chain-store"}),
     "layer-skip": Suite("Draft & Verify on SmolLM2: the skip set searched, then decoded by count paired with early exit "
                         "-> layer_skip_smollm2.json", "runs/layer-skip-smollm2", layer_skip,
-                        {"skips": "8 12", "k": "4", "data": "configs/smollm2/data/regenerated.jsonl[0:4]"}),
+                        {"skips": "8 12", "k": "4", "data": LAYER_SKIP_DATA}),
     "lookahead-demo": Suite("Lookahead decoding in three shapes against n-gram lookup on the demo target -> "
                             "lookahead_demo.json", "runs/lookahead-demo", lookahead("demo"),
                             {"k": "4", "shapes": " ".join(LOOKAHEAD_SHAPES)}),

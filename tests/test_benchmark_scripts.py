@@ -384,6 +384,27 @@ def test_suites_list_their_steps_pick_the_named_ones_and_keep_a_dirty_checkout_o
     assert [d.name for d in suites.runs_in(tmp_path / "runs")] == ["eagle3-chain"]
 
 
+def test_the_all_drafts_suites_decode_the_drafters_that_need_no_training_too(tmp_path, monkeypatch):
+    """Each all-drafts table has a row for every drafting method that needs no training; Draft & Verify's row skips
+    the layers the search found at its count."""
+    from headstart.benchmarks import run as suites
+
+    names = {}
+    for which in ("demo", "smollm2"):
+        suite = suites.SUITES[f"heads-{which}"]
+        names[which] = {s.name: s for s in suite.steps(suites.Settings(tmp_path / which, dict(suite.settings)))}
+    for method in ("lookahead", "rest-chain", "ngram-chain", "suffix-chain"):
+        assert method in names["demo"] and method in names["smollm2"], method
+    assert {"staged-chain", "dspark-chain", "dflash2-chain", "draft-model-chain"} <= names["demo"].keys()
+    assert names["smollm2"]["rest-chain"].needs == ("runs/datastore-smollm2",)
+    monkeypatch.chdir(tmp_path)
+    found = tmp_path / "runs" / "layer-skip-smollm2" / "search.json"
+    found.parent.mkdir(parents=True)
+    found.write_text(json.dumps({"path": [{"skip": [3]}, {"skip": [3, 27]}] + [{"skip": list(range(i))} for i in range(3, 13)]}))
+    argv = names["smollm2"]["layer-skip-chain"].argv()
+    assert argv[argv.index("--skip-layers") + 1] == "0,1,2,3,4,5,6,7" and argv[argv.index("--method") + 1] == "layer-skip"
+
+
 @pytest.mark.slow  # two tiny decodes on the demo target, ~30 s
 def test_the_batch_suite_decodes_at_each_batch_size_and_tables_the_runs(tmp_path):
     """``python benchmarks/run.py batch`` with its settings cut down: n-gram lookup at batch 1 and 2 on two questions,
