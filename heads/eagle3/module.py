@@ -97,6 +97,19 @@ class Eagle3DecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
+def run_positions(valid_steps: list[torch.Tensor]) -> torch.Tensor:
+    """Where TTT steps 1..K-1 run, [K-1, B, T] bool, from where each step is trained (``valid_steps``: K [B, T]):
+    step k wherever it or a later step is trained -- a later step at t reads step k's output and keys at t -- so each
+    step runs among the positions of the step before it."""
+    later = torch.stack(valid_steps[1:]).flip(0).cumsum(0).flip(0) > 0  # step k: any of steps k..K-1
+    if not later[0].any():
+        # Never an empty step: ZeRO-3 gathers and reduces each module's weights collectively, and a rank that ran
+        # the layer on zero positions fell out of step with the others (gloo: size mismatch). One unread position
+        # keeps every rank's calls and gradients alike; its output is never trained on.
+        later[:, 0, 0] = True
+    return later
+
+
 class Eagle3Draft(nn.Module):
     """The EAGLE-3 head. ``embed_tokens`` is the target's, frozen, and not saved when H == H_t."""
 
@@ -107,7 +120,7 @@ class Eagle3Draft(nn.Module):
     compiled = ("midlayer.attn_input", "midlayer.self_attn.qkv", "midlayer.finish", "norm")
     """What ``train.compile`` compiles (models/train_compile.py): the draft step around its attention, the final norm."""
     skip_untrained = True
-    """The loss runs TTT steps 1.. only at the positions they are trained at (``unroll_hidden``'s ``needed``); False
+    """The loss runs each TTT step 1.. only where it or a later step is trained (``run_positions``); False
     runs them everywhere (the same loss and gradients, more work: tests/test_eagle3.py holds them equal)."""
 
     def __init__(self, config: Eagle3Config, ttt_steps: int = 7, step_weight: float = 0.8) -> None:
@@ -148,8 +161,15 @@ class Eagle3Draft(nn.Module):
             loss = {"loss: kept logits, every step": self.ttt_steps * tokens * c.draft_vocab_size * 4 * 2}
         else:
             loss = {"loss chunks": loss_chunk_bytes(self.chunk_tokens, c.draft_vocab_size, tokens)}
-        return {f"head activations ({self.ttt_steps} TTT steps)": self.ttt_steps * per_step + fc,
+        run = self.steps_run()
+        label = f"{self.ttt_steps} TTT steps" + ("" if run == self.ttt_steps else f", {run:.2f} of them in positions")
+        return {f"head activations ({label})": int(run * per_step) + fc,
                 "attention scores, one block of 512 query rows": scores, **loss}
+
+    def steps_run(self) -> float:
+        """The TTT steps' positions while training, in steps' worth of a sequence (plan's bound: every step at every
+        position; a head that trains its later steps on a share of them counts the shares)."""
+        return float(self.ttt_steps)
 
     # -- draft vocab ---------------------------------------------------------------------------
     def set_draft_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
@@ -212,10 +232,11 @@ class Eagle3Draft(nn.Module):
         t+1+k at rotary position t+k, attending causally to step 0's keys and to its own position in steps 1..k
         (memory linear in T: models/ttt_attention.py).
 
-        ``needed`` [B, T] bool: the positions some step k >= 1 is trained at. Steps 1.. then run only there (their
-        outputs elsewhere are zeros): a later step at t reads only step 0's keys and its own position's earlier
-        steps, so those positions come out exactly as in the full unroll, at the cost of the trained share of the
-        sequence. Step 0 always runs everywhere: its keys are every later query's context."""
+        ``needed``: where steps 1.. run -- [B, T] bool, the same positions for each, or [K-1, B, T], step k at
+        ``needed[k-1]``, each step's positions among the step before's (``run_positions``). Their outputs elsewhere
+        are zeros: a later step at t reads only step 0's keys and its own position's earlier steps, so those
+        positions come out exactly as in the full unroll, at the cost of the trained share of the sequence. Step 0
+        always runs everywhere: its keys are every later query's context."""
         aux = f.aux_hidden_states.to(self.fc.weight.dtype)
         if self.training and self.feature_noise > 0:
             aux = aux + torch.randn_like(aux) * self.feature_noise
@@ -237,7 +258,8 @@ class Eagle3Draft(nn.Module):
         hidden = self.step(hidden, shift_left(f.input_ids, 1, 0), base_pos, ttt)
         yield hidden
         B, T, H = hidden.shape
-        b, t = needed.nonzero(as_tuple=True)  # row-major, as ttt_attention_at expects
+        steps = needed if needed.dim() == 3 else needed.expand(self.ttt_steps - 1, B, T)
+        b, t = steps[0].nonzero(as_tuple=True)  # row-major, as ttt_attention_at expects
         k0, v0 = keys[0], values[0]
         at_keys, at_values = [], []
 
@@ -248,9 +270,19 @@ class Eagle3Draft(nn.Module):
 
         h = hidden[b, t].unsqueeze(0)  # [1, N, H]
         for k in range(1, self.ttt_steps):
+            keep = steps[k - 1][b, t]  # of the previous step's positions, this step's (a subset: see run_positions)
+            if not keep.all():
+                b, t, h = b[keep], t[keep], h[:, keep]
+                at_keys[:] = [x[:, :, keep] for x in at_keys]
+                at_values[:] = [x[:, :, keep] for x in at_values]
             h = self.step(*self.step_input(k, h, shift_left(f.input_ids, 1 + k, 0)[b, t].unsqueeze(0)),
                           (base_pos + k)[b, t].unsqueeze(0), ttt_at)
             yield hidden.new_zeros(B, T, H).index_put((b, t), h[0])
+
+    def trained_positions(self, valid_steps: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Where each TTT step is trained, from where it can be ([B, T] bool a step: a target token in the draft
+        vocab, in the same document): all of them (a head that trains its later steps on fewer overrides this)."""
+        return valid_steps
 
     def unroll(self, f: Features):
         """Yield the TTT steps' draft logits [B, T, V_d] (float32), step k at position t predicting
@@ -274,13 +306,9 @@ class Eagle3Draft(nn.Module):
         total = torch.zeros((), dtype=torch.float32, device=f.input_ids.device)
         tally = StepTally()
         # Step k trains position t on the target's distribution at t+1+k (token t+2+k, in t's document).
-        valid_steps = [f.within_document(shift_left(valid, 1 + k, False), 2 + k) for k in range(self.ttt_steps)]
-        needed = torch.stack(valid_steps[1:]).any(0) if self.ttt_steps > 1 and self.skip_untrained else None
-        if needed is not None and not needed.any():
-            # Never an empty step: ZeRO-3 gathers and reduces each module's weights collectively, and a rank that ran
-            # the layer on zero positions fell out of step with the others (gloo: size mismatch). One unread position
-            # keeps every rank's calls and gradients alike; its output is never trained on.
-            needed[0, 0] = True
+        valid_steps = self.trained_positions([f.within_document(shift_left(valid, 1 + k, False), 2 + k)
+                                              for k in range(self.ttt_steps)])
+        needed = run_positions(valid_steps) if self.ttt_steps > 1 and self.skip_untrained else None
         for k, hidden in enumerate(self.unroll_hidden(f, needed)):  # hidden [B, T, H]
             valid_k = valid_steps[k]
             b, t = valid_k.nonzero(as_tuple=True)  # the trained positions; their target is at t+1+k
