@@ -164,8 +164,9 @@ COLLECTED = {  # suite: its result file in benchmarks/results/, the page's title
     "block-budget": ("block_budget_demo.json", "Block drafters against EAGLE-3 as the training budget grows",
                      "the demo target's own replies to 2,000 demo questions, global batch 8 in one CPU process, Muon lr "
                      "3e-3 with linear decay over each run's steps (in its name): EAGLE-3 (1 layer, 7 TTT steps), DFlash "
-                     "(2 layers, blocks of 8), DFlash at its published shape (5 layers, blocks of 16) and DSpark (blocks "
-                     "of 7), each recipe's other values; the 1000-step rows of EAGLE-3, DFlash and DSpark are the "
+                     "(2 layers, blocks of 8), DFlash at its published shape (5 layers, blocks of 16), DSpark (blocks "
+                     "of 7) and P-EAGLE (7 depths; 'cod': depth d trained on max(0.7^d, 0.2) of the positions), each "
+                     "recipe's other values; the 1000-step rows of EAGLE-3, DFlash, DSpark and P-EAGLE are the "
                      "committed heads; each decoded alone, chains of the k in its name"),
     "hydra-demo": ("hydra_vs_medusa_demo.json", "Hydra and Medusa at the Medusa head's budget",
                    "configs/demo/hydra-head and configs/demo/medusa-head (its card's training row): one recipe (the four "
@@ -378,11 +379,15 @@ def block_variant(head: str) -> Callable[[Settings], list[Step]]:
     return steps
 
 
-BUDGET_HEADS = {  # name: (recipe, method, the committed head trained by that recipe at 1000 steps, or None)
-    "eagle3": ("configs/demo/eagle3_regenerated.yaml", "eagle3", "configs/demo/eagle3-head"),
-    "dflash": ("configs/demo/dflash_regenerated.yaml", "dflash", "configs/demo/dflash-head"),
-    "dflash-published": ("configs/demo/dflash_published_regenerated.yaml", "dflash", None),
-    "dspark": ("configs/demo/dspark_regenerated.yaml", "dspark", "configs/demo/dspark-head")}
+BUDGET_HEADS = {  # name: (recipe, method, the committed head trained by that recipe at 1000 steps, or None; flags)
+    "eagle3": ("configs/demo/eagle3_regenerated.yaml", "eagle3", "configs/demo/eagle3-head", ()),
+    "dflash": ("configs/demo/dflash_regenerated.yaml", "dflash", "configs/demo/dflash-head", ()),
+    "dflash-published": ("configs/demo/dflash_published_regenerated.yaml", "dflash", None, ()),
+    "dspark": ("configs/demo/dspark_regenerated.yaml", "dspark", "configs/demo/dspark-head", ()),
+    "peagle": ("configs/demo/peagle_regenerated.yaml", "peagle", "configs/demo/peagle-head", ()),
+    # P-EAGLE with COD at speculators' default shares (depth d on max(0.7^d, 0.2) of the positions)
+    "peagle-cod": ("configs/demo/peagle_regenerated.yaml", "peagle", None,
+                   ("--draft.down_sample_ratio=0.7", "--draft.down_sample_ratio_min=0.2"))}
 
 
 def block_budget(s: Settings) -> list[Step]:
@@ -391,12 +396,12 @@ def block_budget(s: Settings) -> list[Step]:
     acceptance by position, so the table shows whether the block drafters close on EAGLE-3 as the budget grows."""
     x, out, runs = s.out, [demo_regenerated()], []
     for name in s.words("heads"):
-        recipe, method, committed = BUDGET_HEADS[name]
+        recipe, method, committed, flags = BUDGET_HEADS[name]
         for n in s.words("steps"):
             run = f"runs/budget/{name}-{n}"
             head = committed if committed and n == "1000" else f"{run}/final"
             if head != committed:
-                out.append(Step(f"train-{name}-{n}", [*ONE, "--config", recipe, "--train.batch_size=8",
+                out.append(Step(f"train-{name}-{n}", [*ONE, "--config", recipe, "--train.batch_size=8", *flags,
                                                        f"--train.max_steps={n}", f"--output_dir={run}",
                                                        "--logging.progress=false"], timed=True, skip_if=f"{run}/final"))
                 runs += ["--train", f"{name}-{n}={run}:{x}/train-{name}-{n}.time"]
@@ -925,7 +930,8 @@ SUITES: dict[str, Suite] = {
                          "dspark_demo.json", "runs/dspark-demo", block_variant("dspark"), {"thresholds": "0.3 0.5"}),
     "dflash2-demo": Suite("DFlash2 at the demo DFlash head's recipe, paired with it -> dflash2_demo.json",
                           "runs/dflash2-demo", block_variant("dflash2"), {"thresholds": ""}),
-    "block-budget": Suite("EAGLE-3, DFlash at two shapes and DSpark at 1000 and 3000 steps, tau by position -> "
+    "block-budget": Suite("EAGLE-3, DFlash at two shapes, DSpark and P-EAGLE with and without COD at 1000 and 3000 "
+                          "steps, tau by position -> "
                           "block_budget_demo.json", "runs/block-budget", block_budget,
                           {"heads": " ".join(BUDGET_HEADS), "steps": "1000 3000", "ks": "4 7"}),
     "hydra-demo": Suite("Hydra against Medusa at its recipe, paired -> hydra_vs_medusa_demo.json", "runs/hydra-full",

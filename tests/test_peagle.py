@@ -183,6 +183,56 @@ def test_bad_configs_are_refused_by_name(target):
         build_peagle(DraftConfig(head="peagle", options=PEagleOptions(draft_vocab_size=48, parallel_tokens=0)), target, counts)
 
 
+def test_cod_trains_each_depth_on_a_falling_share_among_the_depth_befores_positions(target):
+    """COD (down_sample_ratio r, floor r_min): depth d trained at ~max(r^d, r_min) of the positions, each depth's
+    among the depth before's; the unroll runs depth d only there; evaluation and r = 1 train every depth everywhere."""
+    head = random_peagle_head(target, parallel_tokens=5, down_sample_ratio=0.6, down_sample_ratio_min=0.2)
+    assert [head.depth_share(d) for d in range(5)] == pytest.approx([1.0, 0.6, 0.36, 0.216, 0.2])
+    valid = [torch.ones(4, 2000, dtype=torch.bool)] * 5
+    valid[3] = valid[3].clone()
+    valid[3][:, :100] = False  # a depth trained nowhere near the start still keeps the later depths possible there
+    torch.manual_seed(1)
+    kept = head.train().trained_positions(valid)
+    shares = [k.float().mean().item() for k in kept]
+    assert shares[0] == 1.0 and shares[1:] == pytest.approx([0.6, 0.36, 0.216 * 0.95, 0.2], abs=0.02)
+    assert not kept[3][:, :100].any()
+    assert all((kept[d] <= kept[d - 1]).all() for d in (1, 2, 3))  # nested where the data allows
+    assert head.eval().trained_positions(valid) is valid
+
+    # the unroll runs depth d at its own positions only: count the rows each depth's step is given
+    from headstart.heads.eagle3.module import run_positions
+
+    needed = run_positions(kept)
+    assert [int(n.sum()) for n in needed] == [int((kept[1] | kept[2] | kept[3] | kept[4]).sum()),
+                                              int((kept[2] | kept[3] | kept[4]).sum()),
+                                              int((kept[3] | kept[4]).sum()), int(kept[4].sum())]
+    ids, out, f = features(target, T=40)
+    rows = []
+    step = head.step
+    head.step = lambda hidden, *a: rows.append(hidden.shape[1]) or step(hidden, *a)
+    torch.manual_seed(3)
+    loss, metrics = head.train().loss(f)
+    loss.backward()
+    assert rows[0] == 40 and rows[1] < 40 and all(a >= b for a, b in zip(rows[1:], rows[2:])) and rows[-1] < rows[1]
+    assert torch.isfinite(loss) and head.mask_hidden.grad is not None and head.mask_hidden.grad.abs().sum() > 0
+    rows.clear()
+    full = random_peagle_head(target, parallel_tokens=5)  # r = 1: every depth everywhere, as before COD
+    full.step = lambda hidden, *a: rows.append(hidden.shape[1]) or PEagleDraft.step(full, hidden, *a)
+    full.train().loss(f)
+    # depth d trains position t on token t + 2 + d: at the 38 - d positions that have one (it ran at 37 each before
+    # each depth ran at its own positions)
+    assert rows == [40, 37, 36, 35, 34]
+    plan = lambda h: next(v for k, v in h.activation_bytes(4096, 4, 2).items() if k.startswith("head"))  # noqa: E731
+    assert plan(head) < 0.6 * plan(full)  # 2.38 depths' worth of positions against 5
+    counts = torch.ones(target.vocab_size)
+    with pytest.raises(ValueError, match="down_sample_ratio .* must be in \\(0, 1\\]"):
+        build_peagle(DraftConfig(head="peagle", options=PEagleOptions(draft_vocab_size=48, down_sample_ratio=0)),
+                     target, counts)
+    built = build_peagle(DraftConfig(head="peagle", options=PEagleOptions(draft_vocab_size=48, down_sample_ratio=0.7)),
+                         target, counts)
+    assert (built.down_sample_ratio, built.down_sample_ratio_min) == (0.7, 0.2)
+
+
 def test_recipe_fields_build_the_head_and_the_placeholder_defaults_to_pad_then_eos(target):
     counts = torch.ones(target.vocab_size)
     options = PEagleOptions(draft_vocab_size=48, parallel_tokens=6)

@@ -24,6 +24,12 @@ class PEagleOptions:
     """Std of Gaussian noise on the target's aux hidden states while training (as EAGLE-3's)."""
     fc_norm: bool = False
     """EAGLE-3.1's per-layer norm before ``fc`` (the placeholder feature goes through it too)."""
+    down_sample_ratio: float = 1.0
+    """COD (conditional-on-distribution) sampling: depth d >= 1 is trained at a random max(r**d, ``down_sample_ratio_min``)
+    share of the positions, each depth's among the depth before's, so the later depths cost geometrically less
+    (speculators' ``down_sample_ratio``, 0.7 there). 1.0: every depth at every position."""
+    down_sample_ratio_min: float = 0.2
+    """COD's floor on a depth's share of the positions (speculators' ``down_sample_ratio_min``)."""
     mask_token_id: int | None = None
     """The placeholder token of the not-yet-drafted positions; None: the target's pad token, else its eos token (the
     embedding is the target's, frozen, so any id works: ``mask_hidden`` is what training shapes)."""

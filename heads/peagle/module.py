@@ -12,6 +12,11 @@ the placeholder pair at rotary position t + d, attending to depth 0's keys up to
 run unchanged, ``step_input`` supplying the placeholders. Depth d's target is the target's distribution for token
 t+2+d, as TTT step d's. Unlike EAGLE-3 no depth reads another's output: the k drafts of a round are independent
 given the context, which is why one forward proposes them all.
+
+COD sampling (the paper's; speculators' ``generate_cod_sample_indices``) trains depth d at a random share
+max(r^d, r_min) of the anchors, each depth's anchors among the depth before's (a depth-d query needs its anchor's
+depths 1..d-1 as keys): one uniform draw per position, kept at depth d while under that depth's share. The unroll
+then runs depth d only there, so K depths cost about 1 + r + r^2 + ... positions' worth instead of K.
 """
 
 from __future__ import annotations
@@ -29,8 +34,10 @@ class PEagleDraft(Eagle3Draft):
 
     config_class = PEagleConfig
 
-    def __init__(self, config: PEagleConfig, ttt_steps: int = 8, step_weight: float = 1.0) -> None:
+    def __init__(self, config: PEagleConfig, ttt_steps: int = 8, step_weight: float = 1.0,
+                 down_sample_ratio: float = 1.0, down_sample_ratio_min: float = 0.2) -> None:
         super().__init__(config, ttt_steps=ttt_steps, step_weight=step_weight)
+        self.down_sample_ratio, self.down_sample_ratio_min = down_sample_ratio, down_sample_ratio_min
         # In the aux features' space, before fc_norm/fc: vLLM computes the placeholder's hidden as
         # combine_hidden_states(mask_hidden) once at load (speculators' and SpecForge's init: randn).
         self.mask_hidden = nn.Parameter(torch.randn(1, 1, len(config.aux_layer_ids) * config.target_hidden_size))
@@ -38,6 +45,23 @@ class PEagleDraft(Eagle3Draft):
     def placeholder(self) -> torch.Tensor:
         """The placeholder pair's hidden input [1, 1, H]: ``mask_hidden`` projected as a real feature is."""
         return self.project(self.mask_hidden.to(self.fc.weight.dtype))
+
+    def depth_share(self, d: int) -> float:
+        """The share of the positions depth d is trained at while training (COD; 1.0 without it)."""
+        return 1.0 if d == 0 or self.down_sample_ratio >= 1.0 else max(self.down_sample_ratio**d,
+                                                                         self.down_sample_ratio_min)
+
+    def steps_run(self) -> float:
+        return sum(self.depth_share(d) for d in range(self.ttt_steps))
+
+    def trained_positions(self, valid_steps: list[torch.Tensor]) -> list[torch.Tensor]:
+        """COD while training: depth d where it can be trained and the position's one uniform draw is under
+        ``depth_share(d)`` -- the shares fall with d, so each depth's positions lie among the depth before's.
+        Evaluation scores every depth everywhere."""
+        if not self.training or self.down_sample_ratio >= 1.0:
+            return valid_steps
+        draw = torch.rand(valid_steps[0].shape, device=valid_steps[0].device)
+        return [valid & (draw < self.depth_share(d)) for d, valid in enumerate(valid_steps)]
 
     def step_input(self, k: int, hidden: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Depth k >= 1 reads the placeholder pair, not the previous depth's output or the data's token."""
@@ -51,6 +75,9 @@ def build_peagle(draft: DraftConfig, target, token_counts: torch.Tensor) -> PEag
     options = draft.options or PEagleOptions()
     if options.parallel_tokens < 1:
         raise ValueError(f"draft.parallel_tokens must be >= 1, got {options.parallel_tokens}")
+    if not 0 < options.down_sample_ratio <= 1 or not 0 < options.down_sample_ratio_min <= 1:
+        raise ValueError(f"draft.down_sample_ratio ({options.down_sample_ratio}) and draft.down_sample_ratio_min "
+                         f"({options.down_sample_ratio_min}) are shares of the positions: each must be in (0, 1]")
     if draft.config:
         config = PEagleConfig.from_json(draft.config)
         if config.fc_norm != options.fc_norm and options.fc_norm:
@@ -60,5 +87,6 @@ def build_peagle(draft: DraftConfig, target, token_counts: torch.Tensor) -> PEag
         config = PEagleConfig.from_target(target.config, options.draft_vocab_size, target.aux_layer_ids,
                                           fc_norm=options.fc_norm, mask_token_id=options.mask_token_id,
                                           parallel_tokens=options.parallel_tokens)
-    head = PEagleDraft(config, ttt_steps=options.parallel_tokens, step_weight=options.step_weight)
+    head = PEagleDraft(config, ttt_steps=options.parallel_tokens, step_weight=options.step_weight,
+                       down_sample_ratio=options.down_sample_ratio, down_sample_ratio_min=options.down_sample_ratio_min)
     return fit_to_target(head, draft, target, token_counts, options.feature_noise)
