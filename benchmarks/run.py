@@ -465,9 +465,11 @@ def adapt_smollm2(s: Settings) -> list[Step]:
     """SmolLM2's committed EAGLE-3 head adapted (``headstart adapt``) to a log of the MT-bench-style traffic it served
     (its own replies to every MT-bench question but the first of each category, served as the benchmark serves: greedy,
     ``max_new_tokens``), then decoded on those first questions -- the MT-bench setting of every SmolLM2 table --
-    against the head as committed and n-gram lookup, paired."""
-    x, head = s.out, "configs/smollm2/eagle3-head"
+    against the head it started from (``head``; the step ``committed``) and n-gram lookup, paired. ``lr``: the
+    adaptation's peak rate (none: the recipe's)."""
+    x, head = s.out, s["head"]  # the committed head, or another head of SmolLM2 to start from (the 2k-step one)
     adapted = f"{x}/adapt/run/final"
+    lr = [f"--train.lr={s['lr']}"] if s["lr"] else []  # none: the recipe's
     regenerate = [PY, "scripts/regenerate_data.py", "--target", SMOLLM2, "--data", f"{x}/mtbench_prompts.jsonl", "--output",
                   f"{x}/regen", "--max-new-tokens", s["max_new_tokens"], "--temperature", s["temperature"], "--top-p",
                   "0.95", "--seed", "0", "--batch-size", "32", "--dtype", "float32"]  # the benchmark's target dtype on a CPU
@@ -479,7 +481,7 @@ def adapt_smollm2(s: Settings) -> list[Step]:
             Step("adapt", [PY, "-m", "headstart.scripts.cli", "adapt", "--head", head, "--target", SMOLLM2, "--log",
                            f"{x}/served-log.jsonl", "--output", f"{x}/adapt", "--recipe", "configs/smollm2/eagle3.yaml",
                            "--steps", s["steps"], "--replay", "configs/smollm2/data/regenerated.jsonl", "--overwrite",
-                           "--nproc-per-node", "2", "--logging.progress=false"], timed=True),
+                           "--nproc-per-node", "2", *lr, "--logging.progress=false"], timed=True),
             bench("adapted-vs-ngram", SMOLLM2, x / "adapted-vs-ngram", "--method", "eagle3", "--draft", adapted, *k(4),
                   *versus("ngram", None, *k(4)), needs=(adapted,)),
             bench("committed", SMOLLM2, x / "committed", "--method", "eagle3", "--draft", head, *k(4)),
@@ -988,7 +990,8 @@ SUITES: dict[str, Suite] = {
     "adapt-smollm2": Suite("SmolLM2's EAGLE-3 head adapted to a log of its MT-bench-style traffic, against the committed "
                            "head and n-gram lookup on held-out MT-bench questions -> OUT/table.md", "runs/adapt-smollm2",
                            adapt_smollm2, {"steps": "150", "temperature": "0", "max_new_tokens": "128",
-                                           "samples": "1"}),  # a greedy server's log: each question's reply once
+                                           "samples": "1",  # a greedy server's log: each question's reply once
+                                           "head": "configs/smollm2/eagle3-head", "lr": ""}),
     "batch": Suite("plain vs speculative decoding by batch size, every chain drafter -> OUT/table.md", "runs/bench-batch",
                    by_batch, {"target": DEMO, "methods": "eagle3 mtp medusa draft-model ngram", "batches": "1 4 16",
                               "questions": "configs/demo/eval/mt_bench.jsonl", "per_category": "2", "max_new_tokens": "64"}),
