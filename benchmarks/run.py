@@ -504,17 +504,18 @@ def hydra_demo(s: Settings) -> list[Step]:
 
 # -- verification rules -----------------------------------------------------------------------------------------------
 
-RULES = {  # --verification RULE: (the page's name for it, its result file, its heads' shape, what the heads are)
-    "block": ("block verification", "block_verification_demo.json", "chains k={k}",
+RULES = {  # --verification RULE: (the page's name for it, its result file by target, its heads' shape, what they are)
+    "block": ("block verification", "block_verification_{}.json", "chains k={k}",
               "the heads whose drafters draw their drafts from a q of their own"),
-    "typical": ("typical acceptance", "typical_acceptance_demo.json", "Medusa's fitted 32-node static tree and Hydra's "
-                "dynamic tree of depth 4", "Medusa-2's rule (threshold 0.09, alpha 0.3) on the heads it was made for")}
+    "typical": ("typical acceptance", "typical_acceptance_{}.json", "{tree}", "Medusa-2's rule (threshold 0.09, alpha "
+                "0.3) on the heads it was made for")}
 
 
-def verification(rule: str) -> Callable[[Settings], list[Step]]:
+def verification(rule: str, which: str = "demo") -> Callable[[Settings], list[Step]]:
     """Each head sampled at the suite's temperature with ``--verification RULE``, paired in one process with the same
     head under token verification, at each seed (benchmarks/verification_gain.py collects them)."""
     name, result, shape, heads_are = RULES[rule]
+    result, target = result.format(which), DEMO if which == "demo" else SMOLLM2
 
     def steps(s: Settings) -> list[Step]:
         x, out, runs = s.out, [], []
@@ -524,11 +525,12 @@ def verification(rule: str) -> Callable[[Settings], list[Step]]:
             shape_flags = shaped[0].split(",") if shaped else k(s["k"])
             for seed in s.words("seeds"):
                 flags = ["--method", method, "--draft", draft, *shape_flags, "--temperature", s["temperature"]]
-                out.append(bench(f"{head}-s{seed}", DEMO, x / f"{head}-s{seed}", *flags, "--seed", seed,
+                out.append(bench(f"{head}-s{seed}", target, x / f"{head}-s{seed}", *flags, "--seed", seed,
                                  "--verification", rule, *versus(method, draft, *shape_flags, "--verification", "token"),
                                  greedy=False))
                 runs += ["--bench", f"{head}@{seed}={x / f'{head}-s{seed}'}"]
-        what = (f"Each head decoded with --temperature {s['temperature']} ({shape.format(k=s['k'])}), its drafts kept by "
+        what = (f"Each head decoded with --temperature {s['temperature']} ({shape.format(k=s['k'], tree=s['tree'] if '{tree}' in shape else '')}), "
+                f"its drafts kept by "
                 f"{name} and, paired in the same process from the same seed, by token verification; seeds "
                 f"{', '.join(s.words('seeds'))}; {heads_are}")
         collect = [PY, "benchmarks/verification_gain.py", "--title", f"{name.capitalize()} against token verification",
@@ -954,7 +956,20 @@ SUITES: dict[str, Suite] = {
                           "-> typical_acceptance_demo.json", "runs/typical-acceptance-demo", verification("typical"),
                           {"heads": "medusa=configs/demo/medusa-head=--tree-paths,configs/trees/medusa-demo-32.json "
                                     "hydra=configs/demo/hydra-head=--tree,--tree-depth,4",
-                           "seeds": "0 1 2", "k": "4", "temperature": "0.7"}),
+                           "seeds": "0 1 2", "k": "4", "temperature": "0.7",
+                           "tree": "Medusa's fitted 32-node static tree and Hydra's dynamic tree of depth 4"}),
+    "block-smollm2": Suite("block against token verification, T = 0.7, every SmolLM2 head that gives q, 3 seeds -> "
+                           "block_verification_smollm2.json", "runs/block-verification-smollm2",
+                           verification("block", "smollm2"),
+                           {"heads": "eagle3=configs/smollm2/eagle3-head eagle3=configs/smollm2/eagle3-2k-head "
+                                     "early-exit=configs/smollm2/early-exit-head",
+                            "seeds": "0 1 2", "k": "4", "temperature": "0.7"}),
+    "typical-smollm2": Suite("typical acceptance against token verification in Medusa's tree, T = 0.7, 3 seeds -> "
+                             "typical_acceptance_smollm2.json", "runs/typical-acceptance-smollm2",
+                             verification("typical", "smollm2"),
+                             {"heads": "medusa=configs/smollm2/medusa-head=--tree-paths,configs/smollm2/medusa-tree.json",
+                              "seeds": "0 1 2", "k": "4", "temperature": "0.7",
+                              "tree": "Medusa's fitted static tree (configs/smollm2/medusa-tree.json)"}),
     "retrieval-demo": Suite("REST from the demo target's replies against n-gram lookup, chain and tree -> "
                             "retrieval_demo.json", "runs/retrieval-demo", retrieval("demo"), {"k": "4"}),
     "retrieval-smollm2": Suite("REST from SmolLM2's replies against n-gram lookup, MT-bench and held-out questions -> "
