@@ -198,6 +198,8 @@ def test_cod_trains_each_depth_on_a_falling_share_among_the_depth_befores_positi
     assert not kept[3][:, :100].any()
     assert all((kept[d] <= kept[d - 1]).all() for d in (1, 2, 3))  # nested where the data allows
     assert head.eval().trained_positions(valid) is valid
+    with torch.no_grad():  # the trainer's held-out pass: no gradients, the head left in train mode
+        assert head.train().trained_positions(valid) is valid
 
     # the unroll runs depth d at its own positions only: count the rows each depth's step is given
     from headstart.heads.eagle3.module import run_positions
@@ -213,7 +215,13 @@ def test_cod_trains_each_depth_on_a_falling_share_among_the_depth_befores_positi
     torch.manual_seed(3)
     loss, metrics = head.train().loss(f)
     loss.backward()
-    assert rows[0] == 40 and rows[1] < 40 and all(a >= b for a, b in zip(rows[1:], rows[2:])) and rows[-1] < rows[1]
+    # exactly where COD put each depth (the same draw again), far fewer than without it at the last depth
+    full_valid = [torch.zeros(1, 40, dtype=torch.bool) for _ in range(5)]
+    for d in range(5):
+        full_valid[d][0, :38 - d] = True
+    torch.manual_seed(3)
+    assert rows == [40, *(int(n.sum()) for n in run_positions(head.trained_positions(full_valid)))]
+    assert rows[-1] < rows[1] < 37  # (without COD: 37 and 34)
     assert torch.isfinite(loss) and head.mask_hidden.grad is not None and head.mask_hidden.grad.abs().sum() > 0
     rows.clear()
     full = random_peagle_head(target, parallel_tokens=5)  # r = 1: every depth everywhere, as before COD
@@ -224,6 +232,10 @@ def test_cod_trains_each_depth_on_a_falling_share_among_the_depth_befores_positi
     assert rows == [40, 37, 36, 35, 34]
     plan = lambda h: next(v for k, v in h.activation_bytes(4096, 4, 2).items() if k.startswith("head"))  # noqa: E731
     assert plan(head) < 0.6 * plan(full)  # 2.38 depths' worth of positions against 5
+    # a rank whose last depth has nothing to train still runs every depth at one position (ZeRO-3 keeps in step)
+    sparse = [torch.zeros(1, 6, dtype=torch.bool) for _ in range(5)]
+    sparse[0][0, 2], sparse[1][0, 3] = True, True
+    assert [int(n.sum()) for n in run_positions(sparse)] == [2, 1, 1, 1]
     counts = torch.ones(target.vocab_size)
     with pytest.raises(ValueError, match="down_sample_ratio .* must be in \\(0, 1\\]"):
         build_peagle(DraftConfig(head="peagle", options=PEagleOptions(draft_vocab_size=48, down_sample_ratio=0)),

@@ -102,10 +102,10 @@ def run_positions(valid_steps: list[torch.Tensor]) -> torch.Tensor:
     step k wherever it or a later step is trained -- a later step at t reads step k's output and keys at t -- so each
     step runs among the positions of the step before it."""
     later = torch.stack(valid_steps[1:]).flip(0).cumsum(0).flip(0) > 0  # step k: any of steps k..K-1
-    if not later[0].any():
+    if not later[-1].any():  # the sets are nested: an empty step is the last one (and any before it)
         # Never an empty step: ZeRO-3 gathers and reduces each module's weights collectively, and a rank that ran
         # the layer on zero positions fell out of step with the others (gloo: size mismatch). One unread position
-        # keeps every rank's calls and gradients alike; its output is never trained on.
+        # in every step keeps every rank's calls and gradients alike (and the sets nested); it is never trained on.
         later[:, 0, 0] = True
     return later
 
@@ -147,7 +147,7 @@ class Eagle3Draft(nn.Module):
 
     def activation_bytes(self, tokens: int, sequences: int, element_bytes: int) -> dict[str, int]:
         """headstart plan: every TTT step runs the decoder layer over the step's tokens (all of them, the upper
-        bound: steps 1.. skip untrained positions); the attention runs in blocks of 512 query rows (one block of
+        bound: steps 1.. skip untrained positions; ``steps_run``'s expected share where a head samples them); the attention runs in blocks of 512 query rows (one block of
         scores live at a time; packed batches on a GPU too). The layer reads a 2H-wide input pair (embedding,
         hidden) through two norms into q/k/v: 8H a token more than a plain layer, a constant fitted to
         benchmarks/bench_memory.py's measured steps (hidden 1024, 7 steps, 1k-32k tokens, CPU float32 and H200
@@ -162,7 +162,7 @@ class Eagle3Draft(nn.Module):
         else:
             loss = {"loss chunks": loss_chunk_bytes(self.chunk_tokens, c.draft_vocab_size, tokens)}
         run = self.steps_run()
-        label = f"{self.ttt_steps} TTT steps" + ("" if run == self.ttt_steps else f", {run:.2f} of them in positions")
+        label = f"{self.ttt_steps} TTT steps" + ("" if run == self.ttt_steps else f", {run:.2f} steps' worth of positions")
         return {f"head activations ({label})": int(run * per_step) + fc,
                 "attention scores, one block of 512 query rows": scores, **loss}
 

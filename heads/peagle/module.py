@@ -57,8 +57,8 @@ class PEagleDraft(Eagle3Draft):
     def trained_positions(self, valid_steps: list[torch.Tensor]) -> list[torch.Tensor]:
         """COD while training: depth d where it can be trained and the position's one uniform draw is under
         ``depth_share(d)`` -- the shares fall with d, so each depth's positions lie among the depth before's.
-        Evaluation scores every depth everywhere."""
-        if not self.training or self.down_sample_ratio >= 1.0:
+        Evaluation (eval mode, or no gradients: the trainer's held-out pass) scores every depth everywhere."""
+        if not (self.training and torch.is_grad_enabled()) or self.down_sample_ratio >= 1.0:
             return valid_steps
         draw = torch.rand(valid_steps[0].shape, device=valid_steps[0].device)
         return [valid & (draw < self.depth_share(d)) for d, valid in enumerate(valid_steps)]
