@@ -46,13 +46,16 @@ class LayerDrafter(ChainRows):
     hidden_size: int
     input_width: int
     dtype: torch.dtype
+    num_layers: int = 1
+    """The draft's decoder layers: its caches hold a layer each, every layer written at the same slots."""
 
     def __init__(self, max_len: int, device: torch.device, compile: bool = False, backend: str = "inductor") -> None:
         """``compile``: the layer's step through ``torch.compile`` at static shapes (decode/static_blocks.py and, for a
         batch, decode/ragged_blocks.py), CUDA graphs on a GPU; build one drafter and reuse it for every prompt or batch
         (``begin``/``begin_batch`` start afresh), so it compiles once."""
         self.max_len, self.device, self.compile, self.backend = max_len, device, compile, backend
-        self.cache = StaticKVCache(1, max_len, device) if compile else PositionalKVCache(1, max_len)
+        self.cache = (StaticKVCache(self.num_layers, max_len, device) if compile
+                      else PositionalKVCache(self.num_layers, max_len))
         self._committed = torch.zeros((), dtype=torch.long, device=device)  # the committed slots, for the tree graph
         self._blocks = self._commits = self._chain = self._tree = None
         if compile:
@@ -267,7 +270,8 @@ class LayerDrafter(ChainRows):
     def rows(self) -> RaggedBlocks:
         """The batch path's ragged one-layer cache (compiled with ``compile``), built when a batch first needs it."""
         if self._rows is None:
-            self._rows = RaggedBlocks(self.layer, self.max_len, self.device, self.compile, self.backend)
+            self._rows = RaggedBlocks(self.layer, self.max_len, self.device, self.compile, self.backend,
+                                      num_layers=self.num_layers)
         return self._rows
 
     @property

@@ -18,9 +18,9 @@ from headstart.models.head import DraftHead, Features
 V, H = 128, 32
 
 
-def tiny_draft(ttt_steps=4, draft_vocab=48, seed=0) -> Eagle3Draft:
+def tiny_draft(ttt_steps=4, draft_vocab=48, seed=0, num_layers=1) -> Eagle3Draft:
     target = tiny_causal_lm("llama", num_hidden_layers=8)
-    config = Eagle3Config.from_target(target.config, draft_vocab_size=draft_vocab)
+    config = Eagle3Config.from_target(target.config, draft_vocab_size=draft_vocab, num_layers=num_layers)
     torch.manual_seed(seed)
     draft = Eagle3Draft(config, ttt_steps=ttt_steps)
     for p in draft.parameters():  # random weights everywhere, norms included, so nothing cancels
@@ -95,11 +95,11 @@ def test_ttt_matches_naive_inference_reference():
     assert draft.loss(f)[0].item() == pytest.approx(total.item() * trained / 2.5, rel=1e-5)
 
 
-@pytest.mark.parametrize("block", [512, 3])
-def test_steps_run_only_where_trained_give_the_full_unrolls_loss_and_gradients(block):
+@pytest.mark.parametrize("block,num_layers", [(512, 1), (3, 1), (3, 2)])
+def test_steps_run_only_where_trained_give_the_full_unrolls_loss_and_gradients(block, num_layers):
     """Steps 1.. run at the trained positions only (skip_untrained) or everywhere: the same loss, metrics and
-    gradients, also through the checkpointed query blocks."""
-    draft = tiny_draft(ttt_steps=4)
+    gradients, also through the checkpointed query blocks and in every layer of a multi-layer draft."""
+    draft = tiny_draft(ttt_steps=4, num_layers=num_layers)
     draft.midlayer.self_attn.block = block
     f = random_features(draft, B=3, T=12)
     f.loss_mask[0, :] = 0  # a row with nothing trained: no position of it runs after step 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from tiny_models import random_eagle3_head, tiny_causal_lm
 
@@ -18,10 +19,11 @@ from headstart.models.target import Target, TargetConfig, load_tokenizer
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_eagle3_speculation_equals_greedy_with_any_head():
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_eagle3_speculation_equals_greedy_with_any_head(num_layers):
     model = tiny_causal_lm("llama", num_hidden_layers=8)
     target = Target(model)
-    head = random_eagle3_head(target)
+    head = random_eagle3_head(target, num_layers=num_layers)
     runner = TargetRunner(target, max_len=128)
     prompt = torch.randint(3, 128, (1, 11), generator=torch.Generator().manual_seed(5))
     for k in (1, 4):
@@ -50,15 +52,16 @@ def test_committed_demo_head_is_accepted_by_the_demo_target():
     assert tau > 1.8, f"tau {tau:.2f}: the head is not drafting what the target says"
 
 
-def test_drafter_steps_reproduce_the_ttt_logits_position_by_position():
+@pytest.mark.parametrize("num_layers", [1, 3])
+def test_drafter_steps_reproduce_the_ttt_logits_position_by_position(num_layers):
     """Driven with the true tokens, inference step i at position t computes exactly what TTT step i
-    computes at t: same rotary positions, same keys attended."""
+    computes at t: same rotary positions, same keys attended -- in every layer of a multi-layer draft."""
     from headstart.models.head import Features
 
     model = tiny_causal_lm("llama", num_hidden_layers=8)
     target = Target(model)
     torch.manual_seed(0)
-    head = Eagle3Draft(Eagle3Config.from_target(model.config, draft_vocab_size=48), ttt_steps=4)
+    head = Eagle3Draft(Eagle3Config.from_target(model.config, draft_vocab_size=48, num_layers=num_layers), ttt_steps=4)
     for p in head.parameters():
         torch.nn.init.normal_(p, std=0.2)
     head.set_draft_vocab(*build_draft_vocab(torch.randint(0, 9, (128,)), 48))

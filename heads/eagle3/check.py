@@ -75,9 +75,10 @@ def check_eagle3(directory: Path, layout: str, target_config, more_tensors: dict
         bad(cfg_file, "target_hidden_size", "missing: write it explicitly")
     if layer.get("vocab_size") != V:
         bad(cfg_file, lk + "vocab_size", f"{layer.get('vocab_size')} != the target's vocab_size {V}")
-    if layer.get("num_hidden_layers") != 1:
-        bad(cfg_file, lk + "num_hidden_layers", f"{layer.get('num_hidden_layers')}: an EAGLE-3 head has one decoder "
-            "layer (older SGLang refuses more)")
+    n_layers = layer.get("num_hidden_layers")
+    if not isinstance(n_layers, int) or n_layers < 1:
+        bad(cfg_file, lk + "num_hidden_layers", f"{n_layers!r}: the draft's decoder layers, a count >= 1")
+        n_layers = 1
     if layout == _FLAT and d.get("tie_word_embeddings"):
         bad(cfg_file, "tie_word_embeddings", "true: SGLang then uses the embedding as the lm_head")
     if layout == _SPECULATORS:
@@ -153,6 +154,13 @@ def check_eagle3(directory: Path, layout: str, target_config, more_tensors: dict
         "d2t": (V_d,),
         "t2d": (V,),
     }
+    for i in range(1, n_layers):  # a multi-layer draft's later layers: plain Llama layers on the first's output
+        later = f"layers.{i}."
+        expected.update({later + "self_attn.q_proj.weight": (heads * hd, H), later + "self_attn.k_proj.weight": (kv * hd, H),
+                         later + "self_attn.v_proj.weight": (kv * hd, H), later + "self_attn.o_proj.weight": (H, heads * hd),
+                         later + "input_layernorm.weight": (H,), later + "post_attention_layernorm.weight": (H,),
+                         later + "mlp.gate_proj.weight": (inter, H), later + "mlp.up_proj.weight": (inter, H),
+                         later + "mlp.down_proj.weight": (H, inter)})
     if d.get("fc_norm"):  # EAGLE-3.1
         expected.update({f"fc_norm.{i}.weight": (H_t,) for i in range(n_aux)})
     expected.update(more_tensors or {})

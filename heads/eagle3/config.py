@@ -33,6 +33,9 @@ class Eagle3Options:
     """EAGLE-3.1: an RMSNorm on each target layer's feature before ``fc`` (vLLM's and speculators' ``fc_norm``)."""
     norm_output: bool = False
     """EAGLE-3.1: each step carries its final-normed state to the next (vLLM's and speculators' ``norm_output``)."""
+    num_layers: int = 1
+    """Decoder layers of the draft: the first reads cat(embeds, hidden), the others are plain Llama layers on its
+    output (vLLM's and speculators' multi-layer EAGLE-3; SGLang builds one)."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,9 @@ class Eagle3Config:
     """EAGLE-3.1: one RMSNorm per target layer's feature before ``fc`` (tensors ``fc_norm.{i}.weight`` [H_t])."""
     norm_output: bool = False
     """EAGLE-3.1: the state carried from one step to the next is the final-normed one (no tensor of its own)."""
+    num_hidden_layers: int = 1
+    """Decoder layers: ``midlayer`` (the first, reading cat(embeds, hidden)), then plain Llama layers ``layers.{i}``,
+    i = 1..n-1 (vLLM's names: it reads ``midlayer`` as ``layers.0``)."""
 
     speculators_type = "eagle3"
     """speculators' ``speculators_model_type`` and ``algorithm`` for this config (a head built on EAGLE-3's names its own)."""
@@ -73,9 +79,11 @@ class Eagle3Config:
 
     @classmethod
     def from_target(cls, target_config, draft_vocab_size: int = 32000, aux_layer_ids=None, fc_norm: bool = False,
-                    norm_output: bool = False) -> "Eagle3Config":
+                    norm_output: bool = False, num_layers: int = 1) -> "Eagle3Config":
         """Derive a draft config from any HF decoder config (hidden size, heads, rope, vocab); ``fc_norm`` and
-        ``norm_output``: EAGLE-3.1's norms."""
+        ``norm_output``: EAGLE-3.1's norms; ``num_layers``: the draft's decoder layers."""
+        if num_layers < 1:
+            raise ValueError(f"draft.num_layers must be >= 1, got {num_layers}")
         tc = text_config(target_config)
         n_layers = tc.num_hidden_layers
         ids = check_servable_ids(default_aux_layer_ids(n_layers) if aux_layer_ids is None else aux_layer_ids, n_layers)
@@ -98,6 +106,7 @@ class Eagle3Config:
             max_position_embeddings=tc.max_position_embeddings,
             fc_norm=fc_norm,
             norm_output=norm_output,
+            num_hidden_layers=num_layers,
         )
 
     def to_hf_dict(self) -> dict:
@@ -105,7 +114,7 @@ class Eagle3Config:
         return {
             "architectures": ["LlamaForCausalLMEagle3"],
             "model_type": "llama",
-            "num_hidden_layers": 1,
+            "num_hidden_layers": self.num_hidden_layers,
             "hidden_size": self.hidden_size,
             "num_attention_heads": self.num_attention_heads,
             "num_key_value_heads": self.num_key_value_heads,
@@ -146,6 +155,9 @@ class Eagle3Config:
         if d.get("norm_before_fc") or (d.get("eagle_config") or {}).get("norm_before_fc"):
             raise ValueError("EAGLE-3 config.json: norm_before_fc is true (one norm over the concatenated features, "
                              "gpt-oss's variant); headstart's head has EAGLE-3.1's per-layer fc_norm instead")
+        layers = d.get("num_hidden_layers") or 1
+        if not isinstance(layers, int) or layers < 1:
+            raise ValueError(f"EAGLE-3 config.json: num_hidden_layers is {layers!r}, not a count of decoder layers")
         heads = d["num_attention_heads"]
         return cls(
             hidden_size=d["hidden_size"],
@@ -166,6 +178,7 @@ class Eagle3Config:
             speculative_tokens=d.get("headstart", {}).get("speculative_tokens", DEFAULT_SPECULATIVE_TOKENS),
             fc_norm=bool(d.get("fc_norm", False)),
             norm_output=bool(d.get("norm_output", False)),
+            num_hidden_layers=layers,
         )
 
     def to_speculators_dict(self, verifier: dict | None) -> dict:

@@ -1,7 +1,7 @@
 """EAGLE-3 drafting at inference, consistent with its training-time test: one drafter for one sequence or a batch.
 
 Draft position j pairs the target's aux feature f_j with token x_{j+1}, and its output predicts
-x_{j+2}. Committed pairs live in the draft's own KV cache (one layer). To propose k tokens from
+x_{j+2}. Committed pairs live in the draft's own KV cache (a layer each). To propose k tokens from
 the last committed position t, step i (i >= 1) feeds back the previous step's hidden output with
 the token just drafted, at rotary position t + i, attending to the committed keys plus the keys of
 its own earlier steps -- the same attention pattern and positions as TTT step i.
@@ -34,17 +34,16 @@ class Eagle3Drafter(LayerDrafter):
         self.head = head.eval()
         c = head.config
         self.hidden_size, self.input_width, self.dtype = c.hidden_size, head.fc.in_features, head.fc.weight.dtype
-        self.target_vocab_size = c.vocab_size
+        self.target_vocab_size, self.num_layers = c.vocab_size, c.num_hidden_layers
         super().__init__(max_len, head.fc.weight.device, compile, backend)
 
     def layer(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor,
               cache) -> torch.Tensor:
-        """Training's step, its attention reading the cache (``Eagle3Draft.step``'s ``attend``)."""
-        layer = cache.layers[0]
+        """Training's step, each layer's attention reading that layer's cache (``Eagle3Draft.step``'s ``attend``)."""
         mask = allowed if allowed.dim() == 2 else allowed.unsqueeze(1)  # a batch's [B, n, S]: one mask for all heads
 
-        def cached(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            keys, values = layer.update(k, v)
+        def cached(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+            keys, values = cache.layers[layer].update(k, v)
             return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
 
         return self.head.step(hidden, tokens, positions, cached)

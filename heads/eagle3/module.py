@@ -53,15 +53,15 @@ kept: 64 MiB of float32 per step. Below it (T = 256 at V_d = 32k) keeping them i
 
 
 class Eagle3Attention(nn.Module):
-    """Attention whose q/k/v read the 2H input cat(embeds, hidden)."""
+    """Attention whose q/k/v read the 2H input cat(embeds, hidden) (``inputs`` = 2; a later layer's read H: 1)."""
 
-    def __init__(self, config: Eagle3Config) -> None:
+    def __init__(self, config: Eagle3Config, inputs: int = 2) -> None:
         super().__init__()
         h, nh, nkv, hd = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = nh, nkv, hd
-        self.q_proj = nn.Linear(2 * h, nh * hd, bias=False)
-        self.k_proj = nn.Linear(2 * h, nkv * hd, bias=False)
-        self.v_proj = nn.Linear(2 * h, nkv * hd, bias=False)
+        self.q_proj = nn.Linear(inputs * h, nh * hd, bias=False)
+        self.k_proj = nn.Linear(inputs * h, nkv * hd, bias=False)
+        self.v_proj = nn.Linear(inputs * h, nkv * hd, bias=False)
         self.o_proj = nn.Linear(nh * hd, h, bias=False)
         self.block = 512  # query rows per checkpointed block of the TTT attention
 
@@ -94,6 +94,25 @@ class Eagle3DecoderLayer(nn.Module):
 
     def finish(self, hidden: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
         h = hidden + attn_out  # residual = the un-normed hidden (norm_before_residual = false)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LaterLayer(nn.Module):
+    """A multi-layer draft's layer i >= 1: a plain pre-norm Llama decoder layer (HF's tensor names) on the layer
+    before's output, its attention through the same ``attend`` as the first layer's (vLLM's later layers)."""
+
+    def __init__(self, config: Eagle3Config) -> None:
+        super().__init__()
+        self.self_attn = Eagle3Attention(config, inputs=1)
+        self.mlp = LlamaMLP(config.llama_config())
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        out = attend(*self.self_attn.qkv(self.input_layernorm(hidden), cos, sin))  # [B, nh, n, hd]
+        B, nh, n, hd = out.shape
+        h = hidden + self.self_attn.o_proj(out.transpose(1, 2).reshape(B, n, nh * hd))
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -139,6 +158,8 @@ class Eagle3Draft(nn.Module):
             self.fc_norm = nn.ModuleList(LlamaRMSNorm(config.target_hidden_size, eps=config.rms_norm_eps)
                                          for _ in range(n_aux))
         self.midlayer = Eagle3DecoderLayer(config)
+        if config.num_hidden_layers > 1:  # named layers.{i}, i >= 1: vLLM reads midlayer as layers.0
+            self.layers = nn.ModuleDict({str(i): LaterLayer(config) for i in range(1, config.num_hidden_layers)})
         self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
         self.rotary_emb = LlamaRotaryEmbedding(config.llama_config())
@@ -147,14 +168,17 @@ class Eagle3Draft(nn.Module):
 
     def activation_bytes(self, tokens: int, sequences: int, element_bytes: int) -> dict[str, int]:
         """headstart plan: every TTT step runs the decoder layer over the step's tokens (all of them, the upper
-        bound: steps 1.. skip untrained positions; ``steps_run``'s expected share where a head samples them); the attention runs in blocks of 512 query rows (one block of
-        scores live at a time; packed batches on a GPU too). The layer reads a 2H-wide input pair (embedding,
+        bound: steps 1.. skip untrained positions; ``steps_run``'s expected share where a head samples them), and a
+        multi-layer draft's later layers each as a plain layer; the attention runs in blocks of 512 query rows (one block
+        of scores live at a time; packed batches on a GPU too). The first layer reads a 2H-wide input pair (embedding,
         hidden) through two norms into q/k/v: 8H a token more than a plain layer, a constant fitted to
         benchmarks/bench_memory.py's measured steps (hidden 1024, 7 steps, 1k-32k tokens, CPU float32 and H200
         bf16: the estimate is 0.8-1.1x the measured peak)."""
         c = self.config
         per_step = layer_activation_bytes(tokens, c.hidden_size, c.intermediate_size, element_bytes)
         per_step += tokens * 8 * c.hidden_size * element_bytes
+        per_step += (c.num_hidden_layers - 1) * layer_activation_bytes(tokens, c.hidden_size, c.intermediate_size,
+                                                                        element_bytes)  # a multi-layer draft's later
         fc = tokens * c.hidden_size * element_bytes
         scores = min(512, tokens) * tokens * c.num_attention_heads * 4 * 2
         if tokens * c.draft_vocab_size <= RECOMPUTE_ABOVE:  # small steps keep their logits for backward (see there)
@@ -209,18 +233,25 @@ class Eagle3Draft(nn.Module):
         return self.lm_head(self.readout(hidden))
 
     def step(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-             attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+             attend: Callable[..., torch.Tensor]) -> torch.Tensor:
         """One draft step, the one both training and decoding run: the pairs (hidden [B, n, H], token [B, n]) at
         rotary ``positions`` [B, n] -> the step's state [B, n, H] (what ``logits`` reads, and the next step's hidden):
-        the layer's output, or its final norm with ``norm_output``. Only ``attend(q, k, v)`` -> [B, nh, n, hd] differs: the TTT pattern over the unrolled steps' keys
-        in training (``unroll_hidden``), the drafter's KV cache when decoding (heads/eagle3/drafter.py)."""
+        the last layer's output, or its final norm with ``norm_output``. Only ``attend(q, k, v, layer)`` -> [B, nh,
+        n, hd] differs: the TTT pattern over the unrolled steps' keys of that layer in training (``unroll_hidden``),
+        the drafter's KV cache of that layer when decoding (heads/eagle3/drafter.py)."""
         with record_function("head: draft step"):  # a part of the step for torch.profiler
             cos, sin = self.rotary_emb(hidden, positions)
             x = self.midlayer.attn_input(self.embed_tokens(tokens).to(hidden.dtype), hidden)
-            out = attend(*self.midlayer.self_attn.qkv(x, cos, sin))  # [B, nh, n, hd]
+            out = attend(*self.midlayer.self_attn.qkv(x, cos, sin), 0)  # [B, nh, n, hd]
             B, nh, n, hd = out.shape
             out = self.midlayer.finish(hidden, self.midlayer.self_attn.o_proj(out.transpose(1, 2).reshape(B, n, nh * hd)))
+            for i, layer in enumerate(self.later_layers(), start=1):
+                out = layer(out, cos, sin, lambda q, k, v, i=i: attend(q, k, v, i))
             return self.norm(out) if self.config.norm_output else out
+
+    def later_layers(self) -> list[LaterLayer]:
+        """Layers 1..n-1 of a multi-layer draft, in order (none for EAGLE-3's one layer)."""
+        return [self.layers[str(i)] for i in range(1, self.config.num_hidden_layers)]
 
     def step_input(self, k: int, hidden: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """TTT step k's input pairs from the previous step's state [B, n, H] and the data's tokens t+1+k [B, n]:
@@ -242,13 +273,14 @@ class Eagle3Draft(nn.Module):
             aux = aux + torch.randn_like(aux) * self.feature_noise
         hidden = self.project(aux)  # [B, T, H]
         base_pos, documents = f.positions(), f.documents()  # a packed batch: each document from position 0
-        keys, values = [], []
+        n_layers = self.config.num_hidden_layers
+        keys, values = [[] for _ in range(n_layers)], [[] for _ in range(n_layers)]  # by layer, then by step
         block = self.midlayer.self_attn.block
 
-        def ttt(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-            keys.append(key)
-            values.append(value)
-            return ttt_attention(q, keys, values, block, documents=documents)
+        def ttt(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int) -> torch.Tensor:
+            keys[layer].append(key)
+            values[layer].append(value)
+            return ttt_attention(q, keys[layer], values[layer], block, documents=documents)
 
         if needed is None:
             for k in range(self.ttt_steps):
@@ -260,21 +292,22 @@ class Eagle3Draft(nn.Module):
         B, T, H = hidden.shape
         steps = needed if needed.dim() == 3 else needed.expand(self.ttt_steps - 1, B, T)
         b, t = steps[0].nonzero(as_tuple=True)  # row-major, as ttt_attention_at expects
-        k0, v0 = keys[0], values[0]
-        at_keys, at_values = [], []
+        at_keys, at_values = [[] for _ in range(n_layers)], [[] for _ in range(n_layers)]  # steps 1.. at (b, t)
 
-        def ttt_at(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-            at_keys.append(key)
-            at_values.append(value)
-            return ttt_attention_at(q, b, t, k0, v0, at_keys, at_values, block, documents=documents)
+        def ttt_at(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int) -> torch.Tensor:
+            at_keys[layer].append(key)
+            at_values[layer].append(value)
+            return ttt_attention_at(q, b, t, keys[layer][0], values[layer][0], at_keys[layer], at_values[layer], block,
+                                    documents=documents)
 
         h = hidden[b, t].unsqueeze(0)  # [1, N, H]
         for k in range(1, self.ttt_steps):
             keep = steps[k - 1][b, t]  # of the previous step's positions, this step's (a subset: see run_positions)
             if not keep.all():
                 b, t, h = b[keep], t[keep], h[:, keep]
-                at_keys[:] = [x[:, :, keep] for x in at_keys]
-                at_values[:] = [x[:, :, keep] for x in at_values]
+                for layer in range(n_layers):
+                    at_keys[layer][:] = [x[:, :, keep] for x in at_keys[layer]]
+                    at_values[layer][:] = [x[:, :, keep] for x in at_values[layer]]
             h = self.step(*self.step_input(k, h, shift_left(f.input_ids, 1 + k, 0)[b, t].unsqueeze(0)),
                           (base_pos + k)[b, t].unsqueeze(0), ttt_at)
             yield hidden.new_zeros(B, T, H).index_put((b, t), h[0])
@@ -398,7 +431,8 @@ def build_eagle3(draft: DraftConfig, target, token_counts: torch.Tensor) -> Eagl
                              "set it in the config file, or drop draft.config")
     else:
         config = Eagle3Config.from_target(target.config, options.draft_vocab_size, target.aux_layer_ids,
-                                          fc_norm=options.fc_norm, norm_output=options.norm_output)
+                                          fc_norm=options.fc_norm, norm_output=options.norm_output,
+                                          num_layers=options.num_layers)
     head = Eagle3Draft(config, ttt_steps=options.ttt_steps, step_weight=options.step_weight)
     return fit_to_target(head, draft, target, token_counts, options.feature_noise)
 

@@ -1,8 +1,9 @@
 """EAGLE-3 in vLLM's speculators layout (docs/FORMATS.md section B), to and from headstart's flat one.
 
 ``vllm serve <head>`` detects this layout by ``speculators_model_type`` and needs nothing else: the
-config names the verifier (the target) and the proposal method. The decoder layer is
-``layers.0.*`` instead of the flat layout's ``midlayer.*``; every other tensor keeps its name.
+config names the verifier (the target) and the proposal method. The first decoder layer is
+``layers.0.*`` instead of the flat layout's ``midlayer.*``; every other tensor keeps its name (a multi-layer draft's
+later layers are ``layers.{i}.*`` in both).
 
 Written explicitly, because readers fall back silently when a key is absent:
 - ``eagle_aux_hidden_state_layer_ids`` (vLLM ids): absent or null, vLLM and speculators use their
@@ -56,7 +57,7 @@ def to_speculators_config(flat: dict, verifier: dict | None, model_type: str = "
     layer = {
         "model_type": "llama",
         "architectures": ["LlamaForCausalLM"],
-        "num_hidden_layers": 1,
+        "num_hidden_layers": flat.get("num_hidden_layers", 1),
         "hidden_size": flat["hidden_size"],
         "num_attention_heads": flat["num_attention_heads"],
         "num_key_value_heads": flat["num_key_value_heads"],
@@ -120,8 +121,6 @@ def flat_from_speculators(d: dict, where: str = "config.json", model_type: str =
         problems.append("norm_before_residual is true or absent (absent means true on this route); headstart's "
                         "head adds the un-normed hidden state")
     problems += [f"{key} is true; headstart's head has no such norm" for key in UNSUPPORTED if d.get(key)]
-    if layer.get("num_hidden_layers", 1) != 1:
-        problems.append(f"transformer_layer_config.num_hidden_layers is {layer.get('num_hidden_layers')}, not 1")
     if problems:
         raise ValueError(f"{where}: cannot read this speculators {model_type} config:\n  " + "\n  ".join(problems))
     # The rest is the flat layout's mapping: a flat config (one place maps fields to Eagle3Config).
