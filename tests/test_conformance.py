@@ -71,12 +71,15 @@ def llama_target(tmp_path_factory):
     return root, Target.from_pretrained(TargetConfig(path=str(root), dtype="float32", aux_layer_ids=(1, 3, 6)))
 
 
-@pytest.mark.parametrize("norms", [False, True], ids=["eagle3", "eagle3.1"])
-def test_eagle3_exports_in_both_layouts_load_in_speculators_with_the_same_logits(tmp_path, llama_target, norms):
-    """EAGLE-3, and EAGLE-3.1 (its fc_norm and norm_output on): speculators' own model computes headstart's logits."""
+@pytest.mark.parametrize("norms,num_layers", [(False, 1), (True, 1), (False, 2)],
+                         ids=["eagle3", "eagle3.1", "eagle3-2-layers"])
+def test_eagle3_exports_in_both_layouts_load_in_speculators_with_the_same_logits(tmp_path, llama_target, norms,
+                                                                               num_layers):
+    """EAGLE-3, EAGLE-3.1 (its fc_norm and norm_output on) and a two-layer draft: speculators' own model computes
+    headstart's logits."""
     root, target = llama_target
     head = random_eagle3_head(target, draft_vocab_size=48, counts_seed=1, aux_layer_ids=target.aux_layer_ids,
-                              fc_norm=norms, norm_output=norms)
+                              fc_norm=norms, norm_output=norms, num_layers=num_layers)
     assert head.config.aux_layer_ids == (1, 3, 6)  # not the default [2, L//2, L-3] = [2, 4, 5]: a fallback would show
     randomize(head, seed=2)
     export_head(head, tmp_path / "final", "eagle3", fingerprint(root), "both")
@@ -95,8 +98,8 @@ def test_eagle3_exports_in_both_layouts_load_in_speculators_with_the_same_logits
     layouts = [("speculators", tmp_path / "final" / "speculators"), ("flat", tmp_path / "final")]
     # speculators 0.9.0's converter of the flat layout loads the tensors into its legacy Eagle3Speculator, which has
     # no fc_norm, and drops them with a warning: an EAGLE-3.1 head reaches speculators in its own layout only
-    # (docs/FORMATS.md). vLLM reads the flat layout's fc_norm itself.
-    for layout, directory in layouts[:1] if norms else layouts:
+    # (docs/FORMATS.md). vLLM reads the flat layout's fc_norm itself. That legacy class has one layer, too.
+    for layout, directory in layouts[:1] if norms or num_layers > 1 else layouts:
         logits, report = read_with_speculators(tmp_path / layout, "eagle3", directory, root, inputs, steps)
         assert report["class"] == "Eagle3DraftModel"
         assert report["unexpected"] == [], (layout, report["unexpected"])
@@ -118,13 +121,15 @@ def test_eagle3_exports_in_both_layouts_load_in_speculators_with_the_same_logits
             assert ok, (layout, j, diff)
 
 
-@pytest.mark.parametrize("fc_norm", [False, True])
-def test_peagle_export_loads_in_speculators_with_the_same_logits_at_every_depth(tmp_path, llama_target, fc_norm):
+@pytest.mark.parametrize("fc_norm,num_layers", [(False, 1), (True, 1), (False, 4)])
+def test_peagle_export_loads_in_speculators_with_the_same_logits_at_every_depth(tmp_path, llama_target, fc_norm,
+                                                                              num_layers):
     """P-EAGLE in the speculators layout: speculators' PEagleDraftModel places mask_hidden, the placeholder token and
-    (with fc_norm) the norms where headstart does -- its training forward gives headstart's logits at every depth."""
+    (with fc_norm) the norms where headstart does, and a 4-layer draft's layers (the paper's drafter) -- its training
+    forward gives headstart's logits at every depth."""
     root, target = llama_target
     head = random_peagle_head(target, draft_vocab_size=48, parallel_tokens=3, mask_token_id=17, fc_norm=fc_norm,
-                              aux_layer_ids=target.aux_layer_ids)
+                              aux_layer_ids=target.aux_layer_ids, num_layers=num_layers)
     randomize(head, seed=2)
     export_head(head, tmp_path / "final", "peagle", fingerprint(root), "both")
     torch.manual_seed(0)

@@ -167,6 +167,62 @@ def test_export_detect_convert_and_check(target, tmp_path):
     assert [(p.key, p.message.split(":")[0]) for p in problems] == [("mask_hidden", "missing")]
 
 
+def test_a_multi_layer_draft_decodes_what_it_trains_and_exports_vllms_layer_names(target, tmp_path):
+    """The P-EAGLE paper's multi-layer drafter (vLLM's and speculators' multi-layer EAGLE-3): layer 0 reads
+    cat(embeds, hidden), layers 1.. are plain Llama layers on its output. A drafter round gives the training depths'
+    logits; greedy decoding is exact; both layouts name the later layers layers.{i} (vLLM's), read back to the same
+    logits, and pass check_head; a tensor missing from a later layer is named."""
+    head = random_peagle_head(target, parallel_tokens=4, mask_token_id=9, num_layers=3)
+    with torch.no_grad():  # weights bf16 can hold: the export (bf16) then reads back exactly
+        for name, p in head.named_parameters():
+            if name != "embed_tokens.weight":  # the target's, not exported
+                p.copy_(p.bfloat16().float())
+    assert [n for n in head.state_dict() if n.startswith("layers.")][:2] == ["layers.1.self_attn.q_proj.weight",
+                                                                             "layers.1.self_attn.k_proj.weight"]
+    assert head.layers["1"].self_attn.q_proj.in_features == target.config.hidden_size  # only layer 0 reads 2H
+    ids, out, f = features(target)
+    with torch.no_grad():
+        depths = list(head.unroll(f))
+        one = random_peagle_head(target, parallel_tokens=4, mask_token_id=9)
+        one.load_state_dict({k: v for k, v in head.state_dict().items() if not k.startswith("layers.")})
+        assert (list(one.unroll(f))[0] - depths[0]).abs().max() > 1e-3  # the later layers change what it drafts
+    drafter = PEagleDrafter(head, 64)
+    drafter.begin(ids[:, :8], out.select(slice(0, 8)), int(ids[0, 8]))
+    logits = drafter._round(4)
+    for k in range(4):
+        torch.testing.assert_close(logits[k].float(), depths[k][0, 7], rtol=1e-4, atol=1e-4)
+    runner = TargetRunner(target, max_len=128)
+    prompt = torch.randint(3, 128, (1, 11), generator=torch.Generator().manual_seed(5))
+    plain = greedy_generate(runner, prompt, 20, set()).tokens
+    assert speculative_generate(runner, PEagleDrafter(head, 128), prompt, 20, set(), k=4).tokens == plain
+    assert speculative_generate(runner, PEagleDrafter(head, 128), prompt, 20, set(), k=4,
+                                tree=DynamicTree(depth=3, topk=2, total_tokens=6)).tokens == plain
+
+    root = tmp_path / "target"
+    target.model.save_pretrained(root)
+    export_head(head, tmp_path / "flat", "peagle", fingerprint(root))
+    convert_head(tmp_path / "flat", tmp_path / "spec", "speculators", fingerprint(root))
+    from safetensors.torch import load_file, save_file
+
+    for layout, first in (("flat", "midlayer."), ("spec", "layers.0.")):
+        d = json.loads((tmp_path / layout / "config.json").read_text())
+        assert (d.get("transformer_layer_config") or d)["num_hidden_layers"] == 3
+        names = set(load_file(str(tmp_path / layout / "model.safetensors")))
+        assert {first + "hidden_norm.weight", "layers.1.input_layernorm.weight", "layers.2.mlp.down_proj.weight"} <= names
+        assert check_head(tmp_path / layout, root)[1] == []
+        back = PEagleDraft.from_pretrained(tmp_path / layout, target_embeddings=target.embed_tokens.weight,
+                                           ttt_steps=4).float()
+        assert back.config.num_hidden_layers == 3
+        with torch.no_grad():
+            for got, want in zip(back.unroll(f), depths):
+                torch.testing.assert_close(got, want)
+    tensors = load_file(str(tmp_path / "flat" / "model.safetensors"))
+    save_file({k: v for k, v in tensors.items() if k != "layers.2.mlp.up_proj.weight"},
+              str(tmp_path / "flat" / "model.safetensors"))
+    assert [(p.key, p.message.split(":")[0]) for p in check_head(tmp_path / "flat", root)[1]] == [
+        ("layers.2.mlp.up_proj.weight", "missing")]
+
+
 def test_bad_configs_are_refused_by_name(target):
     flat = PEagleConfig.from_target(target.config, 48, mask_token_id=3).to_hf_dict()
     PEagleConfig.from_hf_dict(flat)
@@ -240,9 +296,12 @@ def test_cod_trains_each_depth_on_a_falling_share_among_the_depth_befores_positi
     with pytest.raises(ValueError, match="down_sample_ratio .* must be in \\(0, 1\\]"):
         build_peagle(DraftConfig(head="peagle", options=PEagleOptions(draft_vocab_size=48, down_sample_ratio=0)),
                      target, counts)
-    built = build_peagle(DraftConfig(head="peagle", options=PEagleOptions(draft_vocab_size=48, down_sample_ratio=0.7)),
-                         target, counts)
+    built = build_peagle(DraftConfig(head="peagle", options=PEagleOptions(draft_vocab_size=48, down_sample_ratio=0.7,
+                                                                          num_layers=2)), target, counts)
     assert (built.down_sample_ratio, built.down_sample_ratio_min) == (0.7, 0.2)
+    assert built.config.num_hidden_layers == 2 and len(built.later_layers()) == 1
+    with pytest.raises(ValueError, match="draft.num_layers must be >= 1, got 0"):
+        build_peagle(DraftConfig(head="peagle", options=PEagleOptions(draft_vocab_size=48, num_layers=0)), target, counts)
 
 
 def test_recipe_fields_build_the_head_and_the_placeholder_defaults_to_pad_then_eos(target):

@@ -47,7 +47,7 @@ def randomize(module, seed: int = 0, std: float = 0.2) -> None:
 
 
 def random_peagle_head(target, draft_vocab_size: int = 48, parallel_tokens: int = 4, mask_token_id: int | None = None,
-                       fc_norm: bool = False, seed: int = 0, aux_layer_ids=None, **kwargs):
+                       fc_norm: bool = False, seed: int = 0, aux_layer_ids=None, num_layers: int = 1, **kwargs):
     """An untrained P-EAGLE head for ``target`` with a random draft vocab and random weights (its norms' too)."""
     import torch
 
@@ -55,7 +55,7 @@ def random_peagle_head(target, draft_vocab_size: int = 48, parallel_tokens: int 
     from headstart.heads.peagle.module import PEagleConfig, PEagleDraft
 
     config = PEagleConfig.from_target(target.config, draft_vocab_size, aux_layer_ids, fc_norm=fc_norm, mask_token_id=mask_token_id,
-                                      parallel_tokens=parallel_tokens)
+                                      parallel_tokens=parallel_tokens, num_layers=num_layers)
     head = PEagleDraft(config, ttt_steps=parallel_tokens, **kwargs)
     randomize(head, seed)
     g = torch.Generator().manual_seed(seed)
@@ -65,15 +65,16 @@ def random_peagle_head(target, draft_vocab_size: int = 48, parallel_tokens: int 
 
 
 def random_eagle3_head(target, draft_vocab_size: int = 48, counts_seed: int | None = None, aux_layer_ids=None,
-                       fc_norm: bool = False, norm_output: bool = False, **kwargs):
+                       fc_norm: bool = False, norm_output: bool = False, num_layers: int = 1, **kwargs):
     """An untrained EAGLE-3 head for ``target`` (a headstart Target) with a random draft vocab; ``fc_norm`` and
-    ``norm_output``: EAGLE-3.1's norms."""
+    ``norm_output``: EAGLE-3.1's norms; ``num_layers``: its decoder layers."""
     import torch
 
     from headstart.models.draft_vocab import build_draft_vocab
     from headstart.heads.eagle3.module import Eagle3Config, Eagle3Draft
 
-    config = Eagle3Config.from_target(target.config, draft_vocab_size, aux_layer_ids, fc_norm=fc_norm, norm_output=norm_output)
+    config = Eagle3Config.from_target(target.config, draft_vocab_size, aux_layer_ids, fc_norm=fc_norm, norm_output=norm_output,
+                                      num_layers=num_layers)
     head = Eagle3Draft(config, **kwargs)
     g = None if counts_seed is None else torch.Generator().manual_seed(counts_seed)
     head.set_draft_vocab(*build_draft_vocab(torch.randint(0, 9, (target.vocab_size,), generator=g), draft_vocab_size))

@@ -30,6 +30,8 @@ class PEagleOptions:
     (speculators' ``down_sample_ratio``, 0.7 there). 1.0: every depth at every position."""
     down_sample_ratio_min: float = 0.2
     """COD's floor on a depth's share of the positions (speculators' ``down_sample_ratio_min``)."""
+    num_layers: int = 1
+    """Decoder layers of the draft (EAGLE-3's ``num_layers``; the P-EAGLE paper drafts with 4)."""
     mask_token_id: int | None = None
     """The placeholder token of the not-yet-drafted positions; None: the target's pad token, else its eos token (the
     embedding is the target's, frozen, so any id works: ``mask_hidden`` is what training shapes)."""
@@ -54,12 +56,13 @@ class PEagleConfig(Eagle3Config):
     @classmethod
     def from_target(cls, target_config, draft_vocab_size: int = 32000, aux_layer_ids=None, fc_norm: bool = False,
                     norm_output: bool = False, mask_token_id: int | None = None,
-                    parallel_tokens: int = 8) -> "PEagleConfig":
+                    parallel_tokens: int = 8, num_layers: int = 1) -> "PEagleConfig":
         """EAGLE-3's config for ``target_config`` with the placeholder ``mask_token_id`` (None: the target's pad token,
         else its eos token) and ``parallel_tokens`` depths."""
         if norm_output:
             raise ValueError("P-EAGLE has no norm_output: its drafts carry no state from one to the next")
-        base = super().from_target(target_config, draft_vocab_size, aux_layer_ids, fc_norm=fc_norm)
+        base = super().from_target(target_config, draft_vocab_size, aux_layer_ids, fc_norm=fc_norm,
+                                   num_layers=num_layers)
         token = placeholder_token(target_config) if mask_token_id is None else mask_token_id
         return dataclasses.replace(base, mask_token_id=int(token), parallel_tokens=parallel_tokens,
                                    speculative_tokens=min(base.speculative_tokens, parallel_tokens))

@@ -86,7 +86,7 @@ def build_peagle(draft: DraftConfig, target, token_counts: torch.Tensor) -> PEag
     else:
         config = PEagleConfig.from_target(target.config, options.draft_vocab_size, target.aux_layer_ids,
                                           fc_norm=options.fc_norm, mask_token_id=options.mask_token_id,
-                                          parallel_tokens=options.parallel_tokens)
+                                          parallel_tokens=options.parallel_tokens, num_layers=options.num_layers)
     head = PEagleDraft(config, ttt_steps=options.parallel_tokens, step_weight=options.step_weight,
                        down_sample_ratio=options.down_sample_ratio, down_sample_ratio_min=options.down_sample_ratio_min)
     return fit_to_target(head, draft, target, token_counts, options.feature_noise)
