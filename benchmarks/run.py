@@ -165,7 +165,8 @@ COLLECTED = {  # suite: its result file in benchmarks/results/, the page's title
                      "the demo target's own replies to 2,000 demo questions, global batch 8 in one CPU process, Muon lr "
                      "3e-3 with linear decay over each run's steps (in its name): EAGLE-3 (1 layer, 7 TTT steps), DFlash "
                      "(2 layers, blocks of 8), DFlash at its published shape (5 layers, blocks of 16), DSpark (blocks "
-                     "of 7) and P-EAGLE (7 depths; 'cod': depth d trained on max(0.7^d, 0.2) of the positions), each "
+                     "of 7) and P-EAGLE (7 depths; 'cod': depth d trained on max(0.7^d, 0.2) of the positions; 'published': "
+                     "its paper's 4-layer drafter with COD), each "
                      "recipe's other values; the 1000-step rows of EAGLE-3, DFlash, DSpark and P-EAGLE are the "
                      "committed heads; each decoded alone, chains of the k in its name"),
     "hydra-demo": ("hydra_vs_medusa_demo.json", "Hydra and Medusa at the Medusa head's budget",
@@ -387,7 +388,10 @@ BUDGET_HEADS = {  # name: (recipe, method, the committed head trained by that re
     "peagle": ("configs/demo/peagle_regenerated.yaml", "peagle", "configs/demo/peagle-head", ()),
     # P-EAGLE with COD at speculators' default shares (depth d on max(0.7^d, 0.2) of the positions)
     "peagle-cod": ("configs/demo/peagle_regenerated.yaml", "peagle", None,
-                   ("--draft.down_sample_ratio=0.7", "--draft.down_sample_ratio_min=0.2"))}
+                   ("--draft.down_sample_ratio=0.7", "--draft.down_sample_ratio_min=0.2")),
+    # the paper's shape: a 4-layer drafter trained with COD
+    "peagle-published": ("configs/demo/peagle_regenerated.yaml", "peagle", None,
+                         ("--draft.num_layers=4", "--draft.down_sample_ratio=0.7", "--draft.down_sample_ratio_min=0.2"))}
 
 
 def block_budget(s: Settings) -> list[Step]:
@@ -934,8 +938,8 @@ SUITES: dict[str, Suite] = {
                          "dspark_demo.json", "runs/dspark-demo", block_variant("dspark"), {"thresholds": "0.3 0.5"}),
     "dflash2-demo": Suite("DFlash2 at the demo DFlash head's recipe, paired with it -> dflash2_demo.json",
                           "runs/dflash2-demo", block_variant("dflash2"), {"thresholds": ""}),
-    "block-budget": Suite("EAGLE-3, DFlash at two shapes, DSpark and P-EAGLE with and without COD at 1000 and 3000 "
-                          "steps, tau by position -> "
+    "block-budget": Suite("EAGLE-3, DFlash at two shapes, DSpark and P-EAGLE (1 layer, with COD, 4 layers with COD) at "
+                          "1000 and 3000 steps, tau by position -> "
                           "block_budget_demo.json", "runs/block-budget", block_budget,
                           {"heads": " ".join(BUDGET_HEADS), "steps": "1000 3000", "ks": "4 7"}),
     "hydra-demo": Suite("Hydra against Medusa at its recipe, paired -> hydra_vs_medusa_demo.json", "runs/hydra-full",
