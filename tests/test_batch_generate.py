@@ -100,11 +100,19 @@ def drafter_makers(world):
     makers["peagle-batched"] = (single["peagle"], lambda b: PEagleDrafter(peagle, MAX_LEN))
     makers["medusa-batched"] = (single["medusa"], lambda b: MedusaDrafter(heads, MAX_LEN))
     makers["draft-model-batched"] = (single["draft-model"], lambda b: DraftModelDrafter(small, MAX_LEN, vocab))
+    # multi-layer drafts (a cache layer each), made last so the heads above keep their weights
+    eagle3_layers = random_eagle3_head(target, num_layers=2).double()
+    peagle_layers = random_peagle_head(target, parallel_tokens=5, num_layers=3).double()
+    makers["eagle3-2-layers-batched"] = (lambda: Eagle3Drafter(eagle3_layers, MAX_LEN),
+                                         lambda b: Eagle3Drafter(eagle3_layers, MAX_LEN))
+    makers["peagle-3-layers-batched"] = (lambda: PEagleDrafter(peagle_layers, MAX_LEN),
+                                         lambda b: PEagleDrafter(peagle_layers, MAX_LEN))
     return makers
 
 
 @pytest.mark.parametrize("method", ["eagle3", "eagle3-batched", "mtp", "mtp-batched", "medusa", "medusa-batched",
-                                    "ngram", "draft-model", "draft-model-batched", "peagle", "peagle-batched"])
+                                    "ngram", "draft-model", "draft-model-batched", "peagle", "peagle-batched",
+                                    "eagle3-2-layers-batched", "peagle-3-layers-batched"])
 @pytest.mark.parametrize("k,max_new", [(3, 30), (5, 7)])
 def test_greedy_batch_equals_each_prompt_alone_tau_included(world, method, k, max_new):
     """Tokens, target forwards and accepted drafts of every round, per sequence, equal decoding it alone."""
