@@ -64,6 +64,13 @@ def test_compiled_chains_and_trees_equal_eager_greedy(target, backend):
     want = speculative_generate(eager, Eagle3Drafter(head, 96), p, 40, set(), k=4, tree=tree)
     got = speculative_generate(compiled, Eagle3Drafter(head, 96), p, 40, set(), k=4, tree=tree)
     assert got.tokens == reference == want.tokens and got.accepted == want.accepted
+    # a two-layer draft's step compiled too (its static cache holds a layer each): chains and trees as eager
+    layers = random_eagle3_head(target, num_layers=2)
+    drafter = Eagle3Drafter(layers, 96, compile=True, backend=backend)
+    for shape in (None, tree):
+        want = speculative_generate(eager, Eagle3Drafter(layers, 96), p, 40, set(), k=4, tree=shape)
+        got = speculative_generate(compiled, drafter, p, 40, set(), k=4, tree=shape)
+        assert got.tokens == reference and got.accepted == want.accepted
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
