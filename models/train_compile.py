@@ -30,16 +30,12 @@ def compile_parts(head: nn.Module, names: Iterable[str], backend: str = "inducto
     - a method: replaced on its instance by the compiled function bound to that instance (a ``deepcopy`` of the head
       then binds it to the copy, not to this head's weights).
 
-    A part the head's architecture lacks (an MTP block with no ``mlp``) is skipped; a path whose parents are not
-    modules, or a list naming nothing, is refused. Compiling twice compiles once. Returns the paths compiled."""
+    A ``*`` stands for each module of a ``ModuleDict``/``ModuleList`` (``layers.*.finish``: every later layer's); a
+    part the head's architecture lacks (an MTP block with no ``mlp``, a one-layer draft's ``layers``) is skipped; a
+    path whose parents are not modules, or a list naming nothing, is refused. Compiling twice compiles once. Returns
+    the paths compiled (a ``*`` written out)."""
     names, done = tuple(names), []
-    for name in names:
-        *parents, leaf = name.split(".")
-        owner = head
-        for part in parents:
-            owner = getattr(owner, part, None)
-            if not isinstance(owner, nn.Module):
-                raise ValueError(f"{type(head).__name__}.compiled names {name!r}: {part!r} is not a module of the head")
+    for name, owner, leaf in (found for name in names for found in _resolve(head, name)):
         part = getattr(owner, leaf, None)
         if part is None:
             continue
@@ -57,3 +53,25 @@ def compile_parts(head: nn.Module, names: Iterable[str], backend: str = "inducto
     if not done:
         raise ValueError(f"{type(head).__name__}.compiled names no part of this head: {list(names)}")
     return done
+
+
+def _resolve(head: nn.Module, name: str) -> list[tuple[str, nn.Module, str]]:
+    """(path, the module owning its last part, that part's name) for each module a dotted ``name`` reaches."""
+    *parents, leaf = name.split(".")
+    owners: list[tuple[str, nn.Module]] = [("", head)]
+    for part in parents:
+        reached = []
+        for path, owner in owners:
+            if part == "*":
+                if not isinstance(owner, (nn.ModuleDict, nn.ModuleList)):
+                    raise ValueError(f"{type(head).__name__}.compiled names {name!r}: '*' follows no module list")
+                reached += [(f"{path}{key}.", child) for key, child in owner.named_children()]
+                continue
+            child = getattr(owner, part, None)
+            if child is None and "*" in parents:
+                continue  # the modules a '*' would range over are not in this head (a one-layer draft's layers)
+            if not isinstance(child, nn.Module):
+                raise ValueError(f"{type(head).__name__}.compiled names {name!r}: {part!r} is not a module of the head")
+            reached.append((f"{path}{part}.", child))
+        owners = reached
+    return [(path + leaf, owner, leaf) for path, owner in owners]

@@ -239,7 +239,7 @@ def test_bad_configs_are_refused_by_name(target):
         build_peagle(DraftConfig(head="peagle", options=PEagleOptions(draft_vocab_size=48, parallel_tokens=0)), target, counts)
 
 
-def test_cod_trains_each_depth_on_a_falling_share_among_the_depth_befores_positions(target):
+def test_cod_trains_each_depth_on_a_falling_share_among_the_depth_befores_positions(target, tmp_path):
     """COD (down_sample_ratio r, floor r_min): depth d trained at ~max(r^d, r_min) of the positions, each depth's
     among the depth before's; the unroll runs depth d only there; evaluation and r = 1 train every depth everywhere."""
     head = random_peagle_head(target, parallel_tokens=5, down_sample_ratio=0.6, down_sample_ratio_min=0.2)
@@ -302,6 +302,13 @@ def test_cod_trains_each_depth_on_a_falling_share_among_the_depth_befores_positi
     assert built.config.num_hidden_layers == 2 and len(built.later_layers()) == 1
     with pytest.raises(ValueError, match="draft.num_layers must be >= 1, got 0"):
         build_peagle(DraftConfig(head="peagle", options=PEagleOptions(draft_vocab_size=48, num_layers=0)), target, counts)
+    one_layer = tmp_path / "config.json"
+    one_layer.write_text(json.dumps(PEagleConfig.from_target(target.config, 48, mask_token_id=3).to_hf_dict()))
+    with pytest.raises(ValueError, match="draft.num_layers is 2 but draft.config .* has num_hidden_layers 1"):
+        build_peagle(DraftConfig(head="peagle", config=str(one_layer), options=PEagleOptions(draft_vocab_size=48,
+                                                                                              num_layers=2)), target, counts)
+    with pytest.raises(ValueError, match="num_hidden_layers is 0, not a count"):
+        PEagleConfig.from_hf_dict({**json.loads(one_layer.read_text()), "num_hidden_layers": 0})
 
 
 def test_recipe_fields_build_the_head_and_the_placeholder_defaults_to_pad_then_eos(target):

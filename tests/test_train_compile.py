@@ -59,6 +59,32 @@ def test_compiled_parts_give_the_eager_loss_and_gradients(tmp_path, head_name):
     assert compile_parts(head, type(head).compiled) == done and counters["stats"]["unique_graphs"] >= len(done)
 
 
+def test_every_layer_of_a_multi_layer_draft_compiles_and_gives_the_eager_loss():
+    """``layers.*.finish``: each later layer's parts compile (written out by name); a one-layer head has none."""
+    from tiny_models import tiny_causal_lm
+
+    from headstart.heads.eagle3.module import Eagle3Config, Eagle3Draft
+    from headstart.models.head import Features
+
+    model = tiny_causal_lm("llama", num_hidden_layers=8)
+    torch.manual_seed(0)
+    head = Eagle3Draft(Eagle3Config.from_target(model.config, draft_vocab_size=48, num_layers=3), ttt_steps=3)
+    ids = torch.randint(3, 128, (1, 12))
+    f = Features(input_ids=ids, loss_mask=torch.ones_like(ids), aux_hidden_states=torch.randn(1, 12, 3 * 32),
+                 target_logits=torch.randn(1, 12, 48), target_in_draft=torch.ones(1, 12, dtype=torch.bool))
+    eager = _loss_and_grads(head, f)
+    torch._dynamo.reset()
+    done = compile_parts(head, type(head).compiled, backend="eager")
+    assert {f"layers.{i}.{part}" for i in (1, 2) for part in ("attn_input", "self_attn.qkv", "finish")} <= set(done)
+    compiled = _loss_and_grads(head, f)
+    torch.testing.assert_close(compiled[0], eager[0])
+    assert compiled[2].keys() == eager[2].keys() and any(k.startswith("layers.2.") for k in eager[2])
+    one = Eagle3Draft(Eagle3Config.from_target(model.config, draft_vocab_size=48), ttt_steps=3)
+    assert not any(p.startswith("layers.") for p in compile_parts(one, type(one).compiled, backend="eager"))
+    with pytest.raises(ValueError, match="'\\*' follows no module list"):
+        compile_parts(head, ["midlayer.*.finish"])
+
+
 def test_a_path_through_no_module_or_naming_nothing_is_refused(tmp_path):
     trainer = build_trainer(load_config(None, make_setup(tmp_path)))
     head = trainer.backend.module

@@ -155,8 +155,8 @@ class Eagle3Config:
         if d.get("norm_before_fc") or (d.get("eagle_config") or {}).get("norm_before_fc"):
             raise ValueError("EAGLE-3 config.json: norm_before_fc is true (one norm over the concatenated features, "
                              "gpt-oss's variant); headstart's head has EAGLE-3.1's per-layer fc_norm instead")
-        layers = d.get("num_hidden_layers") or 1
-        if not isinstance(layers, int) or layers < 1:
+        layers = d.get("num_hidden_layers", 1)
+        if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
             raise ValueError(f"EAGLE-3 config.json: num_hidden_layers is {layers!r}, not a count of decoder layers")
         heads = d["num_attention_heads"]
         return cls(

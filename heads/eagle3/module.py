@@ -108,12 +108,19 @@ class LaterLayer(nn.Module):
         self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
+    def attn_input(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.input_layernorm(hidden)
+
+    def finish(self, hidden: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        """The attention's heads [B, nh, n, hd] -> the layer's output: o_proj, residual, MLP, residual."""
+        B, nh, n, hd = attn_out.shape
+        h = hidden + self.self_attn.o_proj(attn_out.transpose(1, 2).reshape(B, n, nh * hd))
+        return h + self.mlp(self.post_attention_layernorm(h))
+
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        out = attend(*self.self_attn.qkv(self.input_layernorm(hidden), cos, sin))  # [B, nh, n, hd]
-        B, nh, n, hd = out.shape
-        h = hidden + self.self_attn.o_proj(out.transpose(1, 2).reshape(B, n, nh * hd))
-        return h + self.mlp(self.post_attention_layernorm(h))
+        # the parts around the attention are what train.compile compiles (Eagle3Draft.compiled); attend stays eager
+        return self.finish(hidden, attend(*self.self_attn.qkv(self.attn_input(hidden), cos, sin)))
 
 
 def run_positions(valid_steps: list[torch.Tensor]) -> torch.Tensor:
@@ -136,8 +143,10 @@ class Eagle3Draft(nn.Module):
     """What reads and writes its config.json (a head built on this one names its own)."""
     needs = FeatureNeeds(aux_hidden_states=True, draft_vocab_logits=True)
     layouts = ("flat", "speculators")  # docs/FORMATS.md sections A and B; the first is the default
-    compiled = ("midlayer.attn_input", "midlayer.self_attn.qkv", "midlayer.finish", "norm")
-    """What ``train.compile`` compiles (models/train_compile.py): the draft step around its attention, the final norm."""
+    compiled = ("midlayer.attn_input", "midlayer.self_attn.qkv", "midlayer.finish", "layers.*.attn_input",
+                "layers.*.self_attn.qkv", "layers.*.finish", "norm")
+    """What ``train.compile`` compiles (models/train_compile.py): each layer of the draft step around its attention,
+    the final norm."""
     skip_untrained = True
     """The loss runs each TTT step 1.. only where it or a later step is trained (``run_positions``); False
     runs them everywhere (the same loss and gradients, more work: tests/test_eagle3.py holds them equal)."""
@@ -429,12 +438,20 @@ def build_eagle3(draft: DraftConfig, target, token_counts: torch.Tensor) -> Eagl
         if wrong:
             raise ValueError(f"draft.{', draft.'.join(wrong)} is true but draft.config ({draft.config}) sets it false: "
                              "set it in the config file, or drop draft.config")
+        check_layers(options.num_layers, config, draft.config)
     else:
         config = Eagle3Config.from_target(target.config, options.draft_vocab_size, target.aux_layer_ids,
                                           fc_norm=options.fc_norm, norm_output=options.norm_output,
                                           num_layers=options.num_layers)
     head = Eagle3Draft(config, ttt_steps=options.ttt_steps, step_weight=options.step_weight)
     return fit_to_target(head, draft, target, token_counts, options.feature_noise)
+
+
+def check_layers(num_layers: int, config: Eagle3Config, where: str) -> None:
+    """Refuse a recipe's ``draft.num_layers`` that its ``draft.config`` file contradicts (1, the default, defers)."""
+    if num_layers != 1 and num_layers != config.num_hidden_layers:
+        raise ValueError(f"draft.num_layers is {num_layers} but draft.config ({where}) has num_hidden_layers "
+                         f"{config.num_hidden_layers}: set it in the config file, or drop draft.config")
 
 
 def fit_to_target(head: Eagle3Draft, draft: DraftConfig, target, token_counts: torch.Tensor,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from headstart.heads.eagle3.module import Eagle3Draft, fit_to_target
+from headstart.heads.eagle3.module import Eagle3Draft, check_layers, fit_to_target
 from headstart.heads.peagle.config import PEagleConfig, PEagleOptions
 from headstart.models.head import DraftConfig
 
@@ -83,6 +83,7 @@ def build_peagle(draft: DraftConfig, target, token_counts: torch.Tensor) -> PEag
         if config.fc_norm != options.fc_norm and options.fc_norm:
             raise ValueError(f"draft.fc_norm is true but draft.config ({draft.config}) sets it false: set it in the "
                              "config file, or drop draft.config")
+        check_layers(options.num_layers, config, draft.config)
     else:
         config = PEagleConfig.from_target(target.config, options.draft_vocab_size, target.aux_layer_ids,
                                           fc_norm=options.fc_norm, mask_token_id=options.mask_token_id,
