@@ -161,6 +161,18 @@ COLLECTED = {  # suite: its result file in benchmarks/results/, the page's title
                      "committed DFlash head configs/demo/dflash-head (its card's training row) and DFlash2 (2-tap "
                      "dynamic convolutions, a rank-256 selector over the top 16); each DFlash2 run paired with it in one "
                      "process (--versus), chains"),
+    "dspark-smollm2": ("dspark_smollm2.json", "DSpark against DFlash at SmolLM2's DFlash recipe",
+                       "SmolLM2-135M-Instruct: the stored features of its own replies to 1,000 demo questions, 450 steps, "
+                       "global batch 8 = 4 x 2 ranks, Muon lr 3e-3, 2 layers, 64 blocks per sequence and step: the DFlash "
+                       "head of new-heads-smollm2 (configs/smollm2/dflash.yaml: blocks of 8, D-PACE) and DSpark "
+                       "(configs/smollm2/dspark.yaml: blocks of 7, rank-256 Markov head, confidence head, DeepSpec's "
+                       "loss); both draft 7 tokens a block; each DSpark run paired in one process (--versus), chains"),
+    "dflash2-smollm2": ("dflash2_smollm2.json", "DFlash2 against DFlash at SmolLM2's DFlash recipe",
+                        "SmolLM2-135M-Instruct: the stored features of its own replies to 1,000 demo questions, 450 steps, "
+                        "global batch 8 = 4 x 2 ranks, Muon lr 3e-3, 2 layers, blocks of 8, 64 blocks per sequence and "
+                        "step, D-PACE: the DFlash head of new-heads-smollm2 (configs/smollm2/dflash.yaml) and DFlash2 "
+                        "(configs/smollm2/dflash2.yaml: 2-tap dynamic convolutions, a rank-256 selector over the top 16); "
+                        "each DFlash2 run paired with it in one process (--versus), chains"),
     "block-budget": ("block_budget_demo.json", "Block drafters against EAGLE-3 as the training budget grows",
                      "the demo target's own replies to 2,000 demo questions, global batch 8 in one CPU process, Muon lr "
                      "3e-3 with linear decay over each run's steps (in its name): EAGLE-3 (1 layer, 7 TTT steps), DFlash "
@@ -306,6 +318,13 @@ def demo_regenerated() -> Step:
                 skip_if="runs/demo-regenerated/regenerated.jsonl")
 
 
+def smollm2_features() -> Step:
+    """The stored features of SmolLM2's own replies that its recipes read (configs/smollm2/eagle3.yaml's store), on 2
+    ranks, skipped where its manifest is there."""
+    return Step("features", ["torchrun", "--nproc_per_node", "2", "scripts/generate_features.py", "--config",
+                             "configs/smollm2/eagle3.yaml"], skip_if="runs/smollm2-features/manifest.json")
+
+
 # -- EAGLE-3.1, P-EAGLE and DFlash at the EAGLE-3 head's recipe ----------------------------------------------------------
 
 def new_heads(which: str) -> Callable[[Settings], list[Step]]:
@@ -317,9 +336,7 @@ def new_heads(which: str) -> Callable[[Settings], list[Step]]:
         head_dir = (lambda n: f"configs/demo/{n}-head") if demo else (lambda n: str(s.out / f"{n}-head"))
         launch, flags = (ONE, ["--train.batch_size=8"]) if demo else (TWO, [])
         # the demo's recipes read the demo target's own replies; SmolLM2's read one stored feature set (its EAGLE-3 recipe's)
-        out = [demo_regenerated()] if demo else [
-            Step("features", ["torchrun", "--nproc_per_node", "2", "scripts/generate_features.py", "--config",
-                              "configs/smollm2/eagle3.yaml"], skip_if="runs/smollm2-features/manifest.json")]
+        out = [demo_regenerated() if demo else smollm2_features()]
         for n in ("eagle31", "peagle", "dflash"):
             out.append(Step(f"train-{n}", [*launch, "--config", recipe(n), *flags, "--logging.progress=false"], timed=True))
             if not demo:  # the demo's are committed (configs/demo/*-head)
@@ -359,22 +376,28 @@ def dflash_quick(s: Settings) -> list[Step]:
     return out + [Step("collect", collect, writes_result=True)]
 
 
-def block_variant(head: str) -> Callable[[Settings], list[Step]]:
-    """A DFlash variant trained at the DFlash head's recipe (configs/demo/<head>_regenerated.yaml), paired with it at
-    k=7 and 4, and with itself stopped by ``--confidence-threshold`` at each of ``thresholds`` (none: no such runs)."""
+def block_variant(head: str, which: str = "demo") -> Callable[[Settings], list[Step]]:
+    """A DFlash variant trained at the DFlash head's recipe (the demo's configs/demo/<head>_regenerated.yaml in one
+    process; SmolLM2's configs/smollm2/<head>.yaml on 2 ranks from the shared feature store), paired with that DFlash
+    head (the demo's committed one; SmolLM2's from new-heads-smollm2) at k=7 and 4, and with itself stopped by
+    ``--confidence-threshold`` at each of ``thresholds`` (none: no such runs)."""
     def steps(s: Settings) -> list[Step]:
-        x, run = s.out, f"runs/demo-{head}-regenerated"
+        demo = which == "demo"
+        x, run = s.out, f"runs/demo-{head}-regenerated" if demo else f"runs/smollm2-{head}"
+        target, dflash = (DEMO, "configs/demo/dflash-head") if demo else (SMOLLM2, "runs/new-heads-smollm2/dflash-head")
+        recipe = f"configs/demo/{head}_regenerated.yaml" if demo else f"configs/smollm2/{head}.yaml"
+        train = ([*ONE, "--config", recipe, "--train.batch_size=8"] if demo else [*TWO, "--config", recipe])
+        dflash_command = ("python scripts/train_eagle3.py --config configs/demo/dflash_regenerated.yaml --train.batch_size=8"
+                          if demo else "torchrun --nproc_per_node 2 scripts/train_eagle3.py --config configs/smollm2/dflash.yaml")
         own = ["--method", head, "--draft", f"{run}/final"]
-        out = [demo_regenerated(),
-               Step(f"train-{head}", [*ONE, "--config", f"configs/demo/{head}_regenerated.yaml", "--train.batch_size=8",
-                                      "--logging.progress=false"], timed=True)]
-        out += [bench(f"{head}-k{n}", DEMO, x / f"{head}-k{n}", *own, *k(n),
-                      *versus("dflash", "configs/demo/dflash-head", *k(n)), needs=(f"{run}/final",)) for n in (7, 4)]
-        out += [bench(f"confidence-{t}", DEMO, x / f"confidence-{t}", *own, *k(7), "--confidence-threshold", t,
+        out = [demo_regenerated() if demo else smollm2_features()]
+        out.append(Step(f"train-{head}", [*train, "--logging.progress=false"], timed=True))
+        out += [bench(f"{head}-k{n}", target, x / f"{head}-k{n}", *own, *k(n), *versus("dflash", dflash, *k(n)),
+                      needs=(f"{run}/final", dflash)) for n in (7, 4)]
+        out += [bench(f"confidence-{t}", target, x / f"confidence-{t}", *own, *k(7), "--confidence-threshold", t,
                       *versus(head, f"{run}/final", *k(7)), needs=(f"{run}/final",)) for t in s.words("thresholds")]
         collect = lambda: collected(  # noqa: E731
-            s, f"{head}-demo", "--train", "dflash=configs/demo/dflash-head", "--train-command",
-            "dflash=python scripts/train_eagle3.py --config configs/demo/dflash_regenerated.yaml --train.batch_size=8",
+            s, f"{head}-{which}", "--train", f"dflash={dflash}", "--train-command", f"dflash={dflash_command}",
             "--train", f"{head}={run}:{x}/train-{head}.time", *bench_flags(x))
         return out + [Step("collect", collect, writes_result=True)]
     return steps
@@ -938,6 +961,12 @@ SUITES: dict[str, Suite] = {
                          "dspark_demo.json", "runs/dspark-demo", block_variant("dspark"), {"thresholds": "0.3 0.5"}),
     "dflash2-demo": Suite("DFlash2 at the demo DFlash head's recipe, paired with it -> dflash2_demo.json",
                           "runs/dflash2-demo", block_variant("dflash2"), {"thresholds": ""}),
+    "dspark-smollm2": Suite("DSpark at SmolLM2's DFlash recipe (after new-heads-smollm2), paired with its DFlash head "
+                            "and with its own confidence stop -> dspark_smollm2.json", "runs/dspark-smollm2",
+                            block_variant("dspark", "smollm2"), {"thresholds": "0.3 0.5"}),
+    "dflash2-smollm2": Suite("DFlash2 at SmolLM2's DFlash recipe (after new-heads-smollm2), paired with its DFlash head "
+                             "-> dflash2_smollm2.json", "runs/dflash2-smollm2", block_variant("dflash2", "smollm2"),
+                             {"thresholds": ""}),
     "block-budget": Suite("EAGLE-3, DFlash at two shapes, DSpark and P-EAGLE (1 layer, with COD, 4 layers with COD) at "
                           "1000 and 3000 steps, tau by position -> "
                           "block_budget_demo.json", "runs/block-budget", block_budget,
