@@ -1,14 +1,15 @@
-"""A draft of one decoder layer over its own KV cache, fed back its own output: what EAGLE-3 and MTP draft with (and
-P-EAGLE, on EAGLE-3's), for one sequence or a batch.
+"""A draft of one decoder layer (or a few) over its own KV cache, fed back its own output: what EAGLE-3 and MTP draft
+with (and P-EAGLE, on EAGLE-3's), for one sequence or a batch.
 
 Draft pair j is (an input read from the target's states at j, token x_{j+1}) at rotary position j; committed pairs
-live in the layer's one-layer cache. To draft k tokens from the last committed pair, step i (i >= 1) feeds back the
+live in the draft's cache (a layer for each of its decoder layers, all written at the same slots). To draft k tokens
+from the last committed pair, step i (i >= 1) feeds back the
 layer's previous output with the token just drafted, one position further, attending to the committed keys and its own
 earlier steps -- the attention pattern and positions of the head's training step i (EAGLE-3's training-time test, MTP's
 unroll). Trees expand top-k children the same way, each node attending to the committed context, its expanded
 ancestors and itself.
 
-Both paths run the head's one layer (``layer``) over a cache of their own:
+Both paths run the head's draft step (``layer``: its one decoder layer, or its stack) over a cache of their own:
 - one sequence (``begin``/``propose``/``update`` and the tree methods: decode/generate.py's loops) on a one-row
   ``PositionalKVCache``, or with ``compile`` a ``StaticKVCache`` whose compiled forms are a step (decode/static_blocks.py
   ``StaticBlocks``), a commit, a whole greedy chain (``ChainGraph``) and a whole dynamic tree (``TreeGraph``);
@@ -268,7 +269,8 @@ class LayerDrafter(ChainRows):
     # -- a batch (decode/batch_generate.py) --------------------------------------------------------
     @property
     def rows(self) -> RaggedBlocks:
-        """The batch path's ragged one-layer cache (compiled with ``compile``), built when a batch first needs it."""
+        """The batch path's ragged cache (a layer for each draft layer; compiled with ``compile``), built when a batch
+        first needs it."""
         if self._rows is None:
             self._rows = RaggedBlocks(self.layer, self.max_len, self.device, self.compile, self.backend,
                                       num_layers=self.num_layers)

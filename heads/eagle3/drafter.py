@@ -6,7 +6,7 @@ the last committed position t, step i (i >= 1) feeds back the previous step's hi
 the token just drafted, at rotary position t + i, attending to the committed keys plus the keys of
 its own earlier steps -- the same attention pattern and positions as TTT step i.
 
-Both paths -- one sequence (chains, EAGLE-2 trees, compiled graphs) and a batch of ragged rows -- are the one-layer
+Both paths -- one sequence (chains, EAGLE-2 trees, compiled graphs) and a batch of ragged rows -- are the layer
 drafter's (decode/layer_drafter.py), which runs the head's one step (``Eagle3Draft.step``, training's) over its cache;
 this drafter supplies the step's attention on that cache, ``fc`` over the aux states and the draft vocab's map. The
 one-sequence decoding is what ``benchmarks/versus_revision.py`` holds against earlier revisions.
