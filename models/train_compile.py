@@ -35,7 +35,7 @@ def compile_parts(head: nn.Module, names: Iterable[str], backend: str = "inducto
     path whose parents are not modules, or a list naming nothing, is refused. Compiling twice compiles once. Returns
     the paths compiled (a ``*`` written out)."""
     names, done = tuple(names), []
-    for name, owner, leaf in (found for name in names for found in _resolve(head, name)):
+    for name, owner, leaf in (found for name in names for found in parts_of(head, name)):
         part = getattr(owner, leaf, None)
         if part is None:
             continue
@@ -55,8 +55,9 @@ def compile_parts(head: nn.Module, names: Iterable[str], backend: str = "inducto
     return done
 
 
-def _resolve(head: nn.Module, name: str) -> list[tuple[str, nn.Module, str]]:
-    """(path, the module owning its last part, that part's name) for each module a dotted ``name`` reaches."""
+def parts_of(head: nn.Module, name: str) -> list[tuple[str, nn.Module, str]]:
+    """(path, the module owning its last part, that part's name) for each part a dotted ``name`` of ``compiled``
+    reaches (a ``*`` written out; none where the modules it ranges over are not in this head)."""
     *parents, leaf = name.split(".")
     owners: list[tuple[str, nn.Module]] = [("", head)]
     for part in parents:

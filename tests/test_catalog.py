@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import functools
 import inspect
 import re
 import subprocess
@@ -40,6 +39,7 @@ from headstart.models.export import export_head
 from headstart.models.head import DraftConfig, DraftHead
 from headstart.models.provenance import OtherTargetError, fingerprint
 from headstart.models.target import Target, TargetConfig
+from headstart.models.train_compile import parts_of
 from headstart.scripts import benchmark
 from headstart.trainer.batches import collate
 from headstart.trainer.config import load_config
@@ -172,8 +172,9 @@ def test_a_head_trains_through_the_shared_trainer_and_every_layout_round_trips(n
     assert after < before, (name, before, after)
     assert spec_of(head) is HEADS[name]
     for path in type(head).compiled:  # train.compile's parts: each a module, a list of modules or a method of the head
-        part = functools.reduce(getattr, path.split("."), head)
-        assert isinstance(part, torch.nn.Module) or inspect.ismethod(part), (name, path)
+        for _, owner, leaf in parts_of(head, path):  # a '*' over a module dict: each of its modules' (none: skipped)
+            part = getattr(owner, leaf)
+            assert isinstance(part, torch.nn.Module) or inspect.ismethod(part), (name, path)
 
     with torch.no_grad():  # exports are bf16: what trained is rounded first, so the round trip is exact (the frozen
         for p in head.parameters():  # parts are the target's, which a load takes from the target again)
