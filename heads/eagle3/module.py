@@ -272,8 +272,8 @@ class Eagle3Draft(nn.Module):
         t+1+k at rotary position t+k, attending causally to step 0's keys and to its own position in steps 1..k
         (memory linear in T: models/ttt_attention.py).
 
-        ``needed``: where steps 1.. run -- [B, T] bool, the same positions for each, or [K-1, B, T], step k at
-        ``needed[k-1]``, each step's positions among the step before's (``run_positions``). Their outputs elsewhere
+        ``needed`` [K-1, B, T] bool: where steps 1.. run, step k at ``needed[k-1]``, each step's positions among the
+        step before's (``run_positions``). Their outputs elsewhere
         are zeros: a later step at t reads only step 0's keys and its own position's earlier steps, so those
         positions come out exactly as in the full unroll, at the cost of the trained share of the sequence. Step 0
         always runs everywhere: its keys are every later query's context."""
@@ -299,8 +299,7 @@ class Eagle3Draft(nn.Module):
         hidden = self.step(hidden, shift_left(f.input_ids, 1, 0), base_pos, ttt)
         yield hidden
         B, T, H = hidden.shape
-        steps = needed if needed.dim() == 3 else needed.expand(self.ttt_steps - 1, B, T)
-        b, t = steps[0].nonzero(as_tuple=True)  # row-major, as ttt_attention_at expects
+        b, t = needed[0].nonzero(as_tuple=True)  # row-major, as ttt_attention_at expects
         at_keys, at_values = [[] for _ in range(n_layers)], [[] for _ in range(n_layers)]  # steps 1.. at (b, t)
 
         def ttt_at(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int) -> torch.Tensor:
@@ -311,7 +310,7 @@ class Eagle3Draft(nn.Module):
 
         h = hidden[b, t].unsqueeze(0)  # [1, N, H]
         for k in range(1, self.ttt_steps):
-            keep = steps[k - 1][b, t]  # of the previous step's positions, this step's (a subset: see run_positions)
+            keep = needed[k - 1][b, t]  # of the previous step's positions, this step's (a subset: see run_positions)
             if not keep.all():
                 b, t, h = b[keep], t[keep], h[:, keep]
                 for layer in range(n_layers):
