@@ -273,10 +273,10 @@ class Eagle3Draft(nn.Module):
         (memory linear in T: models/ttt_attention.py).
 
         ``needed`` [K-1, B, T] bool: where steps 1.. run, step k at ``needed[k-1]``, each step's positions among the
-        step before's (``run_positions``). Their outputs elsewhere
-        are zeros: a later step at t reads only step 0's keys and its own position's earlier steps, so those
-        positions come out exactly as in the full unroll, at the cost of the trained share of the sequence. Step 0
-        always runs everywhere: its keys are every later query's context."""
+        step before's (``run_positions``). Their outputs elsewhere are zeros: a later step at t reads only step 0's
+        keys and its own position's earlier steps, so those positions come out exactly as in the full unroll, at the
+        cost of the trained share of the sequence. Step 0 always runs everywhere: its keys are every later query's
+        context."""
         aux = f.aux_hidden_states.to(self.fc.weight.dtype)
         if self.training and self.feature_noise > 0:
             aux = aux + torch.randn_like(aux) * self.feature_noise
