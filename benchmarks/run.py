@@ -703,7 +703,7 @@ DISTILL = {  # configs/demo/distill.yaml (total variation) with one change each
 
 def distill(s: Settings) -> list[Step]:
     x, recipe = s.out, "configs/demo/distill.yaml"
-    run_dir = lambda v: "runs/demo-distill" if v == "tv" else f"runs/demo-distill-{v}"  # noqa: E731
+    run_dir = lambda v: f"runs/demo-distill-{v}"  # noqa: E731 (tv's is the run configs/demo/distilled-draft-model's card names)
     head = lambda v: "configs/demo/distilled-draft-model" if v == "tv" else f"{run_dir(v)}/final"  # noqa: E731 (as published)
     out = [demo_regenerated(),
            Step("features", [PY, "scripts/generate_features.py", "--config", recipe], skip_if="runs/demo-distill-features"),
