@@ -191,7 +191,9 @@ COLLECTED = {  # suite: its result file in benchmarks/results/, the page's title
                 "configs/demo/distill.yaml (total variation to the target's own replies to 2,000 demo questions from one "
                 "feature store, 32 conversations a step, AdamW 1.5e-3 cosine) with one change each, forward KL the base "
                 "of the data, init, filter and fixed-data variants; "
-                + PAIRED.format("configs/demo/draft-model (400 steps of the fixed demo data, cross-entropy)")),
+                + PAIRED.format("configs/demo/draft-model (400 steps of the fixed demo data, cross-entropy)")
+                + "; tv's row decodes the published configs/demo/distilled-draft-model (an earlier run of tv's command; "
+                  "its card gives the commit), its training row is this suite's run"),
     "early-exit": ("early_exit_smollm2.json", "Early-exit self-speculation on SmolLM2-135M-Instruct: a sweep of the exit layer",
                    "An adapter (one zero-initialised residual block) on the hidden state after the first E of 30 layers, "
                    "then the target's final norm and lm_head, drafting with those E layers on the target's KV cache: "
@@ -718,7 +720,7 @@ def distill(s: Settings) -> list[Step]:
         trained = [f for v in DISTILL if (x / f"train-{v}.time").is_file()
                    for f in ("--train", f"{v}={run_dir(v)}:{x}/train-{v}.time")]
         benched = [f for v in DISTILL if (x / f"{v}-k4" / "results.json").is_file() for f in ("--bench", f"{v}={x}/{v}-k4")]
-        return collected(s, "distill", *trained, *benched)
+        return collected(s, "distill", *trained, *benched, more=f"; trained {s['trained']}")
     return out + [Step("collect", collect, writes_result=True)]
 
 
@@ -974,7 +976,8 @@ SUITES: dict[str, Suite] = {
     "hydra-demo": Suite("Hydra against Medusa at its recipe, paired -> hydra_vs_medusa_demo.json", "runs/hydra-full",
                         hydra_demo),
     "distill": Suite("distilled draft models (loss, labels, init, filter, data) paired with the committed draft model -> "
-                     "distilled_draft_model_demo.json", "runs/distill", distill),
+                     "distilled_draft_model_demo.json", "runs/distill", distill,
+                     {"trained": "one at a time"}),  # how the training steps ran: their wall times depend on it
     "early-exit": Suite("early-exit adapters on SmolLM2 by exit layer, paired with its EAGLE-3 head -> "
                         "early_exit_smollm2.json", "runs/early-exit-smollm2", early_exit,
                         {"sweep": "6 10 15 20", "steps": "450", "k": "4"}),
