@@ -193,7 +193,7 @@ COLLECTED = {  # suite: its result file in benchmarks/results/, the page's title
                 "of the data, init, filter and fixed-data variants; "
                 + PAIRED.format("configs/demo/draft-model (400 steps of the fixed demo data, cross-entropy)")
                 + "; tv's row decodes the published configs/demo/distilled-draft-model (an earlier run of tv's command; "
-                  "its card gives the commit), its training row is this suite's run"),
+                  "its card gives that run's held-out acceptance), its training row is this suite's run"),
     "early-exit": ("early_exit_smollm2.json", "Early-exit self-speculation on SmolLM2-135M-Instruct: a sweep of the exit layer",
                    "An adapter (one zero-initialised residual block) on the hidden state after the first E of 30 layers, "
                    "then the target's final norm and lm_head, drafting with those E layers on the target's KV cache: "
