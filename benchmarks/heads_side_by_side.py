@@ -85,7 +85,13 @@ def conditions(args: dict, machine: str) -> str:
             f"batch {args.get('batch_size', 1)}")
 
 
-def method(report: dict) -> dict:
+def by_category(report: dict) -> dict[str, float]:
+    """tau per question category (the benchmark's own split of its results): where copying from earlier text wins
+    shows per category, not in the mean."""
+    return {name: round(r["tau"], 3) for name, r in report["results"].items() if name != "overall"}
+
+
+def method(report: dict, categories: bool = False) -> dict:
     o, args = report["results"]["overall"], report["args"]
     return {"method": args["method"], "draft": args.get("draft"), "target": args["target"],
             "shape": report.get("shape", f"chain k={args['num_speculative_tokens']}"),
@@ -97,14 +103,15 @@ def method(report: dict) -> dict:
             "plain_tokens_per_s": round(o["plain_tokens_per_s"], 2), "speedup": round(o["speedup"], 3),
             "predicted_speedup": round(o["predicted_speedup"], 3), "command": report.get("command"),
             **({"mean_logprob": round(o["mean_logprob"], 4), "plain_mean_logprob": round(o["plain_mean_logprob"], 4)}
-               if o.get("mean_logprob") is not None else {})}
+               if o.get("mean_logprob") is not None else {}),
+            **({"tau_by_category": by_category(report)} if categories else {})}
 
 
-def bench_run(directory: Path) -> dict:
+def bench_run(directory: Path, categories: bool = False) -> dict:
     first = json.loads((directory / "results.json").read_text())
-    out = {"first": method(first)}
+    out = {"first": method(first, categories)}
     if first.get("versus_out"):
-        out["second"] = method(json.loads((Path(first["versus_out"]) / "results.json").read_text()))
+        out["second"] = method(json.loads((Path(first["versus_out"]) / "results.json").read_text()), categories)
         paired = first["paired"]
         out["paired"] = {"turns": paired["turns"], "tokens_per_s_ratio": round(paired["overall_ratio"], 3),
                          "median_ratio": round(paired["median_ratio"], 3)}
@@ -133,6 +140,7 @@ def main() -> None:
     p.add_argument("--bench", action="append", default=[], metavar="NAME=BENCH_DIR")
     p.add_argument("--times-from", action="append", default=[], type=Path, metavar="RESULT_FILE",
                    help="earlier result files whose timed training runs the --train heads were published from")
+    p.add_argument("--by-category", action="store_true", help="record each decoding run's tau per question category")
     p.add_argument("--out", required=True)
     p.add_argument("--allow-dirty", action="store_true",
                    help="write into benchmarks/results/ from a checkout with uncommitted changes (the file says so)")
@@ -144,7 +152,7 @@ def main() -> None:
     for name, command in pairs(args.train_command, "train-command").items():
         train[name]["command"] = command
     times_from(train, args.times_from)
-    bench = {name: bench_run(Path(d)) for name, d in pairs(args.bench, "bench").items()}
+    bench = {name: bench_run(Path(d), args.by_category) for name, d in pairs(args.bench, "bench").items()}
     write_result(args.out, {"title": args.title, "what": args.what, "train": train, "bench": bench}, args.allow_dirty)
     print(f"wrote {args.out}")
 

@@ -136,6 +136,24 @@ def spread_of(speeds: list[float]) -> str:
     return f"{low:.2f}x" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}-{high:.2f}x ({len(speeds)} pairs)"
 
 
+def category_tables(record: dict) -> list[str]:
+    """tau per question category for the runs that recorded it (``--by-category``), the run's drafter against its
+    pair's baseline: one table per set of categories (one per question file)."""
+    groups: dict[tuple[str, ...], list[tuple[str, dict]]] = {}
+    for name, run in record["bench"].items():
+        if "tau_by_category" in run["first"]:
+            groups.setdefault(tuple(run["first"]["tau_by_category"]), []).append((name, run))
+    out = []
+    for categories, runs in groups.items():
+        out += ["", "tau by question category (the run's drafter / its pair's baseline):", "",
+                "| run | " + " | ".join(categories) + " |", "|---|" + "---|" * len(categories)]
+        for name, run in runs:
+            base = run.get("second", {}).get("tau_by_category", {})
+            out.append(f"| {name} | " + " | ".join(f"{run['first']['tau_by_category'][c]:.2f}"
+                                                   + (f" / {base[c]:.2f}" if c in base else "") for c in categories) + " |")
+    return out
+
+
 def bench_table(record: dict, said: str | None = None, prefix: str | None = None) -> list[str]:
     """One row a run; a paired run's baseline (the second method of its process) once under the table, with its
     speed-up in its pairs. ``said``: the decoding conditions the section already states."""
@@ -151,7 +169,7 @@ def bench_table(record: dict, said: str | None = None, prefix: str | None = None
             key = (second["method"], second["draft"], second["shape"], second["tau"], acceptance(second))
             baselines.setdefault(key, (second, []))[1].append(second["speedup"])
     out = [] if said == decoded(record) else ["Decoded: " + decoded(record) + ".", ""]
-    out += lines
+    out += lines + category_tables(record)
     quality = [f"{name}: {run['first']['mean_logprob']:.3f} ({run['first']['plain_mean_logprob']:.3f})"
                for name, run in record["bench"].items() if "mean_logprob" in run["first"]]
     if quality:  # sampled runs: what the target thinks of the text, against plain sampling's (decode/quality.py)

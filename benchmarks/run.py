@@ -239,12 +239,13 @@ COLLECTED = {  # suite: its result file in benchmarks/results/, the page's title
 }
 
 
-def collected(s: Settings, suite: str, *runs: str, more: str = "") -> list[str]:
+def collected(s: Settings, suite: str, *runs: str, more: str = "", categories: bool = False) -> list[str]:
     """heads_side_by_side.py's command for ``suite``: the training and decoding runs (``--train``/``--bench`` flags)
-    into its result file, with its title and what it compares (``COLLECTED``; ``more``: what only the run knows)."""
+    into its result file, with its title and what it compares (``COLLECTED``; ``more``: what only the run knows;
+    ``categories``: tau per question category too)."""
     result, title, what = COLLECTED[suite]
-    return [*COLLECT, "--title", title, "--what", what + more, *runs, "--out", f"benchmarks/results/{result}",
-            *s.dirty_flag()]
+    return [*COLLECT, "--title", title, "--what", what + more, *runs, *(["--by-category"] if categories else []),
+            "--out", f"benchmarks/results/{result}", *s.dirty_flag()]
 
 
 # -- the heads of a target side by side -------------------------------------------------------------------------------
@@ -594,7 +595,7 @@ def retrieval(which: str) -> Callable[[Settings], list[Step]]:
             meta = json.loads(Path(store, "datastore.json").read_text())
             more = (f"; the datastore: {meta['tokens']:,} tokens of {meta['sequences']:,} conversations, "
                     f"{meta['bytes'] / 2**20:.1f} MiB, built in {meta['build_seconds']:.1f} s")
-            return collected(s, f"retrieval-{which}", *bench_flags(s.out, "*-*"), more=more)
+            return collected(s, f"retrieval-{which}", *bench_flags(s.out, "*-*"), more=more, categories=True)
         return out + [Step("collect", collect, writes_result=True)]
     return steps
 
@@ -619,7 +620,7 @@ def suffix(which: str) -> Callable[[Settings], list[Step]]:
             store_flags = ["--datastore", store] if seeded else []
             out.append(bench(name, target, s.out / name, "--method", "suffix", *store_flags, *flags,
                              *versus("ngram", None, *flags), questions=questions))
-        return out + [Step("collect", lambda: collected(s, f"suffix-{which}", *bench_flags(s.out, "*-*")),
+        return out + [Step("collect", lambda: collected(s, f"suffix-{which}", *bench_flags(s.out, "*-*"), categories=True),
                            writes_result=True)]
     return steps
 

@@ -203,6 +203,26 @@ def test_a_paired_table_lists_each_baseline_once_and_only_the_commands_its_rows_
             "--tree'`") in text
 
 
+def test_tau_by_category_renders_drafter_against_baseline_one_table_per_question_file() -> None:
+    """Runs collected with --by-category carry tau per question category (the benchmark's own split), and the page
+    shows them, the drafter against its pair's baseline, one table per set of categories; runs without stay out."""
+    from headstart.benchmarks.heads_side_by_side import by_category
+
+    report = {"results": {"gsm8k": {"tau": 1.5}, "codegen": {"tau": 2.25}, "overall": {"tau": 1.9}}}
+    assert by_category(report) == {"gsm8k": 1.5, "codegen": 2.25}
+    record = bench_record("targets/A", 2.0)
+    run = record["bench"]["ngram"]["first"]
+    record["bench"] = {
+        "heldout": {"first": dict(run, method="suffix", tau_by_category={"gsm8k": 1.5, "codegen": 2.25}),
+                    "second": dict(run, tau_by_category={"gsm8k": 1.75, "codegen": 1.25}), "paired": {"turns": 8, "tokens_per_s_ratio": 0.9}},
+        "mt": {"first": dict(run, method="suffix", tau_by_category={"writing": 1.0})},
+        "plain": {"first": run}}
+    text = "\n".join(results_page.bench_table(record))
+    assert "| run | gsm8k | codegen |\n|---|---|---|\n| heldout | 1.50 / 1.75 | 2.25 / 1.25 |" in text
+    assert "| run | writing |\n|---|---|\n| mt | 1.00 |" in text
+    assert text.count("tau by question category") == 2 and "| plain | 1" not in text.split("tau by question category")[1]
+
+
 def test_two_verification_rules_render_head_by_head_with_the_gain_over_seeds(tmp_path: Path) -> None:
     """benchmarks/verification_gain.py's rows from paired runs: tau under each rule by seed, the gain's mean and
     spread, the paired ratio; the page shows them under the target's section with its bench tables."""
