@@ -163,14 +163,14 @@ COLLECTED = {  # suite: its result file in benchmarks/results/, the page's title
                      "process (--versus), chains"),
     "dspark-smollm2": ("dspark_smollm2.json", "DSpark against DFlash at SmolLM2's DFlash recipe",
                        "SmolLM2-135M-Instruct: the stored features of its own replies to 1,000 demo questions, 450 steps, "
-                       "global batch 8 = 4 x 2 ranks, Muon lr 3e-3, 2 layers, 64 blocks per sequence and step: the DFlash "
-                       "head of new-heads-smollm2 (configs/smollm2/dflash.yaml: blocks of 8, D-PACE) and DSpark "
+                       "global batch 8 = 4 x 2 ranks, Muon lr 3e-3, 2 layers, 64 blocks per sequence and step: the committed "
+                       "DFlash head configs/smollm2/dflash-head (configs/smollm2/dflash.yaml: blocks of 8, D-PACE) and DSpark "
                        "(configs/smollm2/dspark.yaml: blocks of 7, rank-256 Markov head, confidence head, DeepSpec's "
                        "loss); both draft 7 tokens a block; each DSpark run paired in one process (--versus), chains"),
     "dflash2-smollm2": ("dflash2_smollm2.json", "DFlash2 against DFlash at SmolLM2's DFlash recipe",
                         "SmolLM2-135M-Instruct: the stored features of its own replies to 1,000 demo questions, 450 steps, "
                         "global batch 8 = 4 x 2 ranks, Muon lr 3e-3, 2 layers, blocks of 8, 64 blocks per sequence and "
-                        "step, D-PACE: the DFlash head of new-heads-smollm2 (configs/smollm2/dflash.yaml) and DFlash2 "
+                        "step, D-PACE: the committed DFlash head configs/smollm2/dflash-head (configs/smollm2/dflash.yaml) and DFlash2 "
                         "(configs/smollm2/dflash2.yaml: 2-tap dynamic convolutions, a rank-256 selector over the top 16); "
                         "each DFlash2 run paired with it in one process (--versus), chains"),
     "block-budget": ("block_budget_demo.json", "Block drafters against EAGLE-3 as the training budget grows",
@@ -255,7 +255,6 @@ def all_drafts(which: str) -> Callable[[Settings], list[Step]]:
         demo = which == "demo"
         target, h = (DEMO, "configs/demo") if demo else (SMOLLM2, "configs/smollm2")
         medusa_tree = "configs/trees/medusa-demo-32.json" if demo else "configs/smollm2/medusa-tree.json"
-        new = h if demo else "runs/new-heads-smollm2"  # where the EAGLE-3.1, P-EAGLE and DFlash heads are
 
         def run(name: str, *flags: str, **step: object) -> Step:
             return bench(name, target, s.out / name, *flags, **step)
@@ -295,8 +294,8 @@ def all_drafts(which: str) -> Callable[[Settings], list[Step]]:
                     Step("layer-skip-chain", lambda: run("layer-skip-chain", "--method", "layer-skip", "--skip-layers",
                                                          skip_set(found, count), *k(4)).argv, needs=(str(found),))]
         for head, method in (("eagle31", "eagle3"), ("peagle", "peagle"), ("dflash", "dflash")):
-            out.append(run(f"{head}-chain", "--method", method, "--draft", f"{new}/{head}-head", *k(4),
-                           needs=(f"{new}/{head}-head",)))
+            out.append(run(f"{head}-chain", "--method", method, "--draft", f"{h}/{head}-head", *k(4),
+                           needs=(f"{h}/{head}-head",)))
 
         def collect() -> list[str]:
             heads = []  # each decoded head's card, once (a chain and a tree of one head share it)
@@ -336,13 +335,13 @@ def new_heads(which: str) -> Callable[[Settings], list[Step]]:
         target, h = (DEMO, "configs/demo") if demo else (SMOLLM2, "configs/smollm2")
         recipe = (lambda n: f"configs/demo/{n}_regenerated.yaml") if demo else (lambda n: f"configs/smollm2/{n}.yaml")
         run_dir = (lambda n: f"runs/demo-{n}-regenerated") if demo else (lambda n: f"runs/smollm2-{n}")
-        head_dir = (lambda n: f"configs/demo/{n}-head") if demo else (lambda n: str(s.out / f"{n}-head"))
+        head_dir = lambda n: f"{h}/{n}-head"  # noqa: E731 -- published there, and committed with their cards
         launch, flags = (ONE, ["--train.batch_size=8"]) if demo else (TWO, [])
         # the demo's recipes read the demo target's own replies; SmolLM2's read one stored feature set (its EAGLE-3 recipe's)
         out = [demo_regenerated() if demo else smollm2_features()]
         for n in ("eagle31", "peagle", "dflash"):
             out.append(Step(f"train-{n}", [*launch, "--config", recipe(n), *flags, "--logging.progress=false"], timed=True))
-            if not demo:  # the demo's are committed (configs/demo/*-head)
+            if not demo:  # the demo's were published from other runs of these recipes
                 out.append(Step(f"publish-{n}", [PY, "scripts/publish_head.py", "--run", run_dir(n), "--out", head_dir(n),
                                                  "--recipe", recipe(n), "--overwrite"]))
         pairs = [("eagle31", "eagle3", 4), *(("peagle", "peagle", n) for n in (3, 4, 6)), ("dflash", "dflash", 4),
@@ -382,12 +381,12 @@ def dflash_quick(s: Settings) -> list[Step]:
 def block_variant(head: str, which: str = "demo") -> Callable[[Settings], list[Step]]:
     """A DFlash variant trained at the DFlash head's recipe (the demo's configs/demo/<head>_regenerated.yaml in one
     process; SmolLM2's configs/smollm2/<head>.yaml on 2 ranks from the shared feature store), paired with that DFlash
-    head (the demo's committed one; SmolLM2's from new-heads-smollm2) at k=7 and 4, and with itself stopped by
+    head (configs/demo/dflash-head, configs/smollm2/dflash-head: both committed) at k=7 and 4, and with itself stopped by
     ``--confidence-threshold`` at each of ``thresholds`` (none: no such runs)."""
     def steps(s: Settings) -> list[Step]:
         demo = which == "demo"
         x, run = s.out, f"runs/demo-{head}-regenerated" if demo else f"runs/smollm2-{head}"
-        target, dflash = (DEMO, "configs/demo/dflash-head") if demo else (SMOLLM2, "runs/new-heads-smollm2/dflash-head")
+        target, dflash = (DEMO, "configs/demo/dflash-head") if demo else (SMOLLM2, "configs/smollm2/dflash-head")
         recipe = f"configs/demo/{head}_regenerated.yaml" if demo else f"configs/smollm2/{head}.yaml"
         train = ([*ONE, "--config", recipe, "--train.batch_size=8"] if demo else [*TWO, "--config", recipe])
         dflash_command = ("python scripts/train_eagle3.py --config configs/demo/dflash_regenerated.yaml --train.batch_size=8"
@@ -952,7 +951,7 @@ SUITES: dict[str, Suite] = {
     "heads-demo": Suite("every draft of the demo target, trained or not, decoded alone -> demo_all_drafts.json",
                         "runs/bench-heads-demo", all_drafts("demo")),
     "heads-smollm2": Suite("every draft of SmolLM2-135M-Instruct, trained or not, decoded alone -> smollm2_all_drafts.json (its "
-                           "EAGLE-3.1, P-EAGLE and DFlash rows where new-heads-smollm2 made them)",
+                           "EAGLE-3.1, P-EAGLE and DFlash rows where new-heads-smollm2 published their heads)",
                            "runs/bench-heads-smollm2", all_drafts("smollm2")),
     "new-heads-demo": Suite("EAGLE-3.1, P-EAGLE and DFlash at the demo EAGLE-3 head's recipe, paired with it -> "
                             "new_heads_demo.json", "runs/new-heads-full", new_heads("demo")),
