@@ -984,7 +984,8 @@ SUITES: dict[str, Suite] = {
     "block-demo": Suite("block against token verification, T = 0.7, every demo head that gives q, 3 seeds -> "
                         "block_verification_demo.json", "runs/block-verification-demo", verification("block"),
                         {"heads": " ".join(f"{m}=configs/demo/{d}" for m, d in (
-                            ("eagle3", "eagle3-head"), ("eagle3", "eagle31-head"), ("dflash", "dflash-head"),
+                            ("eagle3", "eagle3-head"), ("eagle3", "eagle31-head"), ("peagle", "peagle-head"),
+                            ("dflash", "dflash-head"), ("dspark", "dspark-head"), ("dflash2", "dflash2-head"),
                             ("hydra", "hydra-head"), ("draft-model", "draft-model"),
                             ("draft-model", "distilled-draft-model"))),
                          "seeds": "0 1 2", "k": "4", "temperature": "0.7"}),

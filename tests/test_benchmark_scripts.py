@@ -428,3 +428,25 @@ def test_the_batch_suite_decodes_at_each_batch_size_and_tables_the_runs(tmp_path
     assert [r[4] for r in rows] == ["1", "2"]
     skipped = run("run.py", "batch", "--out", tmp_path / "none", *settings, "--deadline", "0", cwd=tmp_path)
     assert "skipped, past --deadline" in skipped.stdout and not (tmp_path / "none" / "ngram-b1").exists()
+
+
+def test_block_verification_suite_decodes_every_committed_demo_draft_that_gives_q():
+    """block-demo's heads are every committed demo draft whose drafter samples from a q of its own (its catalog
+    entry's capabilities), each under its own method: a head added to the catalog and committed joins the table."""
+    from headstart.benchmarks.run import SUITES
+    from headstart.heads.methods import drafting_methods
+    from headstart.heads.registry import HEADS
+
+    listed = dict(reversed(entry.split("=")[:2]) for entry in SUITES["block-demo"].settings["heads"].split())
+    methods, gives_q = drafting_methods(), {}
+    for d in sorted((REPO / "configs" / "demo").iterdir()):
+        if (d / "headstart.json").is_file():
+            head = json.loads((d / "headstart.json").read_text())["head"]
+            method = HEADS[head].decoded_by or head
+        elif d.name.endswith("draft-model") and (d / "model.safetensors").is_file():
+            method = "draft-model"
+        else:
+            continue
+        if methods[method].capabilities.sampled:
+            gives_q[f"configs/demo/{d.name}"] = method
+    assert len(gives_q) >= 9 and listed == gives_q
