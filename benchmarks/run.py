@@ -540,6 +540,14 @@ RULES = {  # --verification RULE: (the page's name for it, its result file by ta
                 "0.3) on the heads it was made for")}
 
 
+def subset(s: Settings, suite: str) -> str:
+    """What a result file's text adds where its ``heads`` setting is not the suite's own (which names every such head):
+    the heads this run decoded, so the file does not claim the others."""
+    if s["heads"] == SUITES[suite].settings["heads"]:
+        return ""
+    return " -- this run decoded only " + ", ".join(entry.split("=")[1] for entry in s.words("heads"))
+
+
 def verification(rule: str, which: str = "demo") -> Callable[[Settings], list[Step]]:
     """Each head sampled at the suite's temperature with ``--verification RULE``, paired in one process with the same
     head under token verification, at each seed (benchmarks/verification_gain.py collects them)."""
@@ -561,7 +569,7 @@ def verification(rule: str, which: str = "demo") -> Callable[[Settings], list[St
         what = (f"Each head decoded with --temperature {s['temperature']} ({shape.format(k=s['k'], tree=s['tree'] if '{tree}' in shape else '')}), "
                 f"its drafts kept by "
                 f"{name} and, paired in the same process from the same seed, by token verification; seeds "
-                f"{', '.join(s.words('seeds'))}; {heads_are}")
+                f"{', '.join(s.words('seeds'))}; {heads_are}{subset(s, f'{rule}-{which}')}")
         collect = [PY, "benchmarks/verification_gain.py", "--title", f"{name.capitalize()} against token verification",
                    "--what", what, "--rule", name, *runs, "--out", f"benchmarks/results/{result}", *s.dirty_flag()]
         return out + [Step("collect", collect, writes_result=True)]

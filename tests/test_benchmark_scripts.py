@@ -450,3 +450,20 @@ def test_block_verification_suite_decodes_every_committed_demo_draft_that_gives_
         if methods[method].capabilities.sampled:
             gives_q[f"configs/demo/{d.name}"] = method
     assert len(gives_q) >= 9 and listed == gives_q
+
+
+def test_a_verification_suite_run_on_fewer_heads_says_which_it_decoded():
+    """block-smollm2 with ``--set heads=`` naming one head: its result file's text names that head as the only one
+    decoded (the suite's own text says every head that gives q); at the default it adds nothing."""
+    from headstart.benchmarks.run import SUITES, Settings
+
+    suite = SUITES["block-smollm2"]
+
+    def what(heads: str) -> str:
+        steps = suite.steps(Settings(Path("runs/x"), {**suite.settings, "heads": heads}))
+        argv = next(step.argv for step in steps if step.name == "collect")
+        return argv[argv.index("--what") + 1]
+
+    one = what("eagle3=configs/smollm2/eagle3-head")
+    assert one.endswith("-- this run decoded only configs/smollm2/eagle3-head")
+    assert "decoded only" not in what(suite.settings["heads"])
