@@ -127,17 +127,19 @@ def compare(name: str, out: Path, pattern: str, title: str, suite: str, **step: 
 
 
 ALL_DRAFTS = ("Every trained draft of {}, and the drafters that need no training (Lookahead at its reference shape W 7, "
-              "N 5, G 7; REST from a datastore of the target's own replies to its training prompts; staged: the draft "
-              "model drafted by n-gram lookup; Draft & Verify: the layers its search picks, at 8), each decoded alone; "
-              "training as each head's card records it, timed where a result file timed the run it was published from")
+              "N 5, G 7; REST from a datastore of the target's own replies to its training prompts; suffix decoding at "
+              "vLLM's defaults; {}), each decoded alone; training as each head's card records it, timed where a result "
+              "file timed the run it was published from")
 NEW_HEADS = ("One recipe ({}, Muon lr 3e-3, linear decay) with each head's options; "
              + PAIRED.format("the committed EAGLE-3 head {} (its card's training row)"))
 RETRIEVAL_PAIRED = ("each decoded paired in one process (--versus) with n-gram lookup of the request's own tokens "
                     "(--method ngram) in the same chain or tree")
 COLLECTED = {  # suite: its result file in benchmarks/results/, the page's title for it, what it compares (data, steps, batch)
-    "heads-demo": ("demo_all_drafts.json", "All trained drafts side by side", ALL_DRAFTS.format("the demo target")),
+    "heads-demo": ("demo_all_drafts.json", "All trained drafts side by side",
+                   ALL_DRAFTS.format("the demo target", "staged: the draft model drafted by n-gram lookup")),
     "heads-smollm2": ("smollm2_all_drafts.json", "All trained drafts side by side",
-                      ALL_DRAFTS.format("SmolLM2-135M-Instruct")),
+                      ALL_DRAFTS.format("SmolLM2-135M-Instruct",
+                                        "Draft & Verify: the 8 layers to skip its search picks")),
     "new-heads-demo": ("new_heads_demo.json", "EAGLE-3.1, P-EAGLE and DFlash at the committed EAGLE-3 head's budget",
                        NEW_HEADS.format("the target's own replies to 2,000 demo questions, 1000 steps, global batch 8 in "
                                         "one CPU process", "configs/demo/eagle3-head")),
