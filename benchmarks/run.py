@@ -174,8 +174,7 @@ COLLECTED = {  # suite: its result file in benchmarks/results/, the page's title
                         "global batch 8 = 4 x 2 ranks, Muon lr 3e-3, 2 layers, blocks of 8, 64 blocks per sequence and "
                         "step, D-PACE: the committed DFlash head configs/smollm2/dflash-head (configs/smollm2/dflash.yaml) "
                         "and DFlash2 (configs/smollm2/dflash2.yaml: 2-tap dynamic convolutions, a rank-256 selector over "
-                        "the top 16); "
-                        "each DFlash2 run paired with it in one process (--versus), chains"),
+                        "the top 16); each DFlash2 run paired with it in one process (--versus), chains"),
     "block-budget": ("block_budget_demo.json", "Block drafters against EAGLE-3 as the training budget grows",
                      "the demo target's own replies to 2,000 demo questions, global batch 8 in one CPU process, Muon lr "
                      "3e-3 with linear decay over each run's steps (in its name): EAGLE-3 (1 layer, 7 TTT steps), DFlash "

@@ -214,7 +214,8 @@ def test_tau_by_category_renders_drafter_against_baseline_one_table_per_question
     run = record["bench"]["ngram"]["first"]
     record["bench"] = {
         "heldout": {"first": dict(run, method="suffix", tau_by_category={"gsm8k": 1.5, "codegen": 2.25}),
-                    "second": dict(run, tau_by_category={"gsm8k": 1.75, "codegen": 1.25}), "paired": {"turns": 8, "tokens_per_s_ratio": 0.9}},
+                    "second": dict(run, tau_by_category={"gsm8k": 1.75, "codegen": 1.25}),
+                    "paired": {"turns": 8, "tokens_per_s_ratio": 0.9}},
         "mt": {"first": dict(run, method="suffix", tau_by_category={"writing": 1.0})},
         "plain": {"first": run}}
     text = "\n".join(results_page.bench_table(record))
