@@ -145,7 +145,9 @@ def category_tables(record: dict) -> list[str]:
             groups.setdefault(tuple(run["first"]["tau_by_category"]), []).append((name, run))
     out = []
     for categories, runs in groups.items():
-        out += ["", "tau by question category (the run's drafter / its pair's baseline):", "",
+        questions = runs[0][1]["first"].get("conditions", "").split(" ")[0]  # the question file, which names the categories
+        out += ["", f"tau by question category{f' of {questions}' if questions else ''} (the run's drafter / its pair's "
+                "baseline):", "",
                 "| run | " + " | ".join(categories) + " |", "|---|" + "---|" * len(categories)]
         for name, run in runs:
             base = run.get("second", {}).get("tau_by_category", {})

@@ -213,15 +213,18 @@ def test_tau_by_category_renders_drafter_against_baseline_one_table_per_question
     record = bench_record("targets/A", 2.0)
     run = record["bench"]["ngram"]["first"]
     record["bench"] = {
-        "heldout": {"first": dict(run, method="suffix", tau_by_category={"gsm8k": 1.5, "codegen": 2.25}),
+        "heldout": {"first": dict(run, method="suffix", tau_by_category={"gsm8k": 1.5, "codegen": 2.25},
+                                  conditions="heldout.jsonl (all, every turn), 128 new tokens"),
                     "second": dict(run, tau_by_category={"gsm8k": 1.75, "codegen": 1.25}),
                     "paired": {"turns": 8, "tokens_per_s_ratio": 0.9}},
-        "mt": {"first": dict(run, method="suffix", tau_by_category={"writing": 1.0})},
+        "mt": {"first": dict(run, method="suffix", tau_by_category={"writing": 1.0},
+                             conditions="mt_bench.jsonl (first 1 per category, every turn)")},
         "plain": {"first": run}}
     text = "\n".join(results_page.bench_table(record))
     assert "| run | gsm8k | codegen |\n|---|---|---|\n| heldout | 1.50 / 1.75 | 2.25 / 1.25 |" in text
     assert "| run | writing |\n|---|---|\n| mt | 1.00 |" in text
     assert text.count("tau by question category") == 2 and "| plain | 1" not in text.split("tau by question category")[1]
+    assert "tau by question category of heldout.jsonl (" in text and "tau by question category of mt_bench.jsonl (" in text
 
 
 def test_two_verification_rules_render_head_by_head_with_the_gain_over_seeds(tmp_path: Path) -> None:
