@@ -136,7 +136,8 @@ RETRIEVAL_PAIRED = ("each decoded paired in one process (--versus) with n-gram l
                     "(--method ngram) in the same chain or tree")
 COLLECTED = {  # suite: its result file in benchmarks/results/, the page's title for it, what it compares (data, steps, batch)
     "heads-demo": ("demo_all_drafts.json", "All trained drafts side by side",
-                   ALL_DRAFTS.format("the demo target", "staged: the draft model drafted by n-gram lookup")),
+                   ALL_DRAFTS.format("the demo target", "staged: the draft model drafted by n-gram lookup; Draft & "
+                                     "Verify: the 3 of 8 layers to skip its search picks")),
     "heads-smollm2": ("smollm2_all_drafts.json", "All trained drafts side by side",
                       ALL_DRAFTS.format("SmolLM2-135M-Instruct",
                                         "Draft & Verify: the 8 layers to skip its search picks")),
@@ -286,15 +287,16 @@ def all_drafts(which: str) -> Callable[[Settings], list[Step]]:
                     run("hydra-chain", "--method", "hydra", "--draft", f"{h}/hydra-head", *k(4)),
                     run("hydra-tree", "--method", "hydra", "--draft", f"{h}/hydra-head", "--tree", "--tree-depth", "4")]
         else:
-            # Draft & Verify with the 8 layers the layer-skip suite's search picks (the search run here where it is not)
-            found, count = Path("runs/layer-skip-smollm2/search.json"), 8
             out += [run("eagle3-2k-chain", "--method", "eagle3", "--draft", f"{h}/eagle3-2k-head", *k(4)),
-                    run("early-exit-chain", "--method", "early-exit", "--draft", f"{h}/early-exit-head", *k(4)),
-                    Step("layer-skip-search", [PY, "-m", "headstart.scripts.cli", "layer-skip", "--config", recipe,
-                                               "--data", LAYER_SKIP_DATA, "--skip", str(count), "--output", str(found)],
-                         skip_if=str(found)),
-                    Step("layer-skip-chain", lambda: run("layer-skip-chain", "--method", "layer-skip", "--skip-layers",
-                                                         skip_set(found, count), *k(4)).argv, needs=(str(found),))]
+                    run("early-exit-chain", "--method", "early-exit", "--draft", f"{h}/early-exit-head", *k(4))]
+        # Draft & Verify with the layers its search on the target's own replies to training prompts picks (SmolLM2's:
+        # the layer-skip suite's search; run here where it is not)
+        found, count, data = ((s.out / "layer-skip-search.json", 3, DEMO_LAYER_SKIP_DATA) if demo
+                              else (Path("runs/layer-skip-smollm2/search.json"), 8, LAYER_SKIP_DATA))
+        out += [Step("layer-skip-search", [PY, "-m", "headstart.scripts.cli", "layer-skip", "--config", recipe, "--data",
+                                           data, "--skip", str(count), "--output", str(found)], skip_if=str(found)),
+                Step("layer-skip-chain", lambda: run("layer-skip-chain", "--method", "layer-skip", "--skip-layers",
+                                                     skip_set(found, count), *k(4)).argv, needs=(str(found),))]
         for head, method in (("eagle31", "eagle3"), ("peagle", "peagle"), ("dflash", "dflash")):
             out.append(run(f"{head}-chain", "--method", method, "--draft", f"{h}/{head}-head", *k(4),
                            needs=(f"{h}/{head}-head",)))
@@ -668,6 +670,8 @@ def staged(s: Settings) -> list[Step]:
 
 LAYER_SKIP_DATA = "configs/smollm2/data/regenerated.jsonl[0:4]"
 """SmolLM2's own replies to 4 training prompts: what the skip-set search scores agreement on."""
+DEMO_LAYER_SKIP_DATA = "runs/demo-regenerated/regenerated.jsonl[0:4]"
+"""The demo target's own replies to 4 of its training prompts (demo_regenerated's)."""
 
 
 def skip_set(found: Path, count: int) -> str:

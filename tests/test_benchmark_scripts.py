@@ -393,7 +393,7 @@ def test_the_all_drafts_suites_decode_the_drafters_that_need_no_training_too(tmp
     for which in ("demo", "smollm2"):
         suite = suites.SUITES[f"heads-{which}"]
         names[which] = {s.name: s for s in suite.steps(suites.Settings(tmp_path / which, dict(suite.settings)))}
-    for method in ("lookahead", "rest-chain", "ngram-chain", "suffix-chain"):
+    for method in ("lookahead", "rest-chain", "ngram-chain", "suffix-chain", "layer-skip-chain"):
         assert method in names["demo"] and method in names["smollm2"], method
     assert {"staged-chain", "dspark-chain", "dflash2-chain", "draft-model-chain"} <= names["demo"].keys()
     assert names["smollm2"]["rest-chain"].needs == ("runs/datastore-smollm2",)
@@ -403,6 +403,12 @@ def test_the_all_drafts_suites_decode_the_drafters_that_need_no_training_too(tmp
     found.write_text(json.dumps({"path": [{"skip": [3]}, {"skip": [3, 27]}] + [{"skip": list(range(i))} for i in range(3, 13)]}))
     argv = names["smollm2"]["layer-skip-chain"].argv()
     assert argv[argv.index("--skip-layers") + 1] == "0,1,2,3,4,5,6,7" and argv[argv.index("--method") + 1] == "layer-skip"
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "layer-skip-search.json").write_text(json.dumps({"path": [{"skip": [2]}, {"skip": [2, 3]},
+                                                                               {"skip": [1, 2, 3]}]}))
+    argv = names["demo"]["layer-skip-chain"].argv()
+    assert argv[argv.index("--skip-layers") + 1] == "1,2,3" and argv[argv.index("--target") + 1] == "configs/demo/target"
+    assert names["demo"]["layer-skip-search"].skip_if == str(tmp_path / "demo" / "layer-skip-search.json")
 
 
 @pytest.mark.slow  # two tiny decodes on the demo target, ~30 s
