@@ -140,7 +140,8 @@ COLLECTED = {  # suite: its result file in benchmarks/results/, the page's title
                                      "Verify: the 3 of 8 layers to skip its search picks")),
     "heads-smollm2": ("smollm2_all_drafts.json", "All trained drafts side by side",
                       ALL_DRAFTS.format("SmolLM2-135M-Instruct",
-                                        "Draft & Verify: the 8 layers to skip its search picks")),
+                                        "Draft & Verify: the 8 layers to skip its search picks; staged: the "
+                                        "distilled draft model drafted by n-gram lookup")),
     "new-heads-demo": ("new_heads_demo.json", "EAGLE-3.1, P-EAGLE and DFlash at the committed EAGLE-3 head's budget",
                        NEW_HEADS.format("the target's own replies to 2,000 demo questions, 1000 steps, global batch 8 in "
                                         "one CPU process", "configs/demo/eagle3-head")),
@@ -286,9 +287,13 @@ def all_drafts(which: str) -> Callable[[Settings], list[Step]]:
                         "configs/demo/distilled-draft-model", *k(4)),
                     run("hydra-chain", "--method", "hydra", "--draft", f"{h}/hydra-head", *k(4)),
                     run("hydra-tree", "--method", "hydra", "--draft", f"{h}/hydra-head", "--tree", "--tree-depth", "4")]
-        else:
+        else:  # SmolLM2's draft model is a distilled one (configs/smollm2/distill.yaml): its rows where it is published
+            drafted = f"{h}/distilled-draft-model"
             out += [run("eagle3-2k-chain", "--method", "eagle3", "--draft", f"{h}/eagle3-2k-head", *k(4)),
-                    run("early-exit-chain", "--method", "early-exit", "--draft", f"{h}/early-exit-head", *k(4))]
+                    run("early-exit-chain", "--method", "early-exit", "--draft", f"{h}/early-exit-head", *k(4)),
+                    run("staged-chain", "--method", "staged", "--draft", drafted, *k(4), needs=(drafted,)),
+                    run("distilled-draft-model-chain", "--method", "draft-model", "--draft", drafted, *k(4),
+                        needs=(drafted,))]
         # Draft & Verify with the layers its search on the target's own replies to training prompts picks (SmolLM2's:
         # the layer-skip suite's search; run here where it is not)
         found, count, data = ((s.out / "layer-skip-search.json", 3, DEMO_LAYER_SKIP_DATA) if demo
