@@ -1018,7 +1018,7 @@ SUITES: dict[str, Suite] = {
                            "block_verification_smollm2.json", "runs/block-verification-smollm2",
                            verification("block", "smollm2"),
                            {"heads": "eagle3=configs/smollm2/eagle3-head eagle3=configs/smollm2/eagle3-2k-head "
-                                     "early-exit=configs/smollm2/early-exit-head",
+                                     "early-exit=configs/smollm2/early-exit-head dflash=configs/smollm2/dflash-head",
                             "seeds": "0 1 2", "k": "4", "temperature": "0.7"}),
     "typical-smollm2": Suite("typical acceptance against token verification in Medusa's tree, T = 0.7, 3 seeds -> "
                              "typical_acceptance_smollm2.json", "runs/typical-acceptance-smollm2",

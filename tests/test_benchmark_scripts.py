@@ -438,16 +438,18 @@ def test_the_batch_suite_decodes_at_each_batch_size_and_tables_the_runs(tmp_path
     assert "skipped, past --deadline" in skipped.stdout and not (tmp_path / "none" / "ngram-b1").exists()
 
 
-def test_block_verification_suite_decodes_every_committed_demo_draft_that_gives_q():
-    """block-demo's heads are every committed demo draft whose drafter samples from a q of its own (its catalog
-    entry's capabilities), each under its own method: a head added to the catalog and committed joins the table."""
+@pytest.mark.parametrize("which,at_least", [("demo", 9), ("smollm2", 4)])
+def test_block_verification_suite_decodes_every_committed_draft_that_gives_q(which: str, at_least: int):
+    """block-demo's and block-smollm2's heads are every committed draft of their target whose drafter samples from a q
+    of its own (its catalog entry's capabilities), each under its own method: a head added to the catalog and
+    committed joins the table."""
     from headstart.benchmarks.run import SUITES
     from headstart.heads.methods import drafting_methods
     from headstart.heads.registry import HEADS
 
-    listed = dict(reversed(entry.split("=")[:2]) for entry in SUITES["block-demo"].settings["heads"].split())
+    listed = dict(reversed(entry.split("=")[:2]) for entry in SUITES[f"block-{which}"].settings["heads"].split())
     methods, gives_q = drafting_methods(), {}
-    for d in sorted((REPO / "configs" / "demo").iterdir()):
+    for d in sorted((REPO / "configs" / which).iterdir()):
         if (d / "headstart.json").is_file():
             head = json.loads((d / "headstart.json").read_text())["head"]
             method = HEADS[head].decoded_by or head
@@ -456,8 +458,8 @@ def test_block_verification_suite_decodes_every_committed_demo_draft_that_gives_
         else:
             continue
         if methods[method].capabilities.sampled:
-            gives_q[f"configs/demo/{d.name}"] = method
-    assert len(gives_q) >= 9 and listed == gives_q
+            gives_q[f"configs/{which}/{d.name}"] = method
+    assert len(gives_q) >= at_least and listed == gives_q
 
 
 def test_a_verification_suite_run_on_fewer_heads_says_which_it_decoded():
