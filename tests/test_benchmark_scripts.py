@@ -397,8 +397,9 @@ def test_the_all_drafts_suites_decode_the_drafters_that_need_no_training_too(tmp
         assert method in names["demo"] and method in names["smollm2"], method
     assert {"staged-chain", "dspark-chain", "dflash2-chain", "draft-model-chain"} <= names["demo"].keys()
     assert names["smollm2"]["rest-chain"].needs == ("runs/datastore-smollm2",)
-    drafted = ("configs/smollm2/distilled-draft-model",)  # staged drafting's draft model: decoded where it is published
+    drafted = ("runs/smollm2-distilled-draft-model",)  # staged drafting's draft model: trained and published by the suite
     assert names["smollm2"]["staged-chain"].needs == names["smollm2"]["distilled-draft-model-chain"].needs == drafted
+    assert names["smollm2"]["publish-distill"].skip_if == drafted[0]
     monkeypatch.chdir(tmp_path)
     found = tmp_path / "runs" / "layer-skip-smollm2" / "search.json"
     found.parent.mkdir(parents=True)
