@@ -280,8 +280,6 @@ def all_drafts(which: str) -> Callable[[Settings], list[Step]]:
                 run("rest-chain", "--method", "rest", "--datastore", store, *k(4), needs=(store,))]
         if demo:
             out += [run("staged-chain", "--method", "staged", "--draft", "configs/demo/draft-model", *k(4)),
-                    run("dspark-chain", "--method", "dspark", "--draft", f"{h}/dspark-head", *k(4)),
-                    run("dflash2-chain", "--method", "dflash2", "--draft", f"{h}/dflash2-head", *k(4)),
                     run("draft-model-chain", "--method", "draft-model", "--draft", "configs/demo/draft-model", *k(4)),
                     run("distilled-draft-model-chain", "--method", "draft-model", "--draft",
                         "configs/demo/distilled-draft-model", *k(4)),
@@ -309,7 +307,9 @@ def all_drafts(which: str) -> Callable[[Settings], list[Step]]:
                                            data, "--skip", str(count), "--output", str(found)], skip_if=str(found)),
                 Step("layer-skip-chain", lambda: run("layer-skip-chain", "--method", "layer-skip", "--skip-layers",
                                                      skip_set(found, count), *k(4)).argv, needs=(str(found),))]
-        for head, method in (("eagle31", "eagle3"), ("peagle", "peagle"), ("dflash", "dflash")):
+        # the heads that new-heads-* (EAGLE-3.1, P-EAGLE, DFlash) and dspark-*/dflash2-* publish, where they are
+        for head, method in (("eagle31", "eagle3"), ("peagle", "peagle"), ("dflash", "dflash"), ("dspark", "dspark"),
+                             ("dflash2", "dflash2")):
             out.append(run(f"{head}-chain", "--method", method, "--draft", f"{h}/{head}-head", *k(4),
                            needs=(f"{h}/{head}-head",)))
 
@@ -396,7 +396,8 @@ def dflash_quick(s: Settings) -> list[Step]:
 
 def block_variant(head: str, which: str = "demo") -> Callable[[Settings], list[Step]]:
     """A DFlash variant trained at the DFlash head's recipe (the demo's configs/demo/<head>_regenerated.yaml in one
-    process; SmolLM2's configs/smollm2/<head>.yaml on 2 ranks from the shared feature store), paired with that DFlash
+    process; SmolLM2's configs/smollm2/<head>.yaml on 2 ranks from the shared feature store, published to
+    configs/smollm2/<head>-head for its card and the all-drafts table), paired with that DFlash
     head (configs/demo/dflash-head, configs/smollm2/dflash-head: both committed) at k=7 and 4, and with itself stopped by
     ``--confidence-threshold`` at each of ``thresholds`` (none: no such runs)."""
     def steps(s: Settings) -> list[Step]:
@@ -410,6 +411,9 @@ def block_variant(head: str, which: str = "demo") -> Callable[[Settings], list[S
         own = ["--method", head, "--draft", f"{run}/final"]
         out = [demo_regenerated() if demo else smollm2_features()]
         out.append(Step(f"train-{head}", [*train, "--logging.progress=false"], timed=True))
+        if not demo:  # the demo's were published from other runs of these recipes; SmolLM2's from this one
+            out.append(Step(f"publish-{head}", [PY, "scripts/publish_head.py", "--run", run, "--out",
+                                                f"configs/smollm2/{head}-head", "--recipe", recipe, "--overwrite"]))
         out += [bench(f"{head}-k{n}", target, x / f"{head}-k{n}", *own, *k(n), *versus("dflash", dflash, *k(n)),
                       needs=(f"{run}/final", dflash)) for n in (7, 4)]
         out += [bench(f"confidence-{t}", target, x / f"confidence-{t}", *own, *k(7), "--confidence-threshold", t,
@@ -977,7 +981,8 @@ SUITES: dict[str, Suite] = {
     "heads-demo": Suite("every draft of the demo target, trained or not, decoded alone -> demo_all_drafts.json",
                         "runs/bench-heads-demo", all_drafts("demo")),
     "heads-smollm2": Suite("every draft of SmolLM2-135M-Instruct, trained or not, decoded alone -> smollm2_all_drafts.json (its "
-                           "EAGLE-3.1, P-EAGLE and DFlash rows where new-heads-smollm2 published their heads)",
+                           "EAGLE-3.1, P-EAGLE, DFlash, DSpark and DFlash2 rows where new-heads-smollm2, dspark-smollm2 and "
+                           "dflash2-smollm2 published their heads)",
                            "runs/bench-heads-smollm2", all_drafts("smollm2")),
     "new-heads-demo": Suite("EAGLE-3.1, P-EAGLE and DFlash at the demo EAGLE-3 head's recipe, paired with it -> "
                             "new_heads_demo.json", "runs/new-heads-full", new_heads("demo")),
