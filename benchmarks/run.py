@@ -307,11 +307,12 @@ def all_drafts(which: str) -> Callable[[Settings], list[Step]]:
                                            data, "--skip", str(count), "--output", str(found)], skip_if=str(found)),
                 Step("layer-skip-chain", lambda: run("layer-skip-chain", "--method", "layer-skip", "--skip-layers",
                                                      skip_set(found, count), *k(4)).argv, needs=(str(found),))]
-        # the heads that new-heads-* (EAGLE-3.1, P-EAGLE, DFlash) and dspark-*/dflash2-* publish, where they are
+        # the heads new-heads-* (EAGLE-3.1, P-EAGLE, DFlash) and dspark-*/dflash2-* publish, where they are; SmolLM2's
+        # DSpark and DFlash2 heads under runs/ (see block_variant)
         for head, method in (("eagle31", "eagle3"), ("peagle", "peagle"), ("dflash", "dflash"), ("dspark", "dspark"),
                              ("dflash2", "dflash2")):
-            out.append(run(f"{head}-chain", "--method", method, "--draft", f"{h}/{head}-head", *k(4),
-                           needs=(f"{h}/{head}-head",)))
+            where = variant_head(head, which) if head in ("dspark", "dflash2") else f"{h}/{head}-head"
+            out.append(run(f"{head}-chain", "--method", method, "--draft", where, *k(4), needs=(where,)))
 
         def collect() -> list[str]:
             heads = []  # each decoded head's card, once (a chain and a tree of one head share it)
@@ -394,10 +395,18 @@ def dflash_quick(s: Settings) -> list[Step]:
     return out + [Step("collect", collect, writes_result=True)]
 
 
+def variant_head(head: str, which: str) -> str:
+    """Where a DFlash variant's head of ``which`` target is published: the demo's are committed; SmolLM2's DSpark and
+    DFlash2 heads are not -- each carries two vocabulary-size rank-256 tables (DSpark's Markov head, DFlash2's selector
+    codebooks: 2 x 49,152 x 256 in bf16, 50 MB), over the repository's 25 MB a file -- so dspark-smollm2 and
+    dflash2-smollm2 publish them under runs/."""
+    return f"configs/demo/{head}-head" if which == "demo" else f"runs/smollm2-{head}-head"
+
+
 def block_variant(head: str, which: str = "demo") -> Callable[[Settings], list[Step]]:
     """A DFlash variant trained at the DFlash head's recipe (the demo's configs/demo/<head>_regenerated.yaml in one
     process; SmolLM2's configs/smollm2/<head>.yaml on 2 ranks from the shared feature store, published to
-    configs/smollm2/<head>-head for its card and the all-drafts table), paired with that DFlash
+    ``variant_head`` for its card and the all-drafts table), paired with that DFlash
     head (configs/demo/dflash-head, configs/smollm2/dflash-head: both committed) at k=7 and 4, and with itself stopped by
     ``--confidence-threshold`` at each of ``thresholds`` (none: no such runs)."""
     def steps(s: Settings) -> list[Step]:
@@ -413,7 +422,7 @@ def block_variant(head: str, which: str = "demo") -> Callable[[Settings], list[S
         out.append(Step(f"train-{head}", [*train, "--logging.progress=false"], timed=True))
         if not demo:  # the demo's were published from other runs of these recipes; SmolLM2's from this one
             out.append(Step(f"publish-{head}", [PY, "scripts/publish_head.py", "--run", run, "--out",
-                                                f"configs/smollm2/{head}-head", "--recipe", recipe, "--overwrite"]))
+                                                variant_head(head, which), "--recipe", recipe, "--overwrite"]))
         out += [bench(f"{head}-k{n}", target, x / f"{head}-k{n}", *own, *k(n), *versus("dflash", dflash, *k(n)),
                       needs=(f"{run}/final", dflash)) for n in (7, 4)]
         out += [bench(f"confidence-{t}", target, x / f"confidence-{t}", *own, *k(7), "--confidence-threshold", t,

@@ -396,14 +396,16 @@ def test_the_all_drafts_suites_decode_the_drafters_that_need_no_training_too(tmp
     for method in ("lookahead", "rest-chain", "ngram-chain", "suffix-chain", "layer-skip-chain"):
         assert method in names["demo"] and method in names["smollm2"], method
     assert {"staged-chain", "dspark-chain", "dflash2-chain", "draft-model-chain"} <= names["demo"].keys()
-    # SmolLM2's DSpark and DFlash2 rows decode the heads dspark-smollm2 and dflash2-smollm2 publish, where they are
+    # SmolLM2's DSpark and DFlash2 rows decode the heads dspark-smollm2 and dflash2-smollm2 publish (under runs/: their
+    # vocabulary-size tables are over the repository's file size), where they are; the demo's are committed
     for head in ("dspark", "dflash2"):
-        assert names["smollm2"][f"{head}-chain"].needs == (f"configs/smollm2/{head}-head",)
+        assert names["smollm2"][f"{head}-chain"].needs == (f"runs/smollm2-{head}-head",)
+        assert names["demo"][f"{head}-chain"].needs == (f"configs/demo/{head}-head",)
         variant = suites.SUITES[f"{head}-smollm2"]
         steps = {s.name: s for s in variant.steps(suites.Settings(tmp_path / head, dict(variant.settings)))}
         publish = steps[f"publish-{head}"].argv
         assert publish[publish.index("--run") + 1] == f"runs/smollm2-{head}"
-        assert publish[publish.index("--out") + 1] == f"configs/smollm2/{head}-head"
+        assert publish[publish.index("--out") + 1] == f"runs/smollm2-{head}-head"
         assert list(steps).index(f"train-{head}") < list(steps).index(f"publish-{head}") < list(steps).index("collect")
     assert names["smollm2"]["rest-chain"].needs == ("runs/datastore-smollm2",)
     drafted = ("runs/smollm2-distilled-draft-model",)  # staged drafting's draft model: trained and published by the suite
