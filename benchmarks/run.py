@@ -452,7 +452,7 @@ def block_budget(s: Settings) -> list[Step]:
     """Each head of ``heads`` at each budget of ``steps`` (the recipe's 1000 steps and more; global batch 8 in one CPU
     process): trained where no committed head is that run, then decoded alone in chains of each ``ks``, tau and
     acceptance by position, so the table shows whether the block drafters close on EAGLE-3 as the budget grows."""
-    x, out, runs = s.out, [demo_regenerated()], []
+    x, out, runs = s.out, [demo_regenerated()], {}
     for name in s.words("heads"):
         recipe, method, committed, flags = BUDGET_HEADS[name]
         for n in s.words("steps"):
@@ -462,13 +462,21 @@ def block_budget(s: Settings) -> list[Step]:
                 out.append(Step(f"train-{name}-{n}", [*ONE, "--config", recipe, "--train.batch_size=8", *flags,
                                                        f"--train.max_steps={n}", f"--output_dir={run}",
                                                        "--logging.progress=false"], timed=True, skip_if=f"{run}/final"))
-                runs += ["--train", f"{name}-{n}={run}:{x}/train-{name}-{n}.time"]
+                runs[f"{name}-{n}"] = (head, f"{run}:{x}/train-{name}-{n}.time")
             else:
-                runs += ["--train", f"{name}-{n}={committed}"]
+                runs[f"{name}-{n}"] = (head, committed)
             for kk in s.words("ks"):
                 out.append(bench(f"{name}-{n}-k{kk}", DEMO, x / f"{name}-{n}-k{kk}", "--method", method, "--draft", head,
                                  *k(kk), needs=(head,)))
-    return out + [Step("collect", lambda: collected(s, "block-budget", *runs, *bench_flags(x)), writes_result=True)]
+
+    def collect() -> list[str]:
+        """The runs that finished (a sweep too long for one sitting is run a few cells at a time, ``--only``); the
+        file's text names the cells that did not."""
+        done = {n: r for n, (head, r) in runs.items() if Path(head).exists()}
+        missing = [n for n in runs if n not in done]
+        return collected(s, "block-budget", *[f for n, r in done.items() for f in ("--train", f"{n}={r}")],
+                         *bench_flags(x), more=f" -- not trained in this run: {', '.join(missing)}" if missing else "")
+    return out + [Step("collect", collect, writes_result=True)]
 
 
 def online_shift(s: Settings) -> list[Step]:

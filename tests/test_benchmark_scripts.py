@@ -489,3 +489,21 @@ def test_a_verification_suite_run_on_fewer_heads_says_which_it_decoded():
     one = what("eagle3=configs/smollm2/eagle3-head")
     assert one.endswith("-- this run decoded only configs/smollm2/eagle3-head")
     assert "decoded only" not in what(suite.settings["heads"])
+
+
+def test_the_budget_sweep_collects_the_cells_that_finished_and_names_the_rest(tmp_path, monkeypatch):
+    """block-budget run a few cells at a time: its result file collects the committed heads and the trained runs that
+    reached ``final``, and its text names every cell that did not, so a partial sweep never reads as the whole."""
+    from headstart.benchmarks.run import SUITES, Settings
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").symlink_to(REPO / "configs")
+    (tmp_path / "runs" / "budget" / "dspark-3000" / "final").mkdir(parents=True)
+    suite = SUITES["block-budget"]
+    steps = suite.steps(Settings(tmp_path / "out", {**suite.settings, "heads": "eagle3 dspark dflash-published"}))
+    argv = next(step for step in steps if step.name == "collect").argv()
+    trained = [argv[i + 1] for i, a in enumerate(argv) if a == "--train"]
+    assert trained == ["eagle3-1000=configs/demo/eagle3-head", "dspark-1000=configs/demo/dspark-head",
+                       f"dspark-3000=runs/budget/dspark-3000:{tmp_path / 'out'}/train-dspark-3000.time"]
+    assert argv[argv.index("--what") + 1].endswith(
+        "-- not trained in this run: eagle3-3000, dflash-published-1000, dflash-published-3000")
