@@ -443,9 +443,7 @@ BUDGET_HEADS = {  # name: (recipe, method, the committed head trained by that re
     # P-EAGLE with COD at speculators' default shares (depth d on max(0.7^d, 0.2) of the positions)
     "peagle-cod": ("configs/demo/peagle_regenerated.yaml", "peagle", None,
                    ("--draft.down_sample_ratio=0.7", "--draft.down_sample_ratio_min=0.2")),
-    # the paper's shape: a 4-layer drafter trained with COD
-    "peagle-published": ("configs/demo/peagle_regenerated.yaml", "peagle", None,
-                         ("--draft.num_layers=4", "--draft.down_sample_ratio=0.7", "--draft.down_sample_ratio_min=0.2"))}
+    "peagle-published": ("configs/demo/peagle_published_regenerated.yaml", "peagle", None, ())}
 
 
 def block_budget(s: Settings) -> list[Step]:
