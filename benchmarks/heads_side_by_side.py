@@ -99,6 +99,7 @@ def method(report: dict, categories: bool = False) -> dict:
             "k": args["num_speculative_tokens"], "tau": round(o["tau"], 3),
             "acceptance_by_position": [round(a, 3) for a in o["acceptance_by_position"] if a is not None],
             **({"drafts_per_round": round(o["drafts_per_round"], 2)} if o.get("drafts_per_round") is not None else {}),
+            **({"rounds_cut": round(o["rounds_cut"], 3)} if o.get("rounds_cut") is not None else {}),
             "round_ms": {k: round(v, 2) for k, v in o["round_ms"].items()}, "tokens_per_s": round(o["spec_tokens_per_s"], 2),
             "plain_tokens_per_s": round(o["plain_tokens_per_s"], 2), "speedup": round(o["speedup"], 3),
             "predicted_speedup": round(o["predicted_speedup"], 3), "command": report.get("command"),

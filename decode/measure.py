@@ -106,6 +106,8 @@ class Tally:
             "acceptance_by_position": [a / p if p else None for a, p in zip(self.accepted_at, self.proposed_at)],
             # what a round verified: k but where the length left, a confidence stop or the drafter cut it shorter
             "drafts_per_round": self.drafted[0] / self.drafted[1] if self.drafted[1] else None,
+            # how often a round verified fewer than k (a confidence stop, or a turn's last round where the length left)
+            "rounds_cut": 1 - self.proposed_at[-1] / self.drafted[1] if self.drafted[1] and self.proposed_at else None,
             "spec_tokens_per_s": self.new_tokens / self.spec_seconds if self.spec_seconds else None,
             "plain_tokens_per_s": self.plain_tokens / self.plain_seconds if self.plain_seconds else None,
             "hf_generate_tokens_per_s": self.plain_tokens / self.hf_seconds if self.hf_seconds else None,

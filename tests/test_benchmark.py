@@ -37,6 +37,7 @@ def test_tally_tau_and_acceptance_by_position():
     assert s["tau"] == pytest.approx(6 / 2)
     assert s["acceptance_by_position"] == [1.0, 0.5, 1.0]  # position 3 was proposed once and accepted once
     assert s["drafts_per_round"] == pytest.approx(5 / 2)
+    assert s["rounds_cut"] == pytest.approx(1 / 2)  # the second round proposed 2 of k=3
 
 
 def test_run_benchmark_multi_turn_and_verification(tmp_path):
