@@ -388,12 +388,13 @@ SHAPES = {None: None, "block": None, "dynamic": DynamicTree(depth=3, topk=3, tot
 
 @pytest.mark.nightly  # 2,500 sampled requests a head and shape
 @pytest.mark.parametrize(("name", "shape"), [(n, kind) for n in sorted(HEADS)
-                                             for kind in (None, "block", *HEADS[n].capabilities.trees)])
+                                             for kind in (None, "block", *HEADS[n].capabilities.trees)
+                                             + (("confidence",) if HEADS[n].capabilities.confidence else ())])
 def test_sampling_keeps_the_target_distribution_in_every_declared_shape(name, shape, world_on_disk):
     """Lossless sampling, by the shipped chi-square test (tests/test_sampling_loop.py): a random head of every entry,
-    verified by rejection sampling in a chain (token by token, and as a block) and in every tree kind it declares,
-    emits the target's own joint distribution (its drafts drawn from q where it declares sampled drafts, one-hot q
-    otherwise)."""
+    verified by rejection sampling in a chain (token by token, and as a block), in every tree kind it declares and, where
+    it declares a confidence rule, in chains that rule cuts (threshold 0.5), emits the target's own joint distribution
+    (its drafts drawn from q where it declares sampled drafts, one-hot q otherwise)."""
     model, shared, _ = world_on_disk
     spec = HEADS[name]
     runner = TargetRunner(shared.target, max_len=32, with_aux=spec.capabilities.reads_aux)
@@ -402,7 +403,8 @@ def test_sampling_keeps_the_target_distribution_in_every_declared_shape(name, sh
     torch.manual_seed(3)
     head = build_head(DraftConfig(head=name, options=options), runner.target, torch.ones(V))
     perturb(head, 0.3)
-    pairs = sample_pairs(runner, lambda: drafter_for(head.eval(), 32), 2500, seed=0, tree=SHAPES[shape],
+    make = with_threshold(lambda: drafter_for(head.eval(), 32), 0.5 if shape == "confidence" else 0.0)
+    pairs = sample_pairs(runner, make, 2500, seed=0, tree=SHAPES.get(shape),
                          verification=Verification("block" if shape == "block" else "token"))
     stat, critical = chi2_vs(pairs, exact_joint(model))
     assert stat < critical

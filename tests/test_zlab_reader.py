@@ -1,6 +1,7 @@
 """headstart's DFlash exports decoded by z-lab's own code (the ``dflash`` package, MIT): its ``DFlashDraftModel`` loads
 the export and its ``dflash_generate`` loop, greedy, must emit exactly the tokens headstart's decoder emits with the
-same head -- accepting as many drafts in every round, so the two loops draft the same blocks.
+same head -- accepting as many drafts in every round, so the two loops draft the same blocks -- and its forward of the
+export must give headstart's logits for each prompt's first block.
 
 dflash runs in its own virtual environment (tests/dflash_env.py: its model code is tied to an older transformers);
 tests/zlab_reader.py loads and decodes there. The committed demo DFlash head accepts ~2.5 tokens a forward on the demo
@@ -43,6 +44,30 @@ def read_with_zlab(tmp_path: Path, head: Path, target: Path, prompts: list[list[
     return json.loads((tmp_path / "report.json").read_text())
 
 
+def first_blocks(head, target: Target, prompts: list, max_len: int) -> tuple[list[list[int]], torch.Tensor]:
+    """headstart's drafter on the block after each prompt: its greedy drafts and the slots' logits before any selector
+    [prompts, B-1, V] (what tests/zlab_reader.py reports for z-lab's)."""
+    runner, blocks, unary = TargetRunner(target, max_len=max_len, with_aux=True), [], []
+    for ids in prompts:
+        prompt, drafter = torch.tensor([ids]), drafter_for(head, max_len)
+        runner.reset()
+        logits, states = runner.forward(prompt)
+        runner.commit(prompt.shape[1])
+        drafter.begin(prompt, states, int(logits[0, -1].argmax()))
+        blocks.append(drafter.propose(head.config.block_size - 1).tolist())
+        unary.append(drafter._slots()[1])
+    return blocks, torch.stack(unary)
+
+
+def assert_same_logits(report: dict, ours: torch.Tensor) -> None:
+    """z-lab's forward of the export gives headstart's logits for every slot of every first block (float32; the two
+    attention implementations differ in rounding only)."""
+    theirs = torch.load(report["first_logits"])
+    assert theirs.shape == ours.shape, (theirs.shape, ours.shape)
+    assert ours.std() > 0.1  # real logits, not a constant
+    assert torch.allclose(theirs, ours, rtol=1e-4, atol=1e-3), (theirs - ours).abs().max()
+
+
 def assert_same_rounds(report: dict, ours: list, k: int) -> None:
     """Round by round, z-lab's loop accepted as many drafts as headstart's (it reports accepted + 1 a forward), over the
     rounds where headstart drafted a whole block: near the length limit headstart drafts only what still fits, z-lab a
@@ -69,9 +94,12 @@ def test_z_labs_loop_decodes_the_committed_dflash_head_to_headstarts_tokens_roun
         assert got.tokens == greedy_generate(runner, prompt, NEW_TOKENS, set()).tokens  # (headstart's own check)
         ours.append(got)
 
+    blocks, unary = first_blocks(head, target, prompts, 512)
     report = read_with_zlab(tmp_path, DEMO / "dflash-head", DEMO / "target", prompts)
     assert report["class"] == "DFlashDraftModel" and report["block_size"] == head.config.block_size
     assert report["missing"] == [] and report["unexpected"] == []
+    assert report["first_block"] == blocks
+    assert_same_logits(report, unary)
     assert report["outputs"] == [g.tokens for g in ours]
     assert_same_rounds(report, ours, k)
     tau = sum(len(g.tokens) for g in ours) / sum(len(g.proposed) for g in ours)
@@ -98,21 +126,14 @@ def test_z_labs_dflash2_class_loads_a_dflash2_export_and_drafts_its_blocks(tmp_p
     prompts = [torch.randint(3, 120, (9,), generator=torch.Generator().manual_seed(s)).tolist() for s in range(4)]
     runner = TargetRunner(target, max_len=128, with_aux=True)
     head = load_head("dflash2", str(tmp_path / "head"), target).eval()
-    ours, blocks, unary = [], [], []
-    for ids in prompts:
-        prompt = torch.tensor([ids])
-        drafter = drafter_for(head, 128)
-        runner.reset()
-        logits, states = runner.forward(prompt)
-        runner.commit(prompt.shape[1])
-        drafter.begin(prompt, states, int(logits[0, -1].argmax()))
-        blocks.append(drafter.propose(4).tolist())
-        unary.append(drafter._slots()[1][:4].argmax(-1).tolist())
-        ours.append(speculative_generate(runner, drafter_for(head, 128), prompt, NEW_TOKENS, set(), k=4))
+    blocks, unary = first_blocks(head, target, prompts, 128)
+    ours = [speculative_generate(runner, drafter_for(head, 128), torch.tensor([ids]), NEW_TOKENS, set(), k=4)
+            for ids in prompts]
 
     report = read_with_zlab(tmp_path, tmp_path / "head", tmp_path / "target", prompts)
     assert report["class"] == "DFlash2DraftModel" and report["missing"] == [] and report["unexpected"] == []
     assert report["first_block"] == blocks, (report["first_block"], blocks)
-    assert blocks != unary  # the selector changed drafts: z-lab's selector and headstart's agree where it matters
+    assert_same_logits(report, unary)
+    assert blocks != unary.argmax(-1).tolist()  # the selector changed drafts: z-lab's and headstart's agree where it matters
     assert report["outputs"] == [g.tokens for g in ours]
     assert_same_rounds(report, ours, 4)
