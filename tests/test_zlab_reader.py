@@ -55,7 +55,7 @@ def first_blocks(head, target: Target, prompts: list, max_len: int) -> tuple[lis
         runner.commit(prompt.shape[1])
         drafter.begin(prompt, states, int(logits[0, -1].argmax()))
         blocks.append(drafter.propose(head.config.block_size - 1).tolist())
-        unary.append(drafter._slots()[1])
+        unary.append(drafter._block())
     return blocks, torch.stack(unary)
 
 
